@@ -1,0 +1,3 @@
+from otel_ofu.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The ``otel-ofu`` command line: run, validate (and the subcommands other modules add)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from otel_ofu import __version__
+from otel_ofu.config import ConfigError
+
+log = logging.getLogger("otel_ofu.cli")
+
+# Modules that add subcommands: each defines ``register(subparsers)``, which adds its parser
+# and sets ``func`` (taking the parsed args, returning an exit code).
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper().replace("WARN", "WARNING").replace("WARNINGING",
+                                                                                                "WARNING")),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from otel_ofu.service import load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"invalid config: {exc}", file=sys.stderr)
+        return 1
+    names = ", ".join(p.name for p in config.pipelines)
+    print(f"{args.config}: valid ({len(config.pipelines)} pipeline(s): {names})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from otel_ofu.service import Service, load_config
+
+    if not args.config:
+        print("otel-ofu run needs --config FILE. To see the pipeline work without a GPU, run the demo:\n"
+              "  otel-ofu run --config collector-config/demo.yaml --duration 60", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"invalid config: {exc}", file=sys.stderr)
+        return 1
+    _configure_logging(args.log_level or config.log_level)
+    service = Service(config)
+    try:
+        service.run(duration=args.duration)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-ofu", description="GPU Overall FLOP Utilization as OpenTelemetry "
+                                     "metrics.")
+    parser.add_argument("--version", action="version", version=f"otel-ofu {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run pipelines from a config until --duration ends or SIGINT/SIGTERM")
+    run.add_argument("--config", help="pipeline config (YAML)")
+    run.add_argument("--duration", type=float, default=None, help="stop after this many wall-clock seconds")
+    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    run.set_defaults(func=cmd_run)
+
+    validate = sub.add_parser("validate", help="check a config; exit 0 when valid")
+    validate.add_argument("--config", required=True)
+    validate.set_defaults(func=cmd_validate)
+
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,129 @@
+"""The component model, after the OpenTelemetry Collector's.
+
+Each receiver, processor and exporter is a small class with its own config dataclass and a
+:class:`Factory`. A component never knows its neighbours: a receiver gets a ``consumer``
+callable, a processor maps a batch to a batch, an exporter takes batches. The service
+(:mod:`otel_ofu.service`) wires them from the YAML pipelines and owns their lifecycle:
+``start()`` exporters, processors, receivers in that order; ``shutdown()`` the reverse, where
+an exporter flushes everything it accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ofu.model import Batch
+from otel_ofu.telemetry import Telemetry
+
+Consumer = Callable[[Batch], None]
+
+
+@dataclass
+class Context:
+    """What the service gives every component besides its config."""
+
+    component_id: str
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(f"otel_ofu.{self.component_id}")
+
+
+class Component:
+    def __init__(self, config: Any, context: Context):
+        self.config = config
+        self.context = context
+        self.log = context.logger
+
+    def start(self) -> None:
+        """Acquire resources (threads, sockets, files). Must not block."""
+
+    def shutdown(self) -> None:
+        """Release resources; exporters flush what they accepted first."""
+
+
+class Receiver(Component):
+    def __init__(self, config: Any, context: Context, consumer: Consumer):
+        super().__init__(config, context)
+        self.consumer = consumer
+
+
+class Processor(Component):
+    def process(self, batch: Batch) -> Batch:
+        return batch
+
+
+class Exporter(Component):
+    def export(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+
+class PollingReceiver(Receiver):
+    """A receiver that calls :meth:`poll` on its own thread every ``interval()`` seconds.
+
+    A poll that raises is logged and the loop carries on: one bad read never stops a
+    receiver. Subclasses return a Batch (or None) from ``poll``.
+    """
+
+    def __init__(self, config: Any, context: Context, consumer: Consumer):
+        super().__init__(config, context, consumer)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def interval(self) -> float:
+        return float(getattr(self.config, "collection_interval", 10.0))
+
+    def poll(self) -> Batch | None:
+        raise NotImplementedError
+
+    def on_start(self) -> None:
+        """Called on the receiver's thread before the first poll."""
+
+    def on_stop(self) -> None:
+        """Called on the receiver's thread after the last poll."""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
+        self._thread.start()
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stop
+
+    def _run(self) -> None:
+        try:
+            self.on_start()
+        except Exception:
+            self.log.exception("%s failed to start", self.context.component_id)
+        while not self._stop.is_set():
+            try:
+                batch = self.poll()
+                if batch:
+                    self.consumer(batch)
+            except Exception:
+                self.log.exception("%s: poll failed; retrying next interval", self.context.component_id)
+            self._stop.wait(self.interval())
+        try:
+            self.on_stop()
+        except Exception:
+            self.log.exception("%s failed to stop cleanly", self.context.component_id)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+@dataclass(frozen=True)
+class Factory:
+    """How the service makes a component of one type: its config class and constructor."""
+
+    type: str
+    config_type: type
+    create: Callable[..., Component]
+    description: str = ""

@@ -1,0 +1,55 @@
+"""Every metric otel-ofu emits: name, unit, kind and meaning, in one place.
+
+The README's metric table is generated from (and tested against) this registry; exporters
+take units and descriptions from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    name: str
+    unit: str
+    kind: str  # "gauge" | "sum" (cumulative, monotonic)
+    description: str
+
+
+_METRICS = (
+    MetricInfo("gpu.ofu", "1", "gauge",
+               "Overall FLOP Utilization: TPA x f_SM / f_ref x c_tile, a fraction of the dense peak at the "
+               "precision in use."),
+    MetricInfo("gpu.ofu.raw", "1", "gauge", "OFU before the tile-quantization correction: TPA x f_SM / f_ref."),
+    MetricInfo("gpu.ofu.reference_clock", "Hz", "gauge",
+               "f_ref used for this point: the clock the GPU's tensor peak is quoted at."),
+    MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
+               "OFU x dense peak FLOP/s at the job's precision; only when the precision is known."),
+    MetricInfo("gpu.tensor.activity", "1", "gauge",
+               "Input: tensor pipe activity (DCGM 1004 / GPM ANY_TENSOR_UTIL), average over the window."),
+    MetricInfo("gpu.sm.clock.frequency", "Hz", "gauge",
+               "Input: SM clock, mean of the point samples in the window (DCGM 100)."),
+    MetricInfo("gpu.sm.clock.max", "Hz", "gauge", "Input: maximum SM clock the device reports (DCGM 113)."),
+    MetricInfo("gpu.power.usage", "W", "gauge", "Input: board power draw (DCGM 155)."),
+    MetricInfo("gpu.clock.event_reasons", "1", "gauge",
+               "Input: clock event (throttle) reason bitmask (DCGM 112): 0x1 idle, 0x4 SW power cap, "
+               "0x8 HW slowdown, 0x20/0x40 thermal, 0x80 power brake."),
+    MetricInfo("gpu.sm.activity", "1", "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
+    MetricInfo("gpu.ofu.dropped", "{window}", "sum",
+               "GPU windows that produced no OFU, by reason (ofu.drop.reason): blank, not_supported, "
+               "nan, out_of_range, zero_clock, ... Never reported as 0 OFU."),
+    MetricInfo("sim.gpu.mfu.true", "1", "gauge",
+               "Simulator only: the ground-truth MFU of the simulated job on this GPU over the window."),
+    MetricInfo("training.mfu", "1", "gauge",
+               "MFU as the training job reports it about itself (the simulator emits it as a framework "
+               "would; the MFU audit compares it with OFU)."),
+)
+
+METRICS: dict[str, MetricInfo] = {m.name: m for m in _METRICS}
+
+
+def register(info: MetricInfo) -> MetricInfo:
+    """Add a metric defined by another module (self-telemetry, per-job metrics)."""
+    METRICS[info.name] = info
+    return info

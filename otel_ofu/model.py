@@ -1,0 +1,91 @@
+"""The data that flows through a pipeline: GPU samples in, metric points out.
+
+Receivers produce :class:`GpuSample` (one GPU, one counter window, raw readings that may be
+blank) and, for things that are not GPU counters, :class:`MetricPoint`. Processors turn
+samples into points; exporters only ever see points (plus opaque pass-through data that a
+receiver chose to forward untouched, e.g. OTLP metrics this project does not interpret).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Attribute names (README "Metrics and attributes" documents each one).
+HOST_NAME = "host.name"
+HW_ID = "hw.id"  # GPU UUID (OpenTelemetry hardware semantic conventions)
+HW_MODEL = "hw.model"
+HW_VENDOR = "hw.vendor"
+GPU_INDEX = "gpu.index"
+GPU_MIG_INSTANCE = "gpu.mig.instance_id"
+GPU_MIG_PROFILE = "gpu.mig.profile"
+JOB_ID = "ofu.job.id"
+PRECISION = "ofu.precision"
+FREF_SOURCE = "ofu.fref.source"
+DROP_REASON = "ofu.drop.reason"
+SOURCE = "ofu.source"  # which receiver type produced the data
+
+NO_JOB = "none"
+
+Attributes = tuple[tuple[str, Any], ...]
+
+
+def attrs(mapping: dict[str, Any]) -> Attributes:
+    """A hashable, order-independent attribute set (None values are left out)."""
+    return tuple(sorted((k, v) for k, v in mapping.items() if v is not None))
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU's counters for one window, as read: values may be None, NaN or DCGM blanks."""
+
+    time_unix_nano: int  # end of the window
+    window_s: float  # the TPA averaging window
+    host: str
+    gpu_index: int | str
+    uuid: str
+    model: str
+    tensor_active: object  # TPA, ratio 0..1, window average (DCGM 1004)
+    sm_clock_mhz: object  # mean of the clock samples in the window (DCGM 100)
+    sm_clock_samples: int = 1
+    max_sm_clock_mhz: object = None  # DCGM 113
+    power_w: object = None  # DCGM 155
+    clock_event_reasons: object = None  # DCGM 112 bitmask
+    sm_active: object = None  # DCGM 1002
+    source: str = ""
+    job_id: str | None = None
+    precision: str | None = None
+    resource: dict[str, Any] = field(default_factory=dict)  # extra resource attributes (k8s, MIG, slurm)
+    attributes: dict[str, Any] = field(default_factory=dict)  # extra point attributes
+
+    def resource_attributes(self) -> Attributes:
+        base = {HOST_NAME: self.host, HW_ID: self.uuid, HW_MODEL: self.model, HW_VENDOR: "nvidia",
+                GPU_INDEX: str(self.gpu_index)}
+        base.update(self.resource)
+        return attrs(base)
+
+
+@dataclass(slots=True)
+class MetricPoint:
+    """One data point of one metric. Gauges unless ``monotonic`` (a cumulative sum)."""
+
+    name: str
+    value: float
+    time_unix_nano: int
+    resource: Attributes
+    attributes: Attributes = ()
+    unit: str = "1"
+    monotonic: bool = False
+    start_time_unix_nano: int = 0
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one receiver hands to a pipeline in one call."""
+
+    samples: list[GpuSample] = field(default_factory=list)
+    points: list[MetricPoint] = field(default_factory=list)
+    passthrough: list[Any] = field(default_factory=list)  # opaque, e.g. OTLP ResourceMetrics
+
+    def __len__(self) -> int:
+        return len(self.samples) + len(self.points) + len(self.passthrough)

@@ -1,0 +1,107 @@
+"""The OFU math: pure functions on plain numbers, no I/O.
+
+    OFU_raw = TPA x f_SM / f_ref        OFU = OFU_raw x c_tile
+
+TPA (DCGM field 1004) is the fraction of SM cycles in which any tensor pipe was active,
+averaged over the watch window; multiplying by the window's SM clock gives active tensor
+cycles per second; dividing by f_ref (the clock the peak is quoted at) gives the fraction of
+peak tensor throughput. Since TPA is cycle-weighted, TPA x mean(f_SM) over the same window is
+exactly the mean of active-cycles/s: averaging the clock over the window removes the
+sampling noise a single point sample carries (:func:`mean_clock`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from otel_ofu import specs, tiles
+from otel_ofu.values import TPA_TOLERANCE, NoValue, clean_clock, clean_ratio
+
+# Marker of where f_ref came from (attribute ofu.fref.source).
+FREF_SPEC = "spec"  # the spec table's tensor reference clock for the model
+FREF_CONFIG = "config"  # an override in the ofu processor's config
+FREF_MAX_CLOCK = "max_sm_clock"  # unknown model: the device's reported max SM clock
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceClock:
+    mhz: float
+    source: str
+    spec: specs.GpuSpec | None
+
+
+def reference_clock(model: str | None, precision: str, reported_max_mhz: float | None,
+                    overrides: dict[str, float] | None = None) -> ReferenceClock | None:
+    """f_ref for a device: config override, else spec table, else the reported max clock."""
+    spec = specs.find_spec(model)
+    if overrides and model and model in overrides:
+        return ReferenceClock(overrides[model], FREF_CONFIG, spec)
+    if spec is not None:
+        return ReferenceClock(spec.ref_clock_mhz(precision), FREF_SPEC, spec)
+    if reported_max_mhz:
+        return ReferenceClock(reported_max_mhz, FREF_MAX_CLOCK, None)
+    return None
+
+
+def ofu_raw(tpa: float, sm_clock_mhz: float, fref_mhz: float) -> float:
+    return tpa * sm_clock_mhz / fref_mhz
+
+
+def mean_clock(samples: Iterable[tuple[int, float]], start_ns: int, end_ns: int) -> tuple[float | None, int]:
+    """Mean of the valid SM clock samples taken in the window (start, end], and their count.
+
+    Samples are point readings at a fixed rate, so the arithmetic mean is the time average.
+    With one sample in the window the result is that sample (the paper's method, whose noise
+    is at most 0.22 pp at 5-30 s); with none, no value.
+    """
+    total = 0.0
+    count = 0
+    for t_ns, mhz in samples:
+        if start_ns < t_ns <= end_ns:
+            value, _ = clean_clock(mhz)
+            if value is not None:
+                total += value
+                count += 1
+    return (total / count if count else None), count
+
+
+@dataclass(frozen=True, slots=True)
+class OfuResult:
+    tpa: float
+    sm_clock_mhz: float
+    raw: float
+    corrected: float
+    fref_mhz: float
+    fref_source: str
+    correction: float
+    architecture: str | None
+    achieved_flops: float | None  # OFU x peak(precision), when the precision is known
+
+
+def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision: str = specs.UNKNOWN_PRECISION,
+                max_sm_clock_mhz: object = None, *, tpa_tolerance: float = TPA_TOLERANCE,
+                fref_overrides: dict[str, float] | None = None,
+                correction_overrides: dict[str, float] | None = None,
+                apply_correction: bool = True) -> OfuResult | NoValue:
+    """OFU for one GPU window from raw readings; a :class:`NoValue` reason when it has none."""
+    tpa_value, reason = clean_ratio(tpa, tpa_tolerance)
+    if tpa_value is None:
+        return reason  # type: ignore[return-value]
+    clock_value, reason = clean_clock(sm_clock_mhz)
+    if clock_value is None:
+        return reason  # type: ignore[return-value]
+    max_clock, _ = clean_clock(max_sm_clock_mhz)
+    ref = reference_clock(model, precision, max_clock, fref_overrides)
+    if ref is None:
+        return NoValue.NO_REFERENCE_CLOCK
+    arch = ref.spec.architecture if ref.spec else None
+    raw = ofu_raw(tpa_value, clock_value, ref.mhz)
+    factor = tiles.correction_factor(arch, precision, correction_overrides) if apply_correction else 1.0
+    corrected = raw * factor
+    peak = ref.spec.peak(precision) if ref.spec else None
+    return OfuResult(
+        tpa=tpa_value, sm_clock_mhz=clock_value, raw=raw, corrected=corrected, fref_mhz=ref.mhz,
+        fref_source=ref.source, correction=factor, architecture=arch,
+        achieved_flops=corrected * peak.flops if peak else None,
+    )

@@ -1,0 +1,198 @@
+"""The ``sim`` receiver: a simulated fleet, the embedded default that needs no GPU.
+
+It paces :class:`otel_ofu.sim.Fleet` against the wall clock times ``time_acceleration``,
+so an hour of fleet time can pass in seconds; timestamps are simulated time. Besides the
+GPU samples it emits the ground truth (``sim.gpu.mfu.true`` per GPU) and what each job's
+framework would report about itself (``training.mfu`` per job).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from otel_ofu import sim, specs
+from otel_ofu.component import Context, Factory, PollingReceiver
+from otel_ofu.config import Duration, FieldError, require
+from otel_ofu.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
+
+Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint"]
+
+
+@dataclass
+class SimPhaseConfig:
+    precision: str
+    mfu: float
+    duration: Duration
+
+
+@dataclass
+class SimJobConfig:
+    scenario: Scenario
+    gpus: int = 1
+    id: str = ""  # default: "<scenario>-<n>"
+    node: int | None = None  # place on this node (0-based); default: the first free GPUs
+    mfu: float | None = None  # true MFU in the steady phase; default per scenario
+    precision: str | None = None
+    start: Duration = field(default_factory=lambda: Duration(0))
+    duration: Duration | None = None  # default: runs for the whole simulation
+    reported_mfu_factor: float | None = None  # reported / true MFU (moe_inflated: 2.1)
+    regress_at: Duration = field(default_factory=lambda: Duration(1200))  # regression: 20 min in
+    regress_factor: float = 2.5
+    recover_at: Duration | None = field(default_factory=lambda: Duration(3000))
+    checkpoint_every: Duration = field(default_factory=lambda: Duration(900))
+    checkpoint_length: Duration = field(default_factory=lambda: Duration(60))
+    power_cap_mhz: float | None = None
+    phases: list[SimPhaseConfig] = field(default_factory=list)  # mixed_precision
+
+    def validate(self) -> None:
+        require(self.gpus >= 1, "gpus", "must be at least 1")
+        require(self.mfu is None or 0 <= self.mfu <= 1, "mfu", f"must be within [0, 1], got {self.mfu}")
+        require(self.precision is None or specs.normalize_precision(self.precision) != specs.UNKNOWN_PRECISION,
+                "precision", f"unknown precision {self.precision!r} (known: {', '.join(specs.PRECISIONS)})")
+        require(self.regress_factor >= 1, "regress_factor", "must be >= 1")
+        require(self.checkpoint_length < self.checkpoint_every, "checkpoint_length", "must be shorter than "
+                "checkpoint_every")
+        for i, phase in enumerate(self.phases):
+            require(specs.normalize_precision(phase.precision) != specs.UNKNOWN_PRECISION, f"phases[{i}].precision",
+                    f"unknown precision {phase.precision!r}")
+            require(0 <= phase.mfu <= 1 and phase.duration > 0, f"phases[{i}]", "mfu within [0, 1], duration > 0")
+
+    def to_spec(self, default_id: str) -> sim.JobSpec:
+        defaults = dict(sim.SCENARIO_DEFAULTS[self.scenario])
+        phases = [(specs.normalize_precision(p.precision), p.mfu, float(p.duration)) for p in self.phases]
+        return sim.JobSpec(
+            id=self.id or default_id, scenario=self.scenario, gpus=self.gpus, node=self.node,
+            mfu=self.mfu if self.mfu is not None else defaults["mfu"],
+            precision=specs.normalize_precision(self.precision or defaults["precision"]),
+            start=float(self.start), duration=float(self.duration) if self.duration is not None else None,
+            reported_mfu_factor=(self.reported_mfu_factor if self.reported_mfu_factor is not None
+                                 else defaults.get("reported_mfu_factor", 1.0)),
+            regress_at=float(self.regress_at), regress_factor=self.regress_factor,
+            recover_at=float(self.recover_at) if self.recover_at is not None else None,
+            checkpoint_every=float(self.checkpoint_every), checkpoint_length=float(self.checkpoint_length),
+            power_cap_mhz=self.power_cap_mhz if self.power_cap_mhz is not None else defaults.get("power_cap_mhz"),
+            phases=phases or list(defaults.get("phases", [])),
+        )
+
+
+# When no jobs are configured: this mix, repeated until the fleet is full.
+DEFAULT_MIX: tuple[tuple[str, int], ...] = (
+    ("steady", 4), ("moe_inflated", 4), ("regression", 2), ("checkpoint", 2), ("power_capped", 1), ("idle", 1),
+    ("steady", 2),
+)
+
+
+@dataclass
+class SimReceiverConfig:
+    nodes: int = 2
+    gpus_per_node: int = 8
+    models: list[str] = field(default_factory=lambda: ["NVIDIA H100 80GB HBM3"])  # cycled over nodes
+    host_prefix: str = "sim-node-"
+    seed: int = 42
+    time_acceleration: float = 1.0  # simulated seconds per wall second
+    collection_interval: Duration = field(default_factory=lambda: Duration(10))  # the TPA window, simulated
+    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))  # SM clock sampling, simulated
+    clock_sampling: Literal["averaged", "point"] = "averaged"  # point: one clock sample per window (the paper)
+    start_time: str | None = None  # ISO 8601; default: when the receiver starts
+    emit_truth: bool = True
+    jobs: list[SimJobConfig] = field(default_factory=list)
+
+    def validate(self) -> None:
+        require(self.nodes >= 1, "nodes", "must be at least 1")
+        require(self.gpus_per_node >= 1, "gpus_per_node", "must be at least 1")
+        require(bool(self.models), "models", "at least one GPU model is required")
+        for i, model in enumerate(self.models):
+            require(specs.find_spec(model) is not None, f"models[{i}]",
+                    f"unknown GPU model {model!r} (known: {', '.join(s.name for s in specs.GPU_SPECS)})")
+        require(self.time_acceleration > 0, "time_acceleration", "must be positive")
+        require(self.clock_sample_interval > 0, "clock_sample_interval", "must be positive")
+        require(self.collection_interval >= self.clock_sample_interval, "collection_interval",
+                "must be at least clock_sample_interval")
+        if self.start_time is not None:
+            try:
+                datetime.fromisoformat(self.start_time)
+            except ValueError:
+                raise FieldError("start_time", f"expected ISO 8601, got {self.start_time!r}") from None
+        for i, job in enumerate(self.job_specs()):
+            if job.node is not None:
+                require(0 <= job.node < self.nodes, f"jobs[{i}].node", f"must be within [0, {self.nodes - 1}]")
+        total = sum(j.gpus for j in self.job_specs())
+        require(total <= self.nodes * self.gpus_per_node, "jobs",
+                f"the jobs need {total} GPUs but the fleet has {self.nodes * self.gpus_per_node}")
+
+    def job_specs(self) -> list[sim.JobSpec]:
+        if self.jobs:
+            return [job.to_spec(f"{job.scenario}-{i}") for i, job in enumerate(self.jobs)]
+        out, size, i = [], self.nodes * self.gpus_per_node, 0
+        while size > 0:
+            scenario, gpus = DEFAULT_MIX[i % len(DEFAULT_MIX)]
+            gpus = min(gpus, size)
+            out.append(SimJobConfig(scenario=scenario, gpus=gpus).to_spec(f"{scenario}-{i}"))  # type: ignore[arg-type]
+            size -= gpus
+            i += 1
+        return out
+
+
+def build_fleet(config: SimReceiverConfig, start_unix_s: float) -> sim.Fleet:
+    return sim.Fleet(nodes=config.nodes, gpus_per_node=config.gpus_per_node, models=config.models,
+                     jobs=config.job_specs(), seed=config.seed, window_s=float(config.collection_interval),
+                     clock_sample_s=float(config.clock_sample_interval), start_unix_s=start_unix_s,
+                     host_prefix=config.host_prefix, clock_sampling=config.clock_sampling)
+
+
+def window_batch(results: list[tuple[object, sim.WindowTruth]], emit_truth: bool) -> Batch:
+    """A pipeline batch from one fleet window: samples, truth per GPU, reported MFU per job."""
+    batch = Batch()
+    reported: dict[str, list[float]] = {}
+    precision_of: dict[str, str] = {}
+    t = 0
+    for sample, truth in results:
+        batch.samples.append(sample)  # type: ignore[arg-type]
+        t = sample.time_unix_nano  # type: ignore[attr-defined]
+        job = sample.job_id  # type: ignore[attr-defined]
+        point_attrs = attrs({JOB_ID: job, PRECISION: specs.normalize_precision(sample.precision)})  # type: ignore[attr-defined]
+        if emit_truth:
+            batch.points.append(MetricPoint("sim.gpu.mfu.true", truth.true_mfu, t,
+                                            sample.resource_attributes(), point_attrs))  # type: ignore[attr-defined]
+        if truth.reported_mfu is not None:
+            reported.setdefault(job, []).append(truth.reported_mfu)
+            precision_of[job] = specs.normalize_precision(sample.precision)  # type: ignore[attr-defined]
+    for job, values in reported.items():
+        resource = attrs({"service.name": "training-framework", JOB_ID: job})
+        batch.points.append(MetricPoint("training.mfu", sum(values) / len(values), t, resource,
+                                        attrs({JOB_ID: job, PRECISION: precision_of[job]})))
+    return batch
+
+
+class SimReceiver(PollingReceiver):
+    def __init__(self, config: SimReceiverConfig, context: Context, consumer):
+        super().__init__(config, context, consumer)
+        self.fleet: sim.Fleet | None = None
+        self._wall_start = 0.0
+        self.windows_emitted = 0
+
+    def interval(self) -> float:
+        # Wake often enough to emit each simulated window close to its wall-clock due time.
+        return min(0.5, float(self.config.collection_interval) / self.config.time_acceleration)
+
+    def on_start(self) -> None:
+        start = (datetime.fromisoformat(self.config.start_time).timestamp() if self.config.start_time
+                 else time.time())
+        self.fleet = build_fleet(self.config, start)
+        self._wall_start = time.monotonic()
+        self.log.info("simulating %d nodes x %d GPUs, %d jobs, x%g time", self.config.nodes,
+                      self.config.gpus_per_node, len(self.fleet.jobs), self.config.time_acceleration)
+
+    def poll(self) -> Batch | None:
+        assert self.fleet is not None
+        due = (time.monotonic() - self._wall_start) * self.config.time_acceleration
+        while self.fleet.t + float(self.config.collection_interval) <= due and not self.stopping.is_set():
+            self.consumer(window_batch(self.fleet.step_window(), self.config.emit_truth))
+            self.windows_emitted += 1
+        return None
+
+
+FACTORY = Factory("sim", SimReceiverConfig, SimReceiver, "a simulated GPU fleet (no GPU needed)")

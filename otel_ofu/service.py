@@ -1,0 +1,182 @@
+"""The service: builds components from a validated config, wires pipelines, runs them.
+
+As in the Collector, a receiver listed in several pipelines feeds each of them, processors
+are instantiated per pipeline (their state is the pipeline's), and an exporter listed in
+several pipelines is one instance. Exports to one exporter are serialised by a lock, so an
+exporter need not be thread-safe against several pipelines.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from otel_ofu import registry
+from otel_ofu.component import Component, Context, Exporter, Processor, Receiver
+from otel_ofu.config import ConfigError, ServiceConfig, component_type, load_document, parse_service_config
+from otel_ofu.model import Batch
+from otel_ofu.telemetry import Telemetry
+
+log = logging.getLogger("otel_ofu.service")
+
+
+def load_config(path: str) -> ServiceConfig:
+    """Read, substitute and validate a config file; raises ConfigError naming the fault."""
+    doc = load_document(path)
+    return parse_service_config(doc, str(path), registry.factories())
+
+
+@dataclass
+class _ExporterSlot:
+    exporter: Exporter
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Pipeline:
+    def __init__(self, name: str, processors: list[Processor], exporters: list[tuple[str, _ExporterSlot]],
+                 telemetry: Telemetry):
+        self.name = name
+        self.processors = processors
+        self.exporters = exporters
+        self.telemetry = telemetry
+        self._lock = threading.Lock()
+
+    def consume(self, batch: Batch) -> None:
+        with self._lock:
+            for processor in self.processors:
+                try:
+                    batch = processor.process(batch)
+                except Exception:
+                    # A failing processor loses this batch for this pipeline only; count and say so.
+                    log.exception("pipeline %s: processor %s failed; batch of %d items dropped", self.name,
+                                  processor.context.component_id, len(batch))
+                    self.telemetry.add("otel_ofu.pipeline.dropped", len(batch), pipeline=self.name,
+                                       reason="processor_error")
+                    return
+        for exporter_id, slot in self.exporters:
+            try:
+                with slot.lock:
+                    slot.exporter.export(batch)
+            except Exception:
+                log.exception("pipeline %s: exporter %s failed", self.name, exporter_id)
+                self.telemetry.add("otel_ofu.pipeline.dropped", len(batch), pipeline=self.name,
+                                   reason="exporter_error", exporter=exporter_id)
+
+
+def _fan_out(pipelines: list[Pipeline]):
+    if len(pipelines) == 1:
+        return pipelines[0].consume
+
+    def consume(batch: Batch) -> None:
+        for pipeline in pipelines:
+            # Processors may annotate samples; each pipeline gets its own copies.
+            pipeline.consume(Batch([copy.copy(s) for s in batch.samples], list(batch.points), list(batch.passthrough)))
+
+    return consume
+
+
+class Service:
+    def __init__(self, config: ServiceConfig, telemetry: Telemetry | None = None):
+        self.config = config
+        self.telemetry = telemetry or Telemetry()
+        self.host_name = socket.gethostname()
+        factories = registry.factories()
+        self.exporters: dict[str, _ExporterSlot] = {}
+        self.pipelines: list[Pipeline] = []
+        self.receivers: dict[str, Receiver] = {}
+        self.processors: list[Processor] = []
+
+        used_exporters = {e for p in config.pipelines for e in p.exporters}
+        for exp_id in sorted(used_exporters):
+            exporter = self._create(factories["exporters"], exp_id, config.components["exporters"][exp_id])
+            self.exporters[exp_id] = _ExporterSlot(exporter)  # type: ignore[arg-type]
+        feeds: dict[str, list[Pipeline]] = {}
+        for spec in config.pipelines:
+            processors = [self._create(factories["processors"], pid, config.components["processors"][pid],
+                                       ctx_id=f"{pid}@{spec.name}") for pid in spec.processors]
+            self.processors += processors  # type: ignore[arg-type]
+            pipeline = Pipeline(spec.name, processors, [(e, self.exporters[e]) for e in spec.exporters],  # type: ignore[arg-type]
+                                self.telemetry)
+            self.pipelines.append(pipeline)
+            for rid in spec.receivers:
+                feeds.setdefault(rid, []).append(pipeline)
+        for rid, pipelines in feeds.items():
+            self.receivers[rid] = self._create(factories["receivers"], rid, config.components["receivers"][rid],  # type: ignore[assignment]
+                                               consumer=_fan_out(pipelines))
+
+    def _create(self, section_factories, comp_id: str, cfg, ctx_id: str | None = None, **kwargs) -> Component:
+        factory = section_factories[component_type(comp_id)]
+        context = Context(component_id=ctx_id or comp_id, telemetry=self.telemetry)
+        return factory.create(cfg, context, **kwargs)
+
+    def start(self) -> None:
+        started: list[Component] = []
+        try:
+            exporters = [slot.exporter for slot in self.exporters.values()]
+            for group in (exporters, self.processors, list(self.receivers.values())):
+                for component in group:
+                    component.start()
+                    started.append(component)
+        except Exception:
+            for component in reversed(started):
+                _safe_shutdown(component)
+            raise
+
+    def shutdown(self) -> None:
+        """Receivers first (no new data), then processors, then exporters (which flush)."""
+        for component in [*self.receivers.values(), *self.processors, *(s.exporter for s in self.exporters.values())]:
+            _safe_shutdown(component)
+
+    def run(self, duration: float | None = None, stop: threading.Event | None = None) -> None:
+        """Run until ``duration`` seconds pass, ``stop`` is set, or SIGINT/SIGTERM arrives."""
+        stop = stop or threading.Event()
+        restore = _install_signal_handlers(stop)
+        try:
+            self.start()
+            log.info("otel-ofu running: %d pipeline(s), receivers %s", len(self.pipelines), ", ".join(self.receivers))
+            deadline = time.monotonic() + duration if duration else None
+            while not stop.is_set():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                stop.wait(min(remaining, 1.0) if remaining is not None else 1.0)
+        finally:
+            log.info("otel-ofu shutting down")
+            self.shutdown()
+            restore()
+
+
+def _safe_shutdown(component: Component) -> None:
+    try:
+        component.shutdown()
+    except Exception:
+        log.exception("%s failed to shut down cleanly", component.context.component_id)
+
+
+def _install_signal_handlers(stop: threading.Event):
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, _frame):
+        if stop.is_set():  # a second signal: the user insists
+            raise KeyboardInterrupt
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore():
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+__all__ = ["ConfigError", "Service", "load_config"]

@@ -1,0 +1,273 @@
+"""A simulated GPU fleet: pure, deterministic for a seed, stepped in simulated time.
+
+What it models, per GPU, in sub-ticks of a quarter of the clock sampling interval:
+
+- the job's tensor pipe activity a(t) (fraction of SM cycles with a tensor pipe busy),
+  from its scenario, with iteration jitter;
+- the SM clock f(t): near max when idle-but-busy, pulled down under heavy tensor load
+  (power), held at the cap by a power limit, with a random walk of tens of MHz;
+- ground truth: useful FLOP/s = a x f x FLOP/clk x e, where e (< 1) is the job's tile and
+  pipe efficiency from its GEMM shapes; true MFU = mean(a x f) x e / f_ref.
+
+What it reports, per window, is what DCGM would: TPA = sum(a f) / sum(f) (cycle-weighted),
+the SM clock as point samples at the sampling rate (15 MHz steps), max clock, power, clock
+event reasons. The ``ofu`` processor never sees the truth; tests compare against it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from otel_ofu import specs, tiles
+from otel_ofu.model import NO_JOB, GpuSample
+
+SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint")
+
+REASON_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+CLOCK_STEP_MHZ = 15.0
+
+
+@dataclass
+class JobSpec:
+    """A job of the simulated fleet. Times are simulated seconds from the fleet's start."""
+
+    id: str
+    scenario: str
+    gpus: int = 1
+    node: int | None = None
+    mfu: float = 0.45  # true MFU in its steady phase, at the typical loaded clock
+    precision: str = "bf16"
+    start: float = 0.0
+    duration: float | None = None
+    reported_mfu_factor: float = 1.0  # what the framework reports / the truth (MoE: ~2.1)
+    regress_at: float = 1200.0
+    regress_factor: float = 2.5
+    recover_at: float | None = 3000.0
+    checkpoint_every: float = 900.0
+    checkpoint_length: float = 60.0
+    power_cap_mhz: float | None = None
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (precision, mfu, seconds)
+
+
+SCENARIO_DEFAULTS: dict[str, dict] = {
+    "steady": {"mfu": 0.45, "precision": "bf16"},
+    "moe_inflated": {"mfu": 0.26, "precision": "bf16", "reported_mfu_factor": 2.1},
+    "regression": {"mfu": 0.48, "precision": "bf16"},
+    "mixed_precision": {"mfu": 0.42, "precision": "fp8",
+                        "phases": [("fp4", 0.35, 600.0), ("fp8", 0.42, 600.0), ("bf16", 0.50, 600.0)]},
+    "idle": {"mfu": 0.0, "precision": "bf16"},
+    "power_capped": {"mfu": 0.45, "precision": "bf16", "power_cap_mhz": 1455.0},
+    "checkpoint": {"mfu": 0.44, "precision": "bf16"},
+}
+
+
+@dataclass
+class _Gpu:
+    host: str
+    index: int
+    uuid: str
+    spec: specs.GpuSpec
+    job: JobSpec | None
+    efficiency: float  # tile x pipe efficiency of the job's GEMMs
+    clock_walk: float = 0.0
+    last_clock: float = 0.0
+    # accumulators for the current window
+    sum_af: float = 0.0
+    sum_f: float = 0.0
+    sum_power: float = 0.0
+    ticks: int = 0
+    reasons: int = 0
+    clock_samples: list[tuple[int, float]] = field(default_factory=list)
+    precision_cycles: dict[str, float] = field(default_factory=dict)
+
+
+def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
+    """(nominal MFU, precision, running) of a job at simulated time t; pure scenario logic."""
+    if job is None or t < job.start or (job.duration is not None and t >= job.start + job.duration):
+        return 0.0, None, False
+    elapsed = t - job.start
+    if job.scenario == "idle":
+        return 0.0, None, False
+    if job.scenario == "regression":
+        regressed = elapsed >= job.regress_at and (job.recover_at is None or elapsed < job.recover_at)
+        return (job.mfu / job.regress_factor if regressed else job.mfu), job.precision, True
+    if job.scenario == "checkpoint":
+        in_checkpoint = elapsed % job.checkpoint_every >= job.checkpoint_every - job.checkpoint_length
+        return (0.01 if in_checkpoint else job.mfu), job.precision, True
+    if job.scenario == "mixed_precision" and job.phases:
+        cycle = sum(p[2] for p in job.phases)
+        position = elapsed % cycle
+        for precision, mfu, seconds in job.phases:
+            if position < seconds:
+                return mfu, precision, True
+            position -= seconds
+    return job.mfu, job.precision, True
+
+
+def job_efficiency(job: JobSpec, spec: specs.GpuSpec, rng: random.Random) -> float:
+    """Tile x pipe efficiency for a job: its own transformer shapes on the arch's tiles."""
+    hidden = rng.choice((4096, 5120, 8192, 12288))
+    tokens = rng.choice((4096, 8192, 6100))
+    ffn = int(8 * hidden / 3)
+    shapes = [(tokens, 3 * hidden, hidden), (tokens, hidden, hidden), (tokens, ffn, hidden), (tokens, hidden, ffn)]
+    tile = tiles.ARCH_TILES[spec.architecture].get(specs.normalize_precision(job.precision),
+                                                   tiles.ARCH_TILES[spec.architecture]["bf16"])
+    tile_eff = tiles.flops_weighted_efficiency(shapes, tile)
+    pipe = 1.0 / (1.0 + tiles.PIPE_EXCESS) * (1.0 + rng.uniform(-0.004, 0.004))
+    return tile_eff * pipe
+
+
+@dataclass
+class WindowTruth:
+    """Ground truth for one GPU window, kept beside the sample it belongs to."""
+
+    true_mfu: float
+    reported_mfu: float | None
+
+
+class Fleet:
+    """N nodes x M GPUs running jobs; :meth:`step_window` advances one collection window."""
+
+    def __init__(self, *, nodes: int, gpus_per_node: int, models: list[str], jobs: list[JobSpec], seed: int,
+                 window_s: float, clock_sample_s: float, start_unix_s: float, host_prefix: str = "sim-node-",
+                 clock_sampling: str = "averaged"):
+        self.rng = random.Random(seed)
+        self.window_s = window_s
+        self.clock_sample_s = clock_sample_s
+        self.ticks_per_sample = 4
+        self.dt = clock_sample_s / self.ticks_per_sample
+        self.start_unix_s = start_unix_s
+        self.t = 0.0  # simulated seconds since start
+        self.clock_sampling = clock_sampling
+        self.jobs = jobs
+        self.gpus: list[_Gpu] = []
+        placement = self._place(nodes, gpus_per_node, jobs)
+        for node in range(nodes):
+            spec = specs.find_spec(models[node % len(models)])
+            if spec is None:
+                raise ValueError(f"model {models[node % len(models)]!r} is not in the spec table")
+            for index in range(gpus_per_node):
+                job = placement.get((node, index))
+                bits = self.rng.getrandbits(128)
+                uuid = f"GPU-{bits >> 96:08x}-{(bits >> 80) & 0xFFFF:04x}-{(bits >> 64) & 0xFFFF:04x}-" \
+                       f"{(bits >> 48) & 0xFFFF:04x}-{bits & 0xFFFFFFFFFFFF:012x}"
+                eff = job_efficiency(job, spec, self.rng) if job else 1.0
+                self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff))
+
+    @staticmethod
+    def _place(nodes: int, gpus_per_node: int, jobs: list[JobSpec]) -> dict[tuple[int, int], JobSpec]:
+        free = [(n, i) for n in range(nodes) for i in range(gpus_per_node)]
+        placement = {}
+        for job in jobs:
+            candidates = [slot for slot in free if job.node is None or slot[0] == job.node]
+            if len(candidates) < job.gpus:
+                where = f"node {job.node}" if job.node is not None else "the fleet"
+                raise ValueError(f"job {job.id!r} needs {job.gpus} GPUs but {where} has {len(candidates)} free")
+            for slot in candidates[: job.gpus]:
+                placement[slot] = job
+                free.remove(slot)
+        return placement
+
+    def _tick(self, gpu: _Gpu, t: float) -> None:
+        spec = gpu.spec
+        mfu, precision, running = job_state(gpu.job, t)
+        max_clock = spec.max_sm_clock_mhz
+        loaded_clock = 0.9 * max_clock
+        if running and mfu > 0:
+            # a(t) such that the truth is the scenario's MFU at the typical loaded clock.
+            activity = mfu * spec.tensor_ref_clock_mhz / (gpu.efficiency * loaded_clock)
+            activity = min(1.0, activity * (1.0 + self.rng.gauss(0.0, 0.03)))
+        else:
+            activity = 0.0
+        # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw.
+        gpu.clock_walk = 0.9 * gpu.clock_walk + self.rng.gauss(0.0, 12.0)
+        reasons = 0
+        if not running:
+            clock = 0.18 * max_clock + gpu.clock_walk * 0.2
+            reasons |= REASON_IDLE
+        else:
+            clock = max_clock - (max_clock - loaded_clock) * min(1.0, activity / 0.6) + gpu.clock_walk
+            cap = gpu.job.power_cap_mhz if gpu.job else None
+            if cap is not None and clock > cap and activity > 0.2:
+                clock = cap + gpu.clock_walk * 0.5
+                reasons |= REASON_SW_POWER_CAP
+            clock = min(clock, max_clock)
+        gpu.sum_af += activity * clock
+        gpu.sum_f += clock
+        if precision:
+            gpu.precision_cycles[precision] = gpu.precision_cycles.get(precision, 0.0) + activity * clock
+        power = spec.board_power_w * (0.12 + (0.25 if running else 0.0) + 0.6 * activity)
+        gpu.sum_power += min(power, spec.board_power_w)
+        gpu.reasons |= reasons
+        gpu.ticks += 1
+        gpu.last_clock = clock
+
+    def step_window(self) -> list[tuple[GpuSample, WindowTruth]]:
+        """Advance one window of simulated time; a sample and its ground truth per GPU."""
+        start_t = self.t
+        window_ticks = max(1, round(self.window_s / self.dt))
+        for gpu in self.gpus:
+            gpu.sum_af = gpu.sum_f = gpu.sum_power = 0.0
+            gpu.ticks = gpu.reasons = 0
+            gpu.clock_samples = []
+            gpu.precision_cycles = {}
+        for k in range(1, window_ticks + 1):
+            t = start_t + k * self.dt
+            take_sample = k % self.ticks_per_sample == 0
+            t_ns = int((self.start_unix_s + t) * 1e9)
+            for gpu in self.gpus:
+                self._tick(gpu, t)
+                if take_sample:
+                    reading = round(gpu.last_clock / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ
+                    gpu.clock_samples.append((t_ns, reading))
+        self.t = start_t + window_ticks * self.dt
+        end_ns = int((self.start_unix_s + self.t) * 1e9)
+        out = []
+        for gpu in self.gpus:
+            out.append(self._window_sample(gpu, end_ns, start_t))
+        return out
+
+    def _window_sample(self, gpu: _Gpu, end_ns: int, start_t: float) -> tuple[GpuSample, WindowTruth]:
+        spec = gpu.spec
+        samples = gpu.clock_samples
+        if self.clock_sampling == "point" or not samples:
+            clock = samples[-1][1] if samples else None
+            n = 1 if samples else 0
+        else:
+            clock = sum(s[1] for s in samples) / len(samples)
+            n = len(samples)
+        tpa = gpu.sum_af / gpu.sum_f if gpu.sum_f else 0.0
+        true_mfu = (gpu.sum_af / gpu.ticks) * gpu.efficiency / spec.tensor_ref_clock_mhz if gpu.ticks else 0.0
+        _, _, running = job_state(gpu.job, self.t)
+        precision = max(gpu.precision_cycles, key=gpu.precision_cycles.get) if gpu.precision_cycles else None
+        job = gpu.job if running else None
+        if job is None:
+            precision = None
+        reported = true_mfu * job.reported_mfu_factor if job else None
+        sample = GpuSample(
+            time_unix_nano=end_ns, window_s=self.t - start_t, host=gpu.host, gpu_index=gpu.index, uuid=gpu.uuid,
+            model=_model_string(spec), tensor_active=round(tpa, 6), sm_clock_mhz=clock, sm_clock_samples=n,
+            max_sm_clock_mhz=spec.max_sm_clock_mhz, power_w=round(gpu.sum_power / max(gpu.ticks, 1), 1),
+            clock_event_reasons=gpu.reasons, source="sim", job_id=job.id if job else NO_JOB,
+            precision=precision,
+        )
+        return sample, WindowTruth(true_mfu, reported)
+
+    def running_jobs(self) -> list[JobSpec]:
+        return [j for j in self.jobs if job_state(j, self.t)[2]]
+
+
+# Model strings as DCGM/NVML print them, so the sim exercises the spec table's matching.
+_MODEL_STRINGS = {
+    "h100_sxm": "NVIDIA H100 80GB HBM3", "h100_pcie": "NVIDIA H100 PCIe", "h100_nvl": "NVIDIA H100 NVL",
+    "h200_sxm": "NVIDIA H200", "h200_nvl": "NVIDIA H200 NVL", "gh200": "NVIDIA GH200 480GB",
+    "a100_sxm": "NVIDIA A100-SXM4-80GB", "a100_pcie": "NVIDIA A100 80GB PCIe", "b200": "NVIDIA B200",
+    "gb200": "NVIDIA GB200",
+}
+
+
+def _model_string(spec: specs.GpuSpec) -> str:
+    return _MODEL_STRINGS.get(spec.key, spec.name)
+
