@@ -80,12 +80,25 @@ class MetricPoint:
 
 
 @dataclass(slots=True)
+class Event:
+    """Something that happened (a job started or ended, a finding): exported as an OTLP log."""
+
+    name: str  # the log's event.name attribute, e.g. "ofu.job.end"
+    time_unix_nano: int
+    resource: Attributes
+    attributes: Attributes = ()
+    body: str = ""
+    severity: str = "INFO"  # INFO | WARN | ERROR
+
+
+@dataclass(slots=True)
 class Batch:
     """What one receiver hands to a pipeline in one call."""
 
     samples: list[GpuSample] = field(default_factory=list)
     points: list[MetricPoint] = field(default_factory=list)
     passthrough: list[Any] = field(default_factory=list)  # opaque, e.g. OTLP ResourceMetrics
+    events: list[Event] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.samples) + len(self.points) + len(self.passthrough)
+        return len(self.samples) + len(self.points) + len(self.passthrough) + len(self.events)

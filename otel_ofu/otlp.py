@@ -16,13 +16,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from google.protobuf import json_format
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import __version__
 from otel_ofu.metrics import METRICS
-from otel_ofu.model import Attributes, MetricPoint
+from otel_ofu.model import Attributes, Event, MetricPoint
 
 SCOPE_NAME = "otel-ofu"
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -102,16 +104,55 @@ def from_request(request: ExportMetricsServiceRequest) -> Iterator[MetricPoint]:
                                       metric.unit or "1", monotonic, dp.start_time_unix_nano)
 
 
-def to_json_line(request: ExportMetricsServiceRequest) -> str:
+_SEVERITY = {"INFO": logs_pb2.SEVERITY_NUMBER_INFO, "WARN": logs_pb2.SEVERITY_NUMBER_WARN,
+             "ERROR": logs_pb2.SEVERITY_NUMBER_ERROR}
+
+
+def events_to_request(events: Iterable[Event]) -> ExportLogsServiceRequest:
+    """Events as OTLP logs: ``event.name`` attribute, body text, one ResourceLogs per resource."""
+    by_resource: dict[Attributes, list[Event]] = {}
+    for event in events:
+        by_resource.setdefault(event.resource, []).append(event)
+    request = ExportLogsServiceRequest()
+    for resource, items in by_resource.items():
+        rl = request.resource_logs.add()
+        rl.resource.attributes.extend(_key_values(resource))
+        sl = rl.scope_logs.add()
+        sl.scope.name = SCOPE_NAME
+        sl.scope.version = __version__
+        for event in items:
+            record = sl.log_records.add(time_unix_nano=event.time_unix_nano,
+                                        observed_time_unix_nano=event.time_unix_nano,
+                                        severity_number=_SEVERITY.get(event.severity, logs_pb2.SEVERITY_NUMBER_INFO),
+                                        severity_text=event.severity)
+            record.body.string_value = event.body
+            record.attributes.extend(_key_values((("event.name", event.name), *event.attributes)))
+    return request
+
+
+def events_from_request(request: ExportLogsServiceRequest) -> Iterator[Event]:
+    for rl in request.resource_logs:
+        resource = attributes_of(rl.resource.attributes)
+        for sl in rl.scope_logs:
+            for record in sl.log_records:
+                attributes = dict(attributes_of(record.attributes))
+                name = str(attributes.pop("event.name", ""))
+                yield Event(name, record.time_unix_nano, resource, tuple(sorted(attributes.items())),
+                            record.body.string_value, record.severity_text or "INFO")
+
+
+def to_json_line(request: ExportMetricsServiceRequest | ExportLogsServiceRequest) -> str:
     """One request as a single line of OTLP JSON (no trailing newline)."""
     return json.dumps(json_format.MessageToDict(request, use_integers_for_enums=True), separators=(",", ":"))
 
 
-def from_json_line(line: str) -> ExportMetricsServiceRequest:
-    """Parse one line of OTLP JSON; raises ValueError with the parser's reason."""
-    request = ExportMetricsServiceRequest()
+def from_json_line(line: str) -> ExportMetricsServiceRequest | ExportLogsServiceRequest:
+    """Parse one line of OTLP JSON (metrics or logs); raises ValueError with the parser's reason."""
+    request: ExportMetricsServiceRequest | ExportLogsServiceRequest
+    is_logs = line.lstrip().startswith('{"resourceLogs"')
+    request = ExportLogsServiceRequest() if is_logs else ExportMetricsServiceRequest()
     try:
         json_format.Parse(line, request, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
-        raise ValueError(f"not an OTLP JSON metrics request: {exc}") from None
+        raise ValueError(f"not an OTLP JSON request: {exc}") from None
     return request

@@ -75,7 +75,8 @@ def _fan_out(pipelines: list[Pipeline]):
     def consume(batch: Batch) -> None:
         for pipeline in pipelines:
             # Processors may annotate samples; each pipeline gets its own copies.
-            pipeline.consume(Batch([copy.copy(s) for s in batch.samples], list(batch.points), list(batch.passthrough)))
+            pipeline.consume(Batch([copy.copy(s) for s in batch.samples], list(batch.points), list(batch.passthrough),
+                                  list(batch.events)))
 
     return consume
 

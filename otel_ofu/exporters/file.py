@@ -42,17 +42,21 @@ class FileExporter(Exporter):
         self._file = open(Path(self.config.path).expanduser(), "a" if self.config.append else "w", encoding="utf-8")
 
     def export(self, batch: Batch) -> None:
+        lines = []
         request = otlp.to_request(batch.points)
         request.resource_metrics.extend(r for r in batch.passthrough if isinstance(r, ResourceMetrics))
-        if not request.resource_metrics:
+        if request.resource_metrics:
+            lines.append(otlp.to_json_line(request))
+        if batch.events:  # as the Collector's file exporter: each signal's requests on their own lines
+            lines.append(otlp.to_json_line(otlp.events_to_request(batch.events)))
+        if not lines:
             return
-        line = otlp.to_json_line(request)
         with self._lock:
             if self._file is None:
                 raise RuntimeError("file exporter used before start() or after shutdown()")
-            self._file.write(line + "\n")
+            self._file.write("\n".join(lines) + "\n")
             self._file.flush()
-            self.lines_written += 1
+            self.lines_written += len(lines)
 
     def shutdown(self) -> None:
         with self._lock:

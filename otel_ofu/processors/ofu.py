@@ -73,7 +73,7 @@ class OfuProcessor(Processor):
         points = list(batch.points)
         for sample in batch.samples:
             points += self.sample_points(sample)
-        return Batch(samples=batch.samples, points=points, passthrough=batch.passthrough)
+        return Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
 
     def sample_points(self, sample: GpuSample) -> list[MetricPoint]:
         cfg = self.config
