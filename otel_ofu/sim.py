@@ -1,6 +1,6 @@
 """A simulated GPU fleet: pure, deterministic for a seed, stepped in simulated time.
 
-What it models, per GPU, in sub-ticks of a quarter of the clock sampling interval:
+What it models, per GPU, in ticks of 0.25 s of simulated time:
 
 - the job's tensor pipe activity a(t) (fraction of SM cycles with a tensor pipe busy),
   from its scenario, with iteration jitter;
@@ -10,7 +10,7 @@ What it models, per GPU, in sub-ticks of a quarter of the clock sampling interva
   pipe efficiency from its GEMM shapes; true MFU = mean(a x f) x e / f_ref.
 
 What it reports, per window, is what DCGM would: TPA = sum(a f) / sum(f) (cycle-weighted),
-the SM clock as point samples at the sampling rate (15 MHz steps), max clock, power, clock
+the SM clock as point samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock
 event reasons. The ``ofu`` processor never sees the truth; tests compare against it.
 """
 
@@ -27,6 +27,9 @@ SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", 
 REASON_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
 CLOCK_STEP_MHZ = 15.0
+TICK_S = 0.25  # the simulation's time step; clock sampling intervals are multiples of it
+CLOCK_WALK_AR = 0.97  # per sub-tick: the wander decorrelates over ~8 s
+CLOCK_WALK_SD = 1.5  # MHz innovation per sub-tick: stationary sd ~6 MHz
 
 
 @dataclass
@@ -49,6 +52,7 @@ class JobSpec:
     checkpoint_length: float = 60.0
     power_cap_mhz: float | None = None
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (precision, mfu, seconds)
+    efficiency: float | None = None  # overrides the tile x pipe efficiency from shapes (benchmarks: one GEMM)
 
 
 SCENARIO_DEFAULTS: dict[str, dict] = {
@@ -73,6 +77,7 @@ class _Gpu:
     efficiency: float  # tile x pipe efficiency of the job's GEMMs
     clock_walk: float = 0.0
     last_clock: float = 0.0
+    load: float = 0.0  # activity as the power controller sees it: smoothed over ~2 s
     # accumulators for the current window
     sum_af: float = 0.0
     sum_f: float = 0.0
@@ -125,6 +130,7 @@ class WindowTruth:
 
     true_mfu: float
     reported_mfu: float | None
+    mean_clock_mhz: float | None = None  # the true time-mean SM clock of the window (clock-noise benchmark)
 
 
 class Fleet:
@@ -136,14 +142,15 @@ class Fleet:
         self.rng = random.Random(seed)
         self.window_s = window_s
         self.clock_sample_s = clock_sample_s
-        self.ticks_per_sample = 4
-        self.dt = clock_sample_s / self.ticks_per_sample
+        self.dt = TICK_S
+        self.ticks_per_sample = max(1, round(clock_sample_s / TICK_S))
         self.start_unix_s = start_unix_s
         self.t = 0.0  # simulated seconds since start
         self.clock_sampling = clock_sampling
         self.jobs = jobs
         self.gpus: list[_Gpu] = []
         placement = self._place(nodes, gpus_per_node, jobs)
+        efficiency: dict[tuple[str, str], float] = {}  # per job and GPU model: all its GPUs run the same GEMMs
         for node in range(nodes):
             spec = specs.find_spec(models[node % len(models)])
             if spec is None:
@@ -153,7 +160,11 @@ class Fleet:
                 bits = self.rng.getrandbits(128)
                 uuid = f"GPU-{bits >> 96:08x}-{(bits >> 80) & 0xFFFF:04x}-{(bits >> 64) & 0xFFFF:04x}-" \
                        f"{(bits >> 48) & 0xFFFF:04x}-{bits & 0xFFFFFFFFFFFF:012x}"
-                eff = job_efficiency(job, spec, self.rng) if job else 1.0
+                if job is not None and (job.id, spec.key) not in efficiency:
+                    efficiency[(job.id, spec.key)] = job_efficiency(job, spec, self.rng)
+                eff = efficiency[(job.id, spec.key)] if job is not None else 1.0
+                if job is not None and job.efficiency is not None:  # drawn anyway: same random stream
+                    eff = job.efficiency
                 self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff))
 
     @staticmethod
@@ -176,24 +187,32 @@ class Fleet:
         max_clock = spec.max_sm_clock_mhz
         loaded_clock = 0.9 * max_clock
         if running and mfu > 0:
-            # a(t) such that the truth is the scenario's MFU at the typical loaded clock.
-            activity = mfu * spec.tensor_ref_clock_mhz / (gpu.efficiency * loaded_clock)
+            # a(t) such that the job does its scenario's useful work per second at the clock it
+            # runs at (its step rate is set by the job, e.g. a CPU-side regression). A power-capped
+            # job is compute-bound instead: its activity is what it would be at the typical
+            # loaded clock, so throttling costs it throughput, as on real hardware.
+            compute_bound = gpu.job is not None and gpu.job.power_cap_mhz is not None
+            clock_now = loaded_clock if compute_bound or not gpu.last_clock else gpu.last_clock
+            activity = mfu * spec.tensor_ref_clock_mhz / (gpu.efficiency * clock_now)
             activity = min(1.0, activity * (1.0 + self.rng.gauss(0.0, 0.03)))
         else:
             activity = 0.0
-        # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw.
-        gpu.clock_walk = 0.9 * gpu.clock_walk + self.rng.gauss(0.0, 12.0)
+        # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw,
+        # wandering a few 15 MHz steps (stationary sd ~6 MHz; a power cap dithers twice as much).
+        gpu.clock_walk = CLOCK_WALK_AR * gpu.clock_walk + self.rng.gauss(0.0, CLOCK_WALK_SD)
+        gpu.load += (activity - gpu.load) * min(1.0, self.dt / 2.0)
         reasons = 0
         if not running:
             clock = 0.18 * max_clock + gpu.clock_walk * 0.2
             reasons |= REASON_IDLE
         else:
-            clock = max_clock - (max_clock - loaded_clock) * min(1.0, activity / 0.6) + gpu.clock_walk
+            clock = max_clock - (max_clock - loaded_clock) * min(1.0, gpu.load / 0.6) + gpu.clock_walk
             cap = gpu.job.power_cap_mhz if gpu.job else None
             if cap is not None and clock > cap and activity > 0.2:
-                clock = cap + gpu.clock_walk * 0.5
+                clock = cap + gpu.clock_walk * 2.0
                 reasons |= REASON_SW_POWER_CAP
             clock = min(clock, max_clock)
+        clock = round(clock / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ  # the clock moves in steps
         gpu.sum_af += activity * clock
         gpu.sum_f += clock
         if precision:
@@ -220,8 +239,7 @@ class Fleet:
             for gpu in self.gpus:
                 self._tick(gpu, t)
                 if take_sample:
-                    reading = round(gpu.last_clock / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ
-                    gpu.clock_samples.append((t_ns, reading))
+                    gpu.clock_samples.append((t_ns, gpu.last_clock))
         self.t = start_t + window_ticks * self.dt
         end_ns = int((self.start_unix_s + self.t) * 1e9)
         out = []
@@ -253,7 +271,7 @@ class Fleet:
             clock_event_reasons=gpu.reasons, source="sim", job_id=job.id if job else NO_JOB,
             precision=precision,
         )
-        return sample, WindowTruth(true_mfu, reported)
+        return sample, WindowTruth(true_mfu, reported, gpu.sum_f / gpu.ticks if gpu.ticks else None)
 
     def running_jobs(self) -> list[JobSpec]:
         return [j for j in self.jobs if job_state(j, self.t)[2]]

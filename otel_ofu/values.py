@@ -43,7 +43,7 @@ class NoValue(enum.StrEnum):
 _SENTINEL_BY_TYPE = {"int32": DCGM_INT32_BLANK, "fp64": DCGM_FP64_BLANK, "int64": DCGM_INT64_BLANK}
 
 
-def blank_reason(value: float, field_type: str | None = None) -> NoValue | None:
+def blank_reason(value: int | float, field_type: str | None = None) -> NoValue | None:
     """The DCGM blank class of a numeric value, or None when it is an ordinary number.
 
     ``field_type`` ("int32", "fp64", "int64") is the DCGM field's type when known. Without
@@ -56,7 +56,7 @@ def blank_reason(value: float, field_type: str | None = None) -> NoValue | None:
     # The sentinels are ordered INT32 < FP64 < INT64; the offset is taken from the largest
     # one the value reaches (an INT64 blank is also >= the INT32 sentinel).
     base = max(s for s in (DCGM_INT32_BLANK, DCGM_FP64_BLANK, DCGM_INT64_BLANK) if value >= s)
-    offset = int(value - base)
+    offset = int(value) - int(base)  # ints stay exact; a float near 2**63 cannot tell +1 from +2
     return NoValue(_BLANK_OFFSETS[offset]) if offset in _BLANK_OFFSETS else NoValue.BLANK
 
 
@@ -76,9 +76,12 @@ def clean(value: object, field_type: str | None = None) -> tuple[float | None, N
         if text in ("", "N/A", "-", DCGM_STR_BLANK):
             return None, NoValue.BLANK
         try:
-            value = float(text)
+            value = int(text)  # exact: int64 sentinels lose their offset as floats
         except ValueError:
-            return None, NoValue.NOT_A_NUMBER
+            try:
+                value = float(text)
+            except ValueError:
+                return None, NoValue.NOT_A_NUMBER
     if not isinstance(value, (int, float)):
         return None, NoValue.NOT_A_NUMBER
     number = float(value)
@@ -86,7 +89,7 @@ def clean(value: object, field_type: str | None = None) -> tuple[float | None, N
         return None, NoValue.NAN
     if math.isinf(number):
         return None, NoValue.OUT_OF_RANGE
-    reason = blank_reason(number, field_type)
+    reason = blank_reason(value, field_type)
     if reason is not None:
         return None, reason
     if number < 0:

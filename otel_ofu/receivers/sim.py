@@ -108,7 +108,9 @@ class SimReceiverConfig:
             require(specs.find_spec(model) is not None, f"models[{i}]",
                     f"unknown GPU model {model!r} (known: {', '.join(s.name for s in specs.GPU_SPECS)})")
         require(self.time_acceleration > 0, "time_acceleration", "must be positive")
-        require(self.clock_sample_interval > 0, "clock_sample_interval", "must be positive")
+        ticks = self.clock_sample_interval / sim.TICK_S
+        require(ticks >= 1 and abs(ticks - round(ticks)) < 1e-9, "clock_sample_interval",
+                f"must be a multiple of {sim.TICK_S}s, the simulation's time step")
         require(self.collection_interval >= self.clock_sample_interval, "collection_interval",
                 "must be at least clock_sample_interval")
         if self.start_time is not None:

@@ -1,0 +1,99 @@
+"""The config loader and `otel-ofu validate`: errors name the file, the component and the key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_ofu.config import ConfigError, Duration, FieldError, build_config, substitute_env
+from otel_ofu.receivers.sim import SimReceiverConfig
+from otel_ofu.service import load_config
+
+DATA = Path(__file__).parent / "data" / "configs"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.parametrize(
+    ("name", "component", "key", "words"),
+    [
+        ("unknown-component.yaml", "receivers.simm", None, "unknown receiver type 'simm'"),
+        ("bad-key.yaml", "receivers.sim", "nodez", "did you mean 'nodes'"),
+        ("bad-type.yaml", "receivers.sim", "nodes", "expected an integer"),
+        ("missing-env.yaml", None, "exporters.file.path", "OTEL_OFU_TEST_SURELY_UNSET is not set"),
+        ("undefined-reference.yaml", "service.pipelines.metrics", "processors", "'ofu', which is not configured"),
+        ("bad-duration.yaml", "receivers.sim", "collection_interval", "expected a duration"),
+        ("bad-nested.yaml", "receivers.sim", "jobs[0].mfu", "within [0, 1]"),
+        ("bad-yaml.yaml", None, None, "not valid YAML"),
+    ],
+)
+def test_bad_configs_name_file_component_and_key(name, component, key, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(str(DATA / name))
+    err = info.value
+    assert err.file == str(DATA / name)
+    assert err.component == component
+    assert err.key == key
+    assert words in str(err)
+    assert str(err).startswith(str(DATA / name))
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_validate_cli_exit_codes_and_message():
+    ok = subprocess.run([sys.executable, "-m", "otel_ofu", "validate", "--config", "collector-config/demo.yaml"],
+                        cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "valid" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "otel_ofu", "validate", "--config", str(DATA / "bad-key.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "bad-key.yaml: receivers.sim: nodez: unknown key (did you mean 'nodes'?)" in bad.stderr
+
+
+def test_env_substitution_types_defaults_and_escapes():
+    env = {"PORT": "4317", "HOST": "collector", "FLAG": "true"}
+    doc = {"a": "${env:PORT}", "b": "${env:HOST}:${env:PORT}", "c": "${env:MISSING:-fallback}",
+           "d": "$${env:HOST}", "e": ["${env:FLAG}"], "f": "${env:MISSING:-}"}
+    out = substitute_env(doc, env)
+    assert out == {"a": 4317, "b": "collector:4317", "c": "fallback", "d": "${env:HOST}", "e": [True], "f": ""}
+
+
+def test_missing_env_var_names_the_variable_and_key():
+    with pytest.raises(ConfigError) as info:
+        substitute_env({"exporters": {"file": {"path": "${env:NOPE_X}"}}}, {})
+    assert info.value.key == "exporters.file.path" and "NOPE_X" in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("10s", 10), ("500ms", 0.5), ("1m30s", 90), ("2h", 7200), (3, 3),
+                                               (0.25, 0.25)])
+def test_durations(text, seconds):
+    assert Duration.parse(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["10", "ten seconds", "10 s", "", True, None])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        Duration.parse(text)
+
+
+def test_defaults_fill_missing_keys():
+    cfg = build_config(SimReceiverConfig, {"nodes": 3})
+    assert cfg.nodes == 3 and cfg.gpus_per_node == 8 and cfg.collection_interval == 10.0
+    assert len(cfg.job_specs()) >= 1 and sum(j.gpus for j in cfg.job_specs()) == 24
+
+
+def test_too_many_gpus_for_the_fleet_is_rejected():
+    with pytest.raises(FieldError) as info:
+        build_config(SimReceiverConfig, {"nodes": 1, "gpus_per_node": 2, "jobs": [{"scenario": "steady", "gpus": 3}]})
+    assert info.value.key == "jobs"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "collector-config").glob("*.yaml")))
+def test_every_shipped_otel_ofu_config_is_valid(path, monkeypatch):
+    if path.name.startswith("otelcol-"):
+        pytest.skip("a Collector config: checked by `otelcol validate` in test_collector_e2e")
+    load_config(str(path))

@@ -1,0 +1,117 @@
+"""The ofu processor: points for good samples, counted reasons for bad ones, warnings once."""
+
+import logging
+
+import pytest
+
+from otel_ofu.component import Context
+from otel_ofu.config import FieldError, build_config
+from otel_ofu.model import Batch, GpuSample
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.values import DCGM_FP64_BLANK
+
+
+def sample(**kw):
+    base = dict(time_unix_nano=1_000, window_s=10, host="n0", gpu_index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3",
+                tensor_active=0.5, sm_clock_mhz=1830, max_sm_clock_mhz=1980, power_w=650, clock_event_reasons=0,
+                job_id="job-a", precision="bf16")
+    base.update(kw)
+    return GpuSample(**base)
+
+
+def processor(**cfg):
+    return OfuProcessor(build_config(OfuProcessorConfig, cfg), Context("ofu"))
+
+
+def points_by_name(batch):
+    out = {}
+    for p in batch.points:
+        out.setdefault(p.name, []).append(p)
+    return out
+
+
+def test_good_sample_gives_ofu_raw_inputs_and_attributes():
+    out = points_by_name(processor().process(Batch(samples=[sample()])))
+    ofu, raw = out["gpu.ofu"][0], out["gpu.ofu.raw"][0]
+    assert raw.value == pytest.approx(0.5)
+    assert ofu.value < raw.value
+    attrs, resource = dict(ofu.attributes), dict(ofu.resource)
+    assert attrs == {"ofu.job.id": "job-a", "ofu.precision": "bf16", "ofu.fref.source": "spec"}
+    assert resource["hw.id"] == "GPU-0" and resource["host.name"] == "n0" and resource["gpu.index"] == "0"
+    assert resource["hw.model"] == "NVIDIA H100 80GB HBM3"
+    assert out["gpu.sm.clock.frequency"][0].value == 1830e6 and out["gpu.sm.clock.frequency"][0].unit == "Hz"
+    assert out["gpu.tensor.activity"][0].value == 0.5
+    assert out["gpu.ofu.reference_clock"][0].value == 1830e6
+    assert out["gpu.flops.achieved"][0].value == pytest.approx(ofu.value * 989.4e12, rel=1e-3)
+
+
+def test_unknown_precision_has_no_achieved_flops():
+    out = points_by_name(processor().process(Batch(samples=[sample(precision=None)])))
+    assert "gpu.flops.achieved" not in out
+    assert dict(out["gpu.ofu"][0].attributes)["ofu.precision"] == "unknown"
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"tensor_active": DCGM_FP64_BLANK}, "blank"),
+    ({"tensor_active": float("nan")}, "nan"),
+    ({"tensor_active": -1}, "negative"),
+    ({"tensor_active": 1.3}, "out_of_range"),
+    ({"sm_clock_mhz": 0}, "zero_clock"),
+    ({"tensor_active": None}, "missing"),
+    ({"model": "Mystery GPU", "max_sm_clock_mhz": None}, "no_reference_clock"),
+])
+def test_bad_samples_are_dropped_with_their_reason_never_zero(kw, reason):
+    proc = processor()
+    out = points_by_name(proc.process(Batch(samples=[sample(**kw), sample(**kw)])))
+    assert "gpu.ofu" not in out and "gpu.ofu.raw" not in out
+    dropped = out["gpu.ofu.dropped"]
+    assert [p.value for p in dropped] == [1, 2] and all(p.monotonic for p in dropped)
+    assert dict(dropped[0].attributes) == {"ofu.drop.reason": reason}
+    assert proc.context.telemetry.counter("otel_ofu.ofu.dropped", reason=reason) == 2
+
+
+def test_a_bad_sample_does_not_stop_the_good_ones():
+    out = points_by_name(processor().process(Batch(samples=[sample(tensor_active="garbage"), sample(uuid="GPU-1")])))
+    assert [dict(p.resource)["hw.id"] for p in out["gpu.ofu"]] == ["GPU-1"]
+
+
+def test_unknown_model_is_marked_on_every_point_and_warned_once(caplog):
+    proc = processor()
+    with caplog.at_level(logging.WARNING):
+        for t in range(5):
+            batch = proc.process(Batch(samples=[sample(model="NVIDIA Future GPU", max_sm_clock_mhz=2000,
+                                                       time_unix_nano=t)]))
+            ofu = points_by_name(batch)["gpu.ofu"][0]
+            assert dict(ofu.attributes)["ofu.fref.source"] == "max_sm_clock"
+    assert sum("NVIDIA Future GPU" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_config_reference_clock_and_correction_overrides():
+    proc = processor(reference_clocks={"NVIDIA Future GPU": 1500}, tile_correction={"factors": {"*": 0.9}})
+    out = points_by_name(proc.process(Batch(samples=[sample(model="NVIDIA Future GPU", sm_clock_mhz=1500)])))
+    assert out["gpu.ofu.raw"][0].value == pytest.approx(0.5)
+    assert out["gpu.ofu"][0].value == pytest.approx(0.45)  # "*" applies to every GPU, known or not
+    proc = processor(tile_correction={"factors": {"hopper/bf16": 0.9}})
+    assert points_by_name(proc.process(Batch(samples=[sample()])))["gpu.ofu"][0].value == pytest.approx(0.45)
+    proc = processor(tile_correction={"enabled": False})
+    assert points_by_name(proc.process(Batch(samples=[sample()])))["gpu.ofu"][0].value == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("cfg", "key"), [
+    ({"tile_correction": {"factors": {"volta/bf16": 0.9}}}, "tile_correction.factors.volta/bf16"),
+    ({"tile_correction": {"factors": {"hopper/fp12": 0.9}}}, "tile_correction.factors.hopper/fp12"),
+    ({"tile_correction": {"factors": {"hopper": 1.5}}}, "tile_correction.factors.hopper"),
+    ({"tpa_tolerance": 0.5}, "tpa_tolerance"),
+    ({"reference_clocks": {"X": 5}}, "reference_clocks.X"),
+])
+def test_bad_processor_configs_name_the_key(cfg, key):
+    with pytest.raises(FieldError) as info:
+        build_config(OfuProcessorConfig, cfg)
+    assert info.value.key == key
+
+
+def test_points_already_in_the_batch_pass_through():
+    from otel_ofu.model import MetricPoint
+    extra = MetricPoint("training.mfu", 0.5, 1, (("ofu.job.id", "j"),))
+    out = processor().process(Batch(samples=[sample()], points=[extra]))
+    assert out.points[0] is extra

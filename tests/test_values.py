@@ -1,0 +1,68 @@
+"""The blank-value rule: every class of bad value is 'no value' with its reason, never 0."""
+
+import math
+
+import pytest
+
+from otel_ofu.values import (
+    DCGM_FP64_BLANK,
+    DCGM_INT32_BLANK,
+    DCGM_INT64_BLANK,
+    NoValue,
+    clean,
+    clean_clock,
+    clean_ratio,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (None, NoValue.MISSING),
+        (DCGM_INT32_BLANK, NoValue.BLANK),
+        (DCGM_INT32_BLANK + 1, NoValue.NOT_FOUND),
+        (DCGM_INT32_BLANK + 2, NoValue.NOT_SUPPORTED),
+        (DCGM_INT32_BLANK + 3, NoValue.NOT_PERMISSIONED),
+        (DCGM_INT64_BLANK, NoValue.BLANK),
+        (DCGM_INT64_BLANK + 2, NoValue.NOT_SUPPORTED),
+        (9223372036854775794, NoValue.NOT_SUPPORTED),  # as dcgm-exporter leaks it
+        (DCGM_FP64_BLANK, NoValue.BLANK),
+        (DCGM_FP64_BLANK + 3, NoValue.NOT_PERMISSIONED),
+        (float("nan"), NoValue.NAN),
+        (float("inf"), NoValue.OUT_OF_RANGE),
+        (-0.01, NoValue.NEGATIVE),
+        ("", NoValue.BLANK),
+        ("N/A", NoValue.BLANK),
+        ("abc", NoValue.NOT_A_NUMBER),
+        (True, NoValue.NOT_A_NUMBER),
+        ([1], NoValue.NOT_A_NUMBER),
+    ],
+)
+def test_bad_values_have_no_value_and_a_reason(raw, reason):
+    assert clean(raw) == (None, reason)
+
+
+@pytest.mark.parametrize(("raw", "number"), [(0, 0.0), (0.929260, 0.92926), ("1215", 1215.0), (" 0.5 ", 0.5)])
+def test_ordinary_numbers_pass(raw, number):
+    assert clean(raw) == (number, None)
+
+
+def test_int64_counters_above_the_int32_sentinel_are_numbers_when_typed():
+    big = 5_000_000_000  # a raw cycle counter after a few seconds
+    assert clean(big) == (None, NoValue.BLANK)  # untyped: read as a blank gauge
+    assert clean(big, "int64") == (float(big), None)
+    assert clean(DCGM_INT64_BLANK + 1, "int64") == (None, NoValue.NOT_FOUND)
+
+
+def test_ratio_tolerance_clamps_small_overshoot_and_rejects_large():
+    assert clean_ratio(1.01) == (1.0, None)
+    assert clean_ratio(1.021) == (None, NoValue.OUT_OF_RANGE)
+    assert clean_ratio(1.05, tolerance=0.1) == (1.0, None)
+    assert clean_ratio(0.0) == (0.0, None)
+
+
+def test_zero_clock_is_no_value():
+    assert clean_clock(0) == (None, NoValue.ZERO_CLOCK)
+    assert clean_clock(1830) == (1830.0, None)
+    value, reason = clean_clock(float("nan"))
+    assert value is None and reason is NoValue.NAN and not math.isnan(0.0)
