@@ -1,0 +1,108 @@
+"""The service: wiring, fan-out, start/shutdown order, failures contained."""
+
+import io
+import threading
+
+from otel_ofu import registry
+from otel_ofu.component import Context, Exporter, Factory, Processor
+from otel_ofu.config import parse_service_config
+from otel_ofu.exporters.console import ConsoleExporter, ConsoleExporterConfig
+from otel_ofu.model import Batch, GpuSample, MetricPoint
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.service import Pipeline, Service, _ExporterSlot
+from otel_ofu.telemetry import Telemetry
+
+
+class Recorder(Exporter):
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        self.batches = []
+        self.events = []
+
+    def start(self):
+        self.events.append("start")
+
+    def export(self, batch):
+        self.batches.append(batch)
+
+    def shutdown(self):
+        self.events.append("shutdown")
+
+
+class Boom(Processor):
+    def process(self, batch):
+        raise RuntimeError("boom")
+
+
+def sample(uuid="GPU-1"):
+    return GpuSample(time_unix_nano=1, window_s=10, host="h", gpu_index=0, uuid=uuid, model="NVIDIA H100 80GB HBM3",
+                     tensor_active=0.5, sm_clock_mhz=1830, job_id="j", precision="bf16")
+
+
+def test_failing_processor_drops_batch_for_its_pipeline_only_and_counts_it():
+    telemetry = Telemetry()
+    rec_ok, rec_bad = Recorder(None, Context("a")), Recorder(None, Context("b"))
+    ok = Pipeline("metrics/ok", [OfuProcessor(OfuProcessorConfig(), Context("ofu"))], [("a", _ExporterSlot(rec_ok))],
+                  telemetry)
+    bad = Pipeline("metrics/bad", [Boom(None, Context("boom"))], [("b", _ExporterSlot(rec_bad))], telemetry)
+    from otel_ofu.service import _fan_out
+    _fan_out([bad, ok])(Batch(samples=[sample()]))
+    assert rec_bad.batches == []
+    assert any(p.name == "gpu.ofu" for p in rec_ok.batches[0].points)
+    assert telemetry.counter("otel_ofu.pipeline.dropped", pipeline="metrics/bad", reason="processor_error") == 1
+
+
+def test_fan_out_gives_each_pipeline_its_own_samples():
+    class Tag(Processor):
+        def process(self, batch):
+            for s in batch.samples:
+                s.job_id = self.config
+            return batch
+
+    recs = [Recorder(None, Context(str(i))) for i in range(2)]
+    pipes = [Pipeline(f"p{i}", [Tag(tag, Context("t"))], [(str(i), _ExporterSlot(recs[i]))], Telemetry())
+             for i, tag in enumerate(["x", "y"])]
+    from otel_ofu.service import _fan_out
+    _fan_out(pipes)(Batch(samples=[sample()]))
+    assert recs[0].batches[0].samples[0].job_id == "x" and recs[1].batches[0].samples[0].job_id == "y"
+
+
+def test_service_builds_shared_exporters_and_per_pipeline_processors(monkeypatch):
+    factories = {k: dict(v) for k, v in registry.factories().items()}
+    factories["exporters"]["recorder"] = Factory("recorder", ConsoleExporterConfig, Recorder)
+    monkeypatch.setattr(registry, "factories", lambda: factories)
+    doc = {"receivers": {"sim": {"nodes": 1, "gpus_per_node": 2, "time_acceleration": 1000}},
+           "processors": {"ofu": {}},
+           "exporters": {"recorder": {}},
+           "service": {"pipelines": {"metrics/a": {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["recorder"]},
+                                     "metrics/b": {"receivers": ["sim"], "processors": ["ofu"],
+                                                   "exporters": ["recorder"]}}}}
+    service = Service(parse_service_config(doc, "inline", factories))
+    assert len(service.exporters) == 1 and len(service.processors) == 2
+    assert service.processors[0] is not service.processors[1]
+    stop = threading.Event()
+    recorder = service.exporters["recorder"].exporter
+    threading.Timer(1.5, stop.set).start()
+    service.run(stop=stop)
+    assert recorder.events == ["start", "shutdown"]
+    # Both pipelines delivered the same windows to the one exporter.
+    times = [b.points[0].time_unix_nano for b in recorder.batches if b.points]
+    assert len(times) >= 4 and len(times) % 2 == 0
+
+
+def test_console_plain_and_live_rendering():
+    stream = io.StringIO()
+    exporter = ConsoleExporter(ConsoleExporterConfig(), Context("console"), stream=stream)
+    assert not exporter.live
+    resource = (("gpu.index", "3"), ("host.name", "node-a"), ("hw.id", "GPU-x"), ("hw.model", "NVIDIA H100 80GB HBM3"))
+    attrs = (("ofu.job.id", "train"), ("ofu.precision", "bf16"))
+    exporter.export(Batch(points=[MetricPoint("gpu.ofu", 0.4321, 10**18, resource, attrs),
+                                  MetricPoint("gpu.sm.clock.frequency", 1755e6, 10**18, resource, attrs, "Hz")]))
+    exporter.shutdown()
+    text = stream.getvalue()
+    assert "node-a" in text and "H100 80GB HBM3" in text and "train" in text and "0.432" in text and "1755" in text
+    assert "\x1b[" not in text and "mean OFU 0.432" in text
+    live = ConsoleExporter(ConsoleExporterConfig(mode="live"), Context("console"), stream=io.StringIO())
+    live.export(Batch(points=[MetricPoint("gpu.ofu", 0.5, 1, resource, attrs)]))
+    live.shutdown()
+    assert live.stream.getvalue().startswith("\x1b[H\x1b[2J")
