@@ -1,0 +1,33 @@
+"""Job attribution: who holds each GPU (Kubernetes pod, Slurm job, a config rule) and in
+which precision. The ``attribution`` processor (otel_ofu.processors.attribution) ties the
+sources in this package together; docs/attribution.md is the user-facing description.
+"""
+
+from __future__ import annotations
+
+# Resource attributes (OpenTelemetry semantic-convention names for Kubernetes and processes).
+K8S_POD_NAME = "k8s.pod.name"
+K8S_POD_UID = "k8s.pod.uid"
+K8S_NAMESPACE = "k8s.namespace.name"
+K8S_CONTAINER = "k8s.container.name"
+K8S_POD_LABEL_PREFIX = "k8s.pod.label."
+K8S_POD_ANNOTATION_PREFIX = "k8s.pod.annotation."
+PROCESS_PID = "process.pid"
+
+# Slurm has no semantic convention: every Slurm attribute lives under ``slurm.job.``.
+SLURM_JOB_ID = "slurm.job.id"
+SLURM_JOB_USER = "slurm.job.user"
+SLURM_JOB_ACCOUNT = "slurm.job.account"
+SLURM_JOB_PARTITION = "slurm.job.partition"
+SLURM_JOB_NAME = "slurm.job.name"
+
+# dcgm-exporter's hpc_job label (set by otel_ofu.dcgm_fields.identity_from_labels).
+HPC_JOB_ID = "hpc.job.id"
+
+# Point attributes this package adds next to ofu.job.id.
+JOB_SHARED = "ofu.job.shared"  # true when several jobs hold the GPU
+JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, slurm, scrape, hpc_job, rule, sample
+
+# Attributes that name one job (not a bounded set such as a namespace or a partition): an
+# overflowed job loses them, or the series count would not be bounded.
+PER_JOB_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_CONTAINER, SLURM_JOB_ID, SLURM_JOB_NAME, HPC_JOB_ID)

@@ -1,0 +1,380 @@
+"""The ``attribution`` processor: names the job holding each GPU and the precision it runs in.
+
+Place it before ``ofu`` (receiver -> attribution -> ofu -> ...): it sets ``sample.job_id``
+(exported as ``ofu.job.id``), ``sample.precision`` and resource attributes (``k8s.*``,
+``slurm.job.*``) on GPU samples. Sources, each optional: the kubelet pod-resources API,
+GPU processes through /proc (cgroup and environment), dcgm-exporter labels already on the
+sample, and static rules. Lookups run on a background thread every ``refresh_interval``; the
+hot path reads the last snapshot, plus one /proc read for a pid it has not seen before.
+docs/attribution.md describes sources, precedence, attributes and limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from otel_ofu import specs
+from otel_ofu.attribution import (
+    HPC_JOB_ID,
+    JOB_SHARED,
+    JOB_SOURCE,
+    K8S_CONTAINER,
+    K8S_NAMESPACE,
+    K8S_POD_ANNOTATION_PREFIX,
+    K8S_POD_LABEL_PREFIX,
+    K8S_POD_NAME,
+    K8S_POD_UID,
+    PER_JOB_ATTRIBUTES,
+    PROCESS_PID,
+    SLURM_JOB_ID,
+)
+from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, k8s_key, merge
+from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
+from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
+from otel_ofu.attribution.limits import JobLimiter
+from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
+from otel_ofu.attribution.rules import evaluate
+from otel_ofu.attribution.slurm import ENV_KEYS, slurm_attributes
+from otel_ofu.component import Context, Factory, Processor
+from otel_ofu.metrics import MetricInfo, register
+from otel_ofu.model import HW_ID, JOB_ID, NO_JOB, Batch, GpuSample, MetricPoint, attrs
+
+OVERFLOW_METRIC = register(MetricInfo(
+    "otel_ofu.attribution.overflow", "{sample}", "sum",
+    "Samples whose job was over attribution's max_jobs and got the overflow job id instead."))
+JOBS_METRIC = register(MetricInfo(
+    "otel_ofu.attribution.jobs", "{job}", "gauge", "Distinct job ids attribution currently holds a slot for."))
+REFRESH_ERRORS_METRIC = register(MetricInfo(
+    "otel_ofu.attribution.refresh.errors", "{error}", "sum",
+    "Failed attribution lookups, by source (kubelet, pids); the last good answer is used for cache_ttl."))
+
+
+PidProvider = Callable[[], dict[str, list[int]]]
+
+
+@dataclass
+class _Cached:
+    """A source's last good answer and when it came (monotonic seconds)."""
+
+    value: Any
+    at: float | None = None
+    failing: bool = False
+
+
+class AttributionProcessor(Processor):
+    def __init__(self, config: AttributionProcessorConfig, context: Context, *,
+                 pid_provider: PidProvider | None = None, clock: Callable[[], float] = time.monotonic):
+        super().__init__(config, context)
+        self.pid_provider = pid_provider  # seam: tests inject {gpu uuid: [pids]}
+        self._clock = clock
+        self._kubelet: KubeletClient | None = None
+        self._nvml: Any = None
+        self._kube = _Cached({})  # uuid -> [PodContainer]
+        self._provider_pids = _Cached({})  # uuid -> [pid]
+        self._lock = threading.Lock()  # guards _sample_pids and _procs
+        self._sample_pids: dict[str, tuple[list[int], float]] = {}
+        self._procs: dict[int, ProcessInfo | None] = {}
+        self._env_keys = (*ENV_KEYS, config.precision_env)
+        self._limiter = JobLimiter(config.max_jobs, int(config.job_idle_timeout * 1e9), config.overflow_job_id)
+        self._last_overflow_ns: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle and refresh (background) ----------------------------------------------
+
+    def start(self) -> None:
+        if self.config.kubelet.enabled or self.config.processes.enabled:
+            self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._kubelet is not None:
+            self._kubelet.close()
+        if self._nvml is not None:
+            self._nvml.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:
+                self.log.exception("attribution refresh failed; retrying next interval")
+            self._stop.wait(self.config.refresh_interval)
+
+    def refresh(self) -> None:
+        """One poll of every enabled source; replaces the snapshots the hot path reads."""
+        cfg = self.config
+        if cfg.kubelet.enabled:
+            if self._kubelet is None:
+                self._kubelet = KubeletClient(cfg.kubelet.socket, float(cfg.kubelet.timeout),
+                                              cfg.kubelet.resource_names)
+            self._poll("kubelet", self._kube, self._kubelet.list_gpu_pods)
+        if cfg.processes.enabled:
+            provider = self.pid_provider
+            if provider is None and "nvml" in cfg.processes.pid_sources:
+                from otel_ofu.attribution.nvml import NvmlPids
+
+                provider = self._nvml = self._nvml or NvmlPids()
+            if provider is not None:
+                self._poll("pids", self._provider_pids,
+                           lambda: {str(k).strip().lower(): list(v) for k, v in provider().items()})
+            self._refresh_processes()
+
+    def _poll(self, source: str, cache: _Cached, fetch: Callable[[], dict]) -> None:
+        now = self._clock()
+        try:
+            cache.value, cache.at = fetch(), now
+            if cache.failing:
+                self.log.info("attribution source %s answers again", source)
+            cache.failing = False
+        except Exception as exc:
+            self.context.telemetry.add(REFRESH_ERRORS_METRIC.name, 1, source=source)
+            if not cache.failing:
+                self.log.warning("attribution source %s failed (%s); using its last answer for %.0fs", source,
+                                 exc, self.config.cache_ttl)
+            cache.failing = True
+            if cache.at is None or now - cache.at > self.config.cache_ttl:
+                cache.value = {}  # no stale attributes past the TTL
+
+    def _refresh_processes(self) -> None:
+        """Re-read every pid some GPU still has: exited processes drop out here."""
+        now = self._clock()
+        with self._lock:
+            ttl = self.config.processes.pid_ttl
+            self._sample_pids = {u: e for u, e in self._sample_pids.items() if now - e[1] <= ttl}
+            wanted = {pid for pids, _ in self._sample_pids.values() for pid in pids}
+        wanted |= {pid for pids in self._provider_pids.value.values() for pid in pids}
+        fresh = {pid: read_process(self.config.processes.proc_root, pid, self._env_keys) for pid in sorted(wanted)}
+        with self._lock:
+            self._procs = fresh
+
+    # --- hot path ------------------------------------------------------------------------
+
+    def process(self, batch: Batch) -> Batch:
+        overflowed: set[str] = set()
+        samples_over = 0
+        latest = 0
+        renamed: dict[tuple[str, str], str] = {}  # (GPU uuid, job id before) -> job id after
+        for sample in batch.samples:
+            before = sample.job_id or NO_JOB
+            original = self.annotate(sample)
+            if sample.job_id is not None and sample.job_id != before:
+                renamed[(sample.uuid, before)] = sample.job_id
+            if original is not None:
+                overflowed.add(original)
+                samples_over += 1
+                latest = max(latest, sample.time_unix_nano)
+        if overflowed:
+            self.context.telemetry.add(OVERFLOW_METRIC.name, samples_over)
+            gap = self.config.job_idle_timeout * 1e9
+            if self._last_overflow_ns is None or latest - self._last_overflow_ns > gap:
+                self.log.warning("attribution: max_jobs=%d reached; %d job(s) mapped to ofu.job.id=%r (e.g. %s). "
+                                 "Raise max_jobs or lower job_idle_timeout. Logged once per burst.",
+                                 self.config.max_jobs, len(overflowed), self.config.overflow_job_id,
+                                 ", ".join(sorted(overflowed)[:3]))
+            self._last_overflow_ns = latest
+        self.context.telemetry.set(JOBS_METRIC.name, len(self._limiter))
+        if renamed and batch.points:
+            batch = Batch(samples=batch.samples, points=[_renamed(p, renamed) for p in batch.points],
+                          passthrough=batch.passthrough, events=batch.events)
+        return batch
+
+    def annotate(self, sample: GpuSample) -> str | None:
+        """Set job, precision and attributes on one sample; returns the job id if it overflowed.
+
+        The sample's dicts are replaced, never mutated: pipelines share them (shallow copies).
+        """
+        cfg = self.config
+        uuid = str(sample.uuid).strip().lower()
+        resource, attributes = dict(sample.resource), dict(sample.attributes)
+        pids = self._pids(uuid, resource, attributes)
+        claims, loose_precisions = self._claims(uuid, resource, pids)
+        claim_resource = _merged_resource(claims)
+        view = {**dict(sample.resource_attributes()), **claim_resource, **attributes}
+        rule = evaluate(cfg.rules, uuid, sample.host, view)
+
+        existing = sample.job_id if sample.job_id not in UNSET_JOBS and sample.job_id is not None else None
+        job = source = None
+        from_claims = False
+        if rule.job_id and rule.job_override:
+            job, source = rule.job_id, "rule"
+        elif existing and not cfg.override:
+            job, source = existing, "sample"
+        elif claims:
+            ids = sorted({self._job_id(c) for c in claims})
+            job, from_claims = SHARED_SEPARATOR.join(ids), True
+            source = "+".join(sorted({s for c in claims for s in c.source.split("+")}))
+            if len(ids) > 1:
+                attributes[JOB_SHARED] = True
+        elif rule.job_id:
+            job, source = rule.job_id, "rule"
+        elif existing:
+            job, source = existing, "sample"
+
+        if from_claims:
+            for key, value in claim_resource.items():
+                if cfg.override or key not in resource:
+                    resource[key] = value
+
+        metadata = {p for c in claims for p in c.precisions} | loose_precisions | self._label_precisions(view)
+        sample.precision = self._precision(sample.precision, metadata, rule.precision, rule.precision_override)
+
+        overflow = None
+        if job is not None:
+            if not self._limiter.admit(job, sample.time_unix_nano):
+                overflow, job = job, cfg.overflow_job_id
+                for key in PER_JOB_ATTRIBUTES:
+                    resource.pop(key, None)
+            attributes[JOB_SOURCE] = source
+            sample.job_id = job
+        sample.resource, sample.attributes = resource, attributes
+        return overflow
+
+    def _precision(self, existing: str | None, metadata: set[str], rule: str | None, rule_override: bool) -> str | None:
+        known = specs.normalize_precision(existing)
+        if rule and rule_override:
+            return rule
+        if known != specs.UNKNOWN_PRECISION and not self.config.override:
+            return existing
+        if len(metadata) == 1:
+            return next(iter(metadata))
+        if len(metadata) > 1:
+            return specs.UNKNOWN_PRECISION  # the GPU's jobs disagree: DCGM cannot tell which
+        if rule:
+            return rule
+        return existing
+
+    def _pids(self, uuid: str, resource: dict[str, Any], attributes: dict[str, Any]) -> list[int]:
+        pcfg = self.config.processes
+        raw = attributes.get(PROCESS_PID, resource.get(PROCESS_PID))
+        if not pcfg.keep_pid_attribute:
+            attributes.pop(PROCESS_PID, None)
+            resource.pop(PROCESS_PID, None)
+        if not pcfg.enabled:
+            return []
+        now = self._clock()
+        reported = parse_pids(raw) if "samples" in pcfg.pid_sources else None
+        with self._lock:
+            if reported is not None:
+                self._sample_pids[uuid] = (reported, now)
+                pids = set(reported)
+            else:
+                entry = self._sample_pids.get(uuid)
+                pids = set(entry[0]) if entry and now - entry[1] <= pcfg.pid_ttl else set()
+        pids.update(self._provider_pids.value.get(uuid, ()))
+        return sorted(pids)
+
+    def _process(self, pid: int) -> ProcessInfo | None:
+        with self._lock:
+            if pid in self._procs:
+                return self._procs[pid]
+        info = read_process(self.config.processes.proc_root, pid, self._env_keys)  # first sight: one small read
+        with self._lock:
+            self._procs[pid] = info
+        return info
+
+    def _claims(self, uuid: str, resource: dict[str, Any], pids: list[int]) -> tuple[list[Claim], set[str]]:
+        cfg = self.config
+        claims: list[Claim] = []
+        if cfg.sample_labels:
+            k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
+            key = k8s_key(k8s)
+            if key:
+                claims.append(Claim(key, "scrape", k8s))
+            hpc = resource.get(HPC_JOB_ID)
+            if hpc:
+                claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
+        claims += _pod_claims(self._kube.value.get(uuid, ()))
+        loose: set[str] = set()
+        for pid in pids:
+            info = self._process(pid)
+            if info is None:
+                continue
+            precision = specs.normalize_precision(info.environ.get(cfg.precision_env))
+            precisions = {precision} if precision != specs.UNKNOWN_PRECISION else set()
+            slurm = slurm_attributes(info)
+            if slurm:
+                claims.append(Claim(("slurm", slurm[SLURM_JOB_ID]), "slurm", slurm, precisions))
+            elif info.cgroup.pod_uid:
+                claims.append(Claim(("k8s-uid", info.cgroup.pod_uid), "process", {K8S_POD_UID: info.cgroup.pod_uid},
+                                    precisions))
+            else:
+                loose |= precisions
+        return merge(claims), loose
+
+    def _job_id(self, claim: Claim) -> str:
+        if claim.job_id:
+            return claim.job_id
+        kind = claim.key[0]
+        if kind == "slurm":
+            return f"slurm:{claim.key[1]}"
+        if kind == "k8s-uid":
+            return f"k8s-uid:{claim.key[1]}"
+        namespace, pod = claim.key[1], claim.key[2]
+        if self.config.k8s_job_label:
+            label = claim.resource.get(K8S_POD_LABEL_PREFIX + self.config.k8s_job_label)
+            if label:
+                return f"k8s:{namespace}/{label}"
+        return f"k8s:{namespace}/{pod}"
+
+    def _label_precisions(self, view: dict[str, Any]) -> set[str]:
+        key = self.config.precision_key
+        if not key:
+            return set()
+        out = set()
+        for name in (K8S_POD_ANNOTATION_PREFIX + key, K8S_POD_LABEL_PREFIX + key, key):
+            precision = specs.normalize_precision(_str(view.get(name)))
+            if precision != specs.UNKNOWN_PRECISION:
+                out.add(precision)
+        return out
+
+
+def _renamed(point: MetricPoint, renamed: dict[tuple[str, str], str]) -> MetricPoint:
+    """A receiver's own per-GPU point (e.g. the sim's truth) follows its GPU's new job id."""
+    uuid = dict(point.resource).get(HW_ID)
+    attributes = dict(point.attributes)
+    new = renamed.get((uuid, attributes.get(JOB_ID, NO_JOB))) if uuid is not None else None
+    if new is None:
+        return point
+    return dataclasses.replace(point, attributes=attrs({**attributes, JOB_ID: new}))
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _pod_claims(holders: Iterable[PodContainer]) -> list[Claim]:
+    """One claim per pod; a pod's containers sharing the GPU are listed together."""
+    containers: dict[tuple[str, str], list[str]] = {}
+    for holder in holders:
+        names = containers.setdefault((holder.namespace, holder.pod), [])
+        if holder.container and holder.container not in names:
+            names.append(holder.container)
+    out = []
+    for (namespace, pod), names in containers.items():
+        resource = {K8S_NAMESPACE: namespace, K8S_POD_NAME: pod}
+        if names:
+            resource[K8S_CONTAINER] = SHARED_SEPARATOR.join(sorted(names))
+        out.append(Claim(("k8s", namespace, pod), "kubelet", resource))
+    return out
+
+
+def _merged_resource(claims: list[Claim]) -> dict[str, str]:
+    """Attributes of all claims; where jobs differ, their values sorted and comma-joined."""
+    values: dict[str, set[str]] = {}
+    for claim in claims:
+        for key, value in claim.resource.items():
+            values.setdefault(key, set()).add(str(value))
+    return {key: SHARED_SEPARATOR.join(sorted(vals)) for key, vals in values.items()}
+
+
+FACTORY = Factory("attribution", AttributionProcessorConfig, AttributionProcessor,
+                  "names each GPU's job (Kubernetes, Slurm, rules) and precision")
