@@ -132,14 +132,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        arms = [arg for arg in args if arg is not type(None)]
+        if len(arms) == 1:  # Optional[X]: X's own error names the inner key at fault
+            return _convert(value, arms[0], key)
+        for arg in arms:
             try:
                 return _convert(value, arg, key)
-            except FieldError as exc:
-                errors.append(exc)
+            except FieldError:
+                continue
         raise FieldError(key, f"expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         allowed = typing.get_args(tp)

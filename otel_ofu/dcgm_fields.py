@@ -46,6 +46,14 @@ FIELD_IDS_BY_NAME: dict[str, int] = {name: fid for fid, names in FIELD_NAMES.ite
 FIELD_TYPES: dict[int, str] = {SM_CYCLES_ELAPSED_TOTAL: "int64", MMA_CYCLES_ACTIVE_TOTAL: "int64",
                                CLOCKS_EVENT_REASONS: "int64"}
 
+# `dcgmi dmon` column headers are the fields' short names (dcgmlib/src/dcgm_fields.cpp,
+# DcgmFieldsPopulateOneFieldWithFormatting): a recorded dmon table names its columns only so.
+DMON_SHORT_NAMES: dict[str, int] = {
+    "SMCLK": SM_CLOCK, "SACLK": APP_SM_CLOCK, "DVCCTR": CLOCKS_EVENT_REASONS, "SMMAX": MAX_SM_CLOCK,
+    "POWER": POWER_USAGE, "GRACT": GR_ENGINE_ACTIVE, "SMACT": SM_ACTIVE, "TENSO": PIPE_TENSOR_ACTIVE,
+    "DRAMA": DRAM_ACTIVE, "THMMA": PIPE_TENSOR_HMMA_ACTIVE,
+}
+
 # dcgm-exporter labels -> resource attributes (semantic-convention names). Old spellings
 # (--use-old-namespace, pre-2026 Hostname) are accepted beside the new ones.
 _K8S_LABELS = {
@@ -54,6 +62,13 @@ _K8S_LABELS = {
     "container": "k8s.container.name", "container_name": "k8s.container.name",
     "pod_uid": "k8s.pod.uid",
 }
+
+# Every dcgm-exporter label identity_from_labels reads, plus ``device``: lets a caller tell
+# these from other attributes (e.g. labels a Collector promoted to resource attributes).
+EXPORTER_LABELS: frozenset[str] = frozenset({
+    "gpu", "UUID", "uuid", "modelName", "model_name", "Hostname", "hostname", "device", "pci_bus_id", "GPU_I_ID",
+    "GPU_I_PROFILE", "DCGM_FI_DRIVER_VERSION", "hpc_job", *_K8S_LABELS,
+})
 
 
 def field_id(name_or_id: str | int) -> int | None:

@@ -97,3 +97,21 @@ def test_every_shipped_otel_ofu_config_is_valid(path, monkeypatch):
     if path.name.startswith("otelcol-"):
         pytest.skip("a Collector config: checked by `otelcol validate` in test_collector_e2e")
     load_config(str(path))
+
+
+def test_optional_nested_config_reports_the_inner_key():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Inner:
+        size: int = 1
+
+    @dataclass
+    class Outer:
+        inner: Inner | None = None
+
+    assert build_config(Outer, {"inner": None}).inner is None
+    assert build_config(Outer, {"inner": {"size": 3}}).inner == Inner(3)
+    with pytest.raises(FieldError) as info:
+        build_config(Outer, {"inner": {"size": "big"}})
+    assert info.value.key == "inner.size" and "expected an integer" in info.value.message

@@ -1,0 +1,598 @@
+"""The ``replay`` receiver: feeds a recorded trace through a pipeline, in real time or faster.
+
+Three recordings are understood (``format: auto`` tells them apart by their first lines):
+
+- ``dmon``: the table ``dcgmi dmon -e 1004,100,... -d <ms>`` prints (dcgmi/DeviceMonitor.cpp):
+  a ``#Entity`` header of field short names (``TENSO``, ``SMCLK``, ...), a units line, then one
+  row per entity (``GPU 0``, ``GPU-I 3``) per iteration, ``N/A`` for blanks, the header again
+  every 14 iterations. It has no timestamps: iteration k is stamped ``start_time + k x
+  interval``, where ``interval`` comes from the config, else from a recorded ``# dcgmi dmon
+  ... -d <ms>`` comment line, else dcgmi's default of 1000 ms. That comment's ``-e`` list, when
+  present, names the columns by field id exactly.
+- ``csv``: a header row with ``timestamp``, ``gpu`` and optionally ``uuid``, ``model``,
+  ``host``, dcgm-exporter label names (``pod``, ``GPU_I_ID``, ``hpc_job``, ...), then field
+  columns named by DCGM field id (``1004``) or name (``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``).
+- ``otlp_json``: this project's ``file`` exporter output (OTLP JSON, one request per line):
+  its metric points and events are re-emitted as they were, so a recorded pipeline output can
+  be replayed into another exporter.
+
+Recorded timestamps are kept (``rebase_time`` shifts them to now). ``speed`` 1 replays in real
+time, 60 a minute per second, 0 or ``max`` as fast as the pipeline takes it. A malformed line
+is an error naming the file and line; by default the whole file is refused before anything
+is sent (``skip_malformed`` logs and skips bad lines instead). The ``parse_*`` functions are
+pure: lines in, frames out, :class:`ReplayFormatError` on bad input.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from otel_ofu import dcgm_fields, otlp
+from otel_ofu.component import Context, Factory, PollingReceiver
+from otel_ofu.config import Duration, FieldError, require
+from otel_ofu.metrics import MetricInfo, register
+from otel_ofu.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
+
+SOURCE = "replay"
+FORMATS = ("dmon", "csv", "otlp_json")
+DMON_DEFAULT_DELAY_S = 1.0  # dcgmi dmon -d default: 1000 ms
+DMON_ENTITY_GROUPS = ("GPU", "GPU-I", "GPU-CI", "vGPU", "Switch", "GPU_I", "GPU_CI", "CPU", "CPU_CORE", "Link")
+CSV_DEFAULT_WINDOW_S = 1.0
+MAX_LOGGED_ERRORS = 10
+
+REPLAY_ERRORS = register(MetricInfo(
+    "otel_ofu.replay.errors", "{line}", "sum",
+    "Malformed lines met by the replay receiver, by file; a refused file counts its first bad line."))
+
+
+class ReplayFormatError(ValueError):
+    """A recording that does not parse: which file, which line (1-based), what is wrong."""
+
+    def __init__(self, path: str, line: int, message: str):
+        self.path, self.line, self.message = path, line, message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+ErrorHandler = Callable[[ReplayFormatError], None]
+
+
+@dataclass(slots=True)
+class Frame:
+    """What one recorded instant produces: a batch and its timestamp (ns)."""
+
+    time_unix_nano: int
+    batch: Batch
+    line: int  # the line the frame starts at
+
+
+def _raise(error: ReplayFormatError) -> None:
+    raise error
+
+
+def _number(text: str) -> object:
+    """A numeric cell as int or float (ints stay exact: int64 blanks keep their offset), else raw."""
+    text = text.strip()
+    if text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text  # "N/A" and the like: values.clean reports it as blank
+
+
+def _gpu_index(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+# --- dcgmi dmon ------------------------------------------------------------------------------
+
+_DMON_FIELDS = re.compile(r"(?:^|\s)(?:-e|--field-id)[\s=]+(\S+)")
+_DMON_DELAY = re.compile(r"(?:^|\s)(?:-d|--delay)[\s=]+(\d+)")
+
+
+def _dmon_columns(names: list[str], recorded: list[int] | None, path: str, line: int) -> list[int | None]:
+    if recorded is not None:
+        if len(recorded) != len(names):
+            raise ReplayFormatError(path, line, f"the header has {len(names)} columns but the recorded -e list has "
+                                                f"{len(recorded)} field ids")
+        return list(recorded)
+    return [dcgm_fields.DMON_SHORT_NAMES.get(n.upper()) or dcgm_fields.field_id(n) for n in names]
+
+
+def parse_dmon(lines: Iterable[str], path: str, *, start_unix_nano: int, interval_s: float | None = None,
+               model: str = "", host: str = "", on_error: ErrorHandler | None = None) -> Iterator[Frame]:
+    """Frames from ``dcgmi dmon`` output: one per iteration (until an entity repeats)."""
+    fail = on_error or _raise
+    columns: list[int | None] | None = None
+    recorded_ids: list[int] | None = None
+    delay_s = interval_s
+    rows: dict[tuple[str, str], tuple[dict[int, object], int | str]] = {}
+    frame_line = 0
+    iteration = 0
+    parent_gpu: int | str = ""
+
+    def flush() -> Frame:
+        step = delay_s if delay_s is not None else DMON_DEFAULT_DELAY_S
+        t = start_unix_nano + round(iteration * step * 1e9)
+        batch = Batch()
+        for (group, eid), (fields, parent) in rows.items():
+            resource: dict[str, object] = {}
+            index: int | str = _gpu_index(eid)
+            if group != "GPU":
+                resource["dcgm.entity"] = f"{group} {eid}"
+                index = parent
+                if group in ("GPU-I", "GPU_I"):
+                    resource[GPU_MIG_INSTANCE] = eid
+            batch.samples.append(dcgm_fields.sample_from_fields(
+                fields, time_unix_nano=t, window_s=step, host=host, gpu_index=index, uuid="", model=model,
+                source=SOURCE, resource=resource))
+        return Frame(t, batch, frame_line)
+
+    for number, raw in enumerate(lines, 1):
+        text = raw.strip()
+        if not text:
+            continue
+        if text.startswith("#"):
+            body = text[1:].strip()
+            if body.startswith("Entity"):
+                names = body.split()[1:]
+                if not names:
+                    fail(ReplayFormatError(path, number, "the '#Entity' header names no field columns"))
+                    continue
+                try:
+                    columns = _dmon_columns(names, recorded_ids, path, number)
+                except ReplayFormatError as exc:
+                    fail(exc)
+                continue
+            if "dmon" in body:  # a recorded command line: "# dcgmi dmon -e 1004,100 -d 1000"
+                if (m := _DMON_FIELDS.search(body)) is not None:
+                    ids = [dcgm_fields.field_id(part) for part in m.group(1).split(",") if part]
+                    if None in ids:
+                        fail(ReplayFormatError(path, number, f"unknown field in the -e list {m.group(1)!r}"))
+                    else:
+                        recorded_ids = ids  # type: ignore[assignment]
+                if (m := _DMON_DELAY.search(body)) is not None and interval_s is None:
+                    delay_s = int(m.group(1)) / 1000.0
+            continue  # other comments are notes
+        tokens = text.split()
+        if tokens[0] in ("ID", "Id"):  # the units line under the header
+            continue
+        if text.startswith("dmon was stopped"):
+            continue
+        if tokens[0] not in DMON_ENTITY_GROUPS:
+            hint = "dcgmi reported an error" if text.lower().startswith("error") else "unrecognised line"
+            fail(ReplayFormatError(path, number, f"{hint}: {text[:80]!r}; expected a '#Entity' header, its units "
+                                                 "line, or an entity row such as 'GPU 0 ...'"))
+            continue
+        if columns is None:
+            fail(ReplayFormatError(path, number, "an entity row before any '#Entity' header line"))
+            continue
+        if len(tokens) < 2 or not tokens[1].isdigit():
+            fail(ReplayFormatError(path, number, f"expected '<entity group> <id>' such as 'GPU 0', got {text[:40]!r}"))
+            continue
+        values = tokens[2:]
+        if len(values) != len(columns):
+            fail(ReplayFormatError(path, number, f"{len(values)} values for {len(columns)} columns"))
+            continue
+        key = (tokens[0], tokens[1])
+        if key in rows:  # the entity repeats: a new iteration begins
+            yield flush()
+            rows = {}
+            iteration += 1
+        if not rows:
+            frame_line = number
+        if tokens[0] == "GPU":
+            parent_gpu = _gpu_index(tokens[1])
+        rows[key] = ({fid: _number(v) for fid, v in zip(columns, values) if fid is not None}, parent_gpu)
+    if rows:
+        yield flush()
+
+
+# --- CSV ---------------------------------------------------------------------------------------
+
+# CSV header names -> the dcgm-exporter label they stand for (identity_from_labels reads labels).
+_CSV_LABEL_ALIASES = {"model": "modelName", "host": "Hostname", "host_name": "Hostname", "job": "hpc_job",
+                      "job_id": "hpc_job"}
+_CSV_IDENTITY = ("gpu", "uuid", "UUID")
+
+
+def parse_timestamp(text: str) -> int:
+    """Unix ns from ISO 8601 (naive means UTC) or a number of s, ms, us or ns (told apart by size)."""
+    text = text.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return round(moment.timestamp() * 1e9)
+    if number < 1e11:
+        return round(number * 1e9)
+    if number < 1e14:
+        return round(number * 1e6)
+    if number < 1e17:
+        return round(number * 1e3)
+    return int(text) if text.isdigit() else round(number)
+
+
+def parse_csv(lines: Iterable[str], path: str, *, interval_s: float | None = None, model: str = "",
+              host: str = "", on_error: ErrorHandler | None = None) -> Iterator[Frame]:
+    """Frames from a CSV recording: consecutive rows with the same timestamp form one frame."""
+    fail = on_error or _raise
+    reader = csv.reader(lines)
+    header: list[str] | None = None
+    time_col = -1
+    window_col = -1
+    field_cols: list[tuple[int, int]] = []
+    label_cols: list[tuple[int, str]] = []
+    frame: Frame | None = None
+    last_seen: dict[tuple, int] = {}
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            fail(ReplayFormatError(path, reader.line_num, f"not CSV: {exc}"))
+            continue
+        number = reader.line_num
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if header is None:
+            header = [cell.strip() for cell in row]
+            lowered = [h.lower() for h in header]
+            missing = [c for c in ("timestamp", "gpu") if c not in lowered]
+            duplicated = sorted({h for h in header if header.count(h) > 1})
+            if missing or duplicated:
+                problem = (f"the header lacks {', '.join(repr(m) for m in missing)}" if missing
+                           else f"the header repeats {', '.join(repr(d) for d in duplicated)}")
+                raise ReplayFormatError(path, number, f"{problem} (expected timestamp, gpu, then uuid, model, host, "
+                                                      "labels and DCGM field columns by id or name)")
+            time_col = lowered.index("timestamp")
+            window_col = lowered.index("window_s") if "window_s" in lowered else -1
+            for i, name in enumerate(header):
+                if i in (time_col, window_col):
+                    continue
+                fid = dcgm_fields.field_id(name) if name.lower() not in ("gpu", "uuid") else None
+                fid = fid if fid is not None else dcgm_fields.DMON_SHORT_NAMES.get(name)
+                if fid is not None:
+                    field_cols.append((i, fid))
+                else:
+                    label = name.lower() if name.lower() in _CSV_IDENTITY else name
+                    label_cols.append((i, _CSV_LABEL_ALIASES.get(label.lower(), label)))
+            continue
+        if len(row) != len(header):
+            fail(ReplayFormatError(path, number, f"{len(row)} cells for {len(header)} columns"))
+            continue
+        try:
+            t = parse_timestamp(row[time_col])
+        except ValueError:
+            fail(ReplayFormatError(path, number, f"bad timestamp {row[time_col]!r}: expected ISO 8601 or unix time"))
+            continue
+        labels = {label: row[i].strip() for i, label in label_cols if row[i].strip()}
+        if not labels.get("gpu"):
+            fail(ReplayFormatError(path, number, "the gpu cell is empty"))
+            continue
+        ident = dcgm_fields.identity_from_labels(labels)
+        key = (ident["host"], ident["gpu_index"], ident["uuid"], tuple(sorted(ident["resource"].items())))
+        if window_col >= 0:
+            try:
+                window = float(row[window_col])
+            except ValueError:
+                fail(ReplayFormatError(path, number, f"bad window_s {row[window_col]!r}"))
+                continue
+        elif interval_s is not None:
+            window = interval_s
+        elif key in last_seen and t > last_seen[key]:
+            window = (t - last_seen[key]) / 1e9
+        else:
+            window = 0.0  # a GPU's first row: the spacing to the next frame, filled in below
+        last_seen[key] = t
+        sample = dcgm_fields.sample_from_fields(
+            {fid: _number(row[i]) for i, fid in field_cols}, time_unix_nano=t, window_s=window,
+            host=ident["host"] or host, gpu_index=_gpu_index(ident["gpu_index"]), uuid=ident["uuid"],
+            model=ident["model"] or model, source=SOURCE, job_id=ident["job_id"], resource=dict(ident["resource"]))
+        if frame is not None and frame.time_unix_nano != t:
+            yield _fill_windows(frame, (t - frame.time_unix_nano) / 1e9)
+            frame = None
+        if frame is None:
+            frame = Frame(t, Batch(), number)
+        frame.batch.samples.append(sample)
+    if header is None:
+        raise ReplayFormatError(path, 1, "the file is empty: expected a header row")
+    if frame is not None:
+        yield _fill_windows(frame, CSV_DEFAULT_WINDOW_S)
+
+
+def _fill_windows(frame: Frame, spacing_s: float) -> Frame:
+    """Windows of first rows: without an interval, a row stands for the time to the next frame."""
+    for sample in frame.batch.samples:
+        if not sample.window_s:
+            sample.window_s = spacing_s if spacing_s > 0 else CSV_DEFAULT_WINDOW_S
+    return frame
+
+
+# --- OTLP JSON lines -------------------------------------------------------------------------------
+
+def parse_otlp_json(lines: Iterable[str], path: str, *, on_error: ErrorHandler | None = None) -> Iterator[Frame]:
+    """Frames from OTLP JSON lines (the file exporter's output): one per line."""
+    fail = on_error or _raise
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            document = json.loads(line)
+        except json.JSONDecodeError as exc:
+            fail(ReplayFormatError(path, number, f"not JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(document, dict) or not ({"resourceMetrics", "resourceLogs"} & set(document)):
+            fail(ReplayFormatError(path, number, "not an OTLP export request: no resourceMetrics or resourceLogs"))
+            continue
+        try:
+            request = otlp.from_json_line(line)
+        except ValueError as exc:
+            fail(ReplayFormatError(path, number, str(exc)))
+            continue
+        batch = Batch()
+        if "resourceLogs" in document:
+            batch.events = list(otlp.events_from_request(request))  # type: ignore[arg-type]
+        else:
+            batch.points = list(otlp.from_request(request))  # type: ignore[arg-type]
+        times = [p.time_unix_nano for p in batch.points] + [e.time_unix_nano for e in batch.events]
+        if times:
+            yield Frame(max(times), batch, number)
+
+
+# --- format detection and the file --------------------------------------------------------------
+
+def detect_format(path: str | Path) -> str:
+    """dmon, csv or otlp_json from the first lines of a file (then its suffix)."""
+    path = Path(path)
+    first = ""
+    first_line = 1
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            text = line.strip()
+            if not text:
+                continue
+            if not first:
+                first, first_line = text, number
+            if text.startswith("{"):
+                return "otlp_json"
+            if text.startswith("#") and text[1:].strip().startswith("Entity") or "dcgmi dmon" in text:
+                return "dmon"
+            if re.match(r"(GPU|GPU-I|GPU-CI)\s+\d+\s", text):
+                return "dmon"
+            if "," in text and text.split(",")[0].strip().strip('"').lower() == "timestamp":
+                return "csv"
+            if number >= 50:
+                break
+    suffix = path.suffix.lower()
+    by_suffix = {".jsonl": "otlp_json", ".json": "otlp_json", ".csv": "csv", ".dmon": "dmon"}
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    if not first:
+        raise ReplayFormatError(str(path), 1, "the file is empty")
+    raise ReplayFormatError(str(path), first_line, f"cannot tell the format from {first[:60]!r}: set format to "
+                                                   "dmon, csv or otlp_json")
+
+
+def read_frames(path: str | Path, fmt: str, *, start_unix_nano: int, interval_s: float | None = None,
+                model: str = "", host: str = "", on_error: ErrorHandler | None = None) -> Iterator[Frame]:
+    """Frames of a recording file, parsed lazily (a long recording is never held in memory)."""
+    name = str(path)
+    if fmt == "auto":
+        fmt = detect_format(path)
+    with open(path, encoding="utf-8", newline="") as handle:
+        try:
+            if fmt == "dmon":
+                yield from parse_dmon(handle, name, start_unix_nano=start_unix_nano, interval_s=interval_s,
+                                      model=model, host=host, on_error=on_error)
+            elif fmt == "csv":
+                yield from parse_csv(handle, name, interval_s=interval_s, model=model, host=host, on_error=on_error)
+            else:
+                yield from parse_otlp_json(handle, name, on_error=on_error)
+        except UnicodeDecodeError as exc:
+            raise ReplayFormatError(name, 0, f"not UTF-8 text: {exc}") from None
+
+
+def shift_batch(batch: Batch, offset_ns: int) -> Batch:
+    """A copy of a batch with every timestamp moved by ``offset_ns`` (rebase_time, loop passes)."""
+    if not offset_ns:
+        return batch
+
+    def moved(point: MetricPoint) -> MetricPoint:
+        start = point.start_time_unix_nano + offset_ns if point.start_time_unix_nano else 0
+        return dataclasses.replace(point, time_unix_nano=point.time_unix_nano + offset_ns,
+                                   start_time_unix_nano=start)
+
+    samples: list[GpuSample] = [dataclasses.replace(s, time_unix_nano=s.time_unix_nano + offset_ns)
+                                for s in batch.samples]
+    events = [dataclasses.replace(e, time_unix_nano=e.time_unix_nano + offset_ns) for e in batch.events]
+    return Batch(samples=samples, points=[moved(p) for p in batch.points], passthrough=list(batch.passthrough),
+                 events=events)
+
+
+# --- the receiver -----------------------------------------------------------------------------------
+
+@dataclass
+class ReplayReceiverConfig:
+    path: str = ""
+    format: Literal["auto", "dmon", "csv", "otlp_json"] = "auto"
+    speed: float | Literal["max"] = 1.0  # 1 = real time, 60 = a minute per second, 0 or "max" = no pacing
+    loop: bool = False  # start over at the end; each pass continues forward in time
+    rebase_time: bool = False  # shift timestamps so the first record is "now"
+    start_time: str | None = None  # dmon: ISO 8601 time of the first row (default: when replay starts)
+    interval: Duration | None = None  # dmon: row spacing (default: recorded -d, else 1s); csv: window length
+    model: str = ""  # dmon (and csv without a model column): the GPU model, which picks f_ref
+    host_name: str = ""  # dmon (and csv without a host column): host.name of the GPUs
+    skip_malformed: bool = False  # log and skip bad lines instead of refusing the file
+
+    def validate(self) -> None:
+        require(bool(self.path), "path", "required: the recording to replay")
+        require(Path(self.path).expanduser().is_file(), "path", f"file {self.path!r} does not exist")
+        require(self.speed == "max" or float(self.speed) >= 0, "speed", "must be >= 0 (0 or 'max': no pacing)")
+        require(self.interval is None or self.interval > 0, "interval", "must be positive")
+        if self.start_time is not None:
+            try:
+                parse_timestamp(self.start_time)
+            except ValueError:
+                raise FieldError("start_time", f"expected ISO 8601 or unix seconds, got {self.start_time!r}") from None
+
+    def pace(self) -> float:
+        """Recorded seconds per wall second; 0 means as fast as possible."""
+        return 0.0 if self.speed == "max" else float(self.speed)
+
+
+class ReplayReceiver(PollingReceiver):
+    def __init__(self, config: ReplayReceiverConfig, context: Context, consumer):
+        super().__init__(config, context, consumer)
+        self.path = str(Path(config.path).expanduser())
+        self.clock: Callable[[], float] = time.monotonic  # tests drive a fake clock
+        self.wall_ns: Callable[[], int] = time.time_ns
+        self.frames_emitted = 0
+        self.passes = 0
+        self.finished = False
+        self.error: ReplayFormatError | None = None
+        self._frames: Iterator[Frame] | None = None
+        self._pending: Frame | None = None
+        self._start_ns = 0
+        self._offset = 0
+        self._first_t: int | None = None
+        self._wall_start = 0.0
+        self._pass_first: int | None = None
+        self._pass_last: int | None = None
+        self._pass_step = 0
+        self._logged_errors = 0
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def on_start(self) -> None:
+        self._started = True
+        cfg = self.config
+        self._start_ns = parse_timestamp(cfg.start_time) if cfg.start_time else self.wall_ns()
+        try:
+            count = sum(1 for _ in self._read(self._skip))  # refuse a malformed file before sending anything
+        except (ReplayFormatError, OSError) as exc:
+            self._refuse(exc)
+            return
+        if count == 0:
+            self.log.warning("%s holds no data to replay", self.path)
+        self.log.info("replaying %s (%d frames) at %s%s", self.path, count,
+                      "full speed" if cfg.pace() == 0 else f"x{cfg.pace():g}", ", looping" if cfg.loop else "")
+        self._open_pass()
+
+    def _read(self, on_skip: ErrorHandler) -> Iterator[Frame]:
+        """The recording's frames; bad lines raise, or go to ``on_skip`` with skip_malformed."""
+        cfg = self.config
+        handler = on_skip if cfg.skip_malformed else None
+        return read_frames(self.path, cfg.format, start_unix_nano=self._start_ns,
+                           interval_s=float(cfg.interval) if cfg.interval is not None else None,
+                           model=cfg.model, host=cfg.host_name, on_error=handler)
+
+    def _skip(self, error: ReplayFormatError) -> None:
+        self.context.telemetry.add(REPLAY_ERRORS.name, 1, file=self.path)
+        self._logged_errors += 1
+        if self._logged_errors <= MAX_LOGGED_ERRORS:
+            self.log.warning("skipping malformed line %s", error)
+        elif self._logged_errors == MAX_LOGGED_ERRORS + 1:
+            self.log.warning("more malformed lines in %s; counting them in %s without logging", self.path,
+                             REPLAY_ERRORS.name)
+
+    def _refuse(self, exc: Exception) -> None:
+        self.error = exc if isinstance(exc, ReplayFormatError) else ReplayFormatError(self.path, 0, str(exc))
+        self.finished = True
+        self.context.telemetry.add(REPLAY_ERRORS.name, 1, file=self.path)
+        self.log.error("cannot replay %s; nothing was sent (set skip_malformed: true to skip bad lines)", self.error)
+
+    def _open_pass(self) -> None:
+        self._frames = self._read(lambda error: None)  # reported when the file was checked
+        self._pending = None
+        self._pass_first = self._pass_last = None
+
+    # -- pacing -------------------------------------------------------------------------------------
+    def _next_frame(self) -> Frame | None:
+        if self._pending is None and self._frames is not None:
+            try:
+                self._pending = next(self._frames)
+            except StopIteration:
+                self._frames = None
+            except (ReplayFormatError, OSError) as exc:  # the file changed since it was checked
+                self._frames = None
+                self._refuse(exc)
+        return self._pending
+
+    def _end_of_pass(self) -> None:
+        self.passes += 1
+        if not self.config.loop or self._pass_first is None:
+            self.finished = True
+            self.log.info("replay of %s finished: %d frames in %d pass(es)", self.path, self.frames_emitted,
+                          self.passes)
+            return
+        # The next pass continues after this one: shifted by its span plus one frame step.
+        self._offset += self._pass_last - self._pass_first + (self._pass_step or 1_000_000_000)  # type: ignore[operator]
+        self._open_pass()
+
+    def _due(self, recorded_ns: int) -> float:
+        assert self._first_t is not None
+        return self._wall_start + (recorded_ns - self._first_t) / 1e9 / self.config.pace()
+
+    def poll(self) -> Batch | None:
+        if not self._started:
+            self.on_start()  # polled directly, without start()
+        pace = self.config.pace()
+        while not self.finished and not self.stopping.is_set():
+            frame = self._next_frame()
+            if frame is None:
+                if not self.finished:
+                    self._end_of_pass()  # a looping replay starts its next pass at the next poll
+                break
+            t = frame.time_unix_nano + self._offset
+            if self._first_t is None:
+                if self.config.rebase_time:
+                    self._offset = self.wall_ns() - frame.time_unix_nano
+                    t = frame.time_unix_nano + self._offset
+                self._first_t, self._wall_start = t, self.clock()
+            if pace > 0 and self._due(max(t, self._last_emitted_t())) > self.clock():
+                break
+            self._emit(frame)
+        return None
+
+    def _last_emitted_t(self) -> int:
+        return self._pass_last + self._offset if self._pass_last is not None else 0
+
+    def _emit(self, frame: Frame) -> None:
+        self._pending = None
+        if self._pass_last is not None and frame.time_unix_nano > self._pass_last:
+            self._pass_step = frame.time_unix_nano - self._pass_last
+        if self._pass_first is None:
+            self._pass_first = frame.time_unix_nano
+        self._pass_last = max(frame.time_unix_nano, self._pass_last or frame.time_unix_nano)
+        self.consumer(shift_batch(frame.batch, self._offset))
+        self.frames_emitted += 1
+
+    def interval(self) -> float:
+        if self.finished:
+            return 1.0
+        pace = self.config.pace()
+        frame = self._pending
+        if pace == 0 or frame is None or self._first_t is None:
+            return 0.01
+        wait = self._due(frame.time_unix_nano + self._offset) - self.clock()
+        return min(max(wait, 0.005), 0.5)
+
+
+FACTORY = Factory("replay", ReplayReceiverConfig, ReplayReceiver,
+                  "replays dcgmi dmon, CSV or OTLP JSON recordings, in real time or faster")
