@@ -1,0 +1,261 @@
+"""``otel-ofu doctor``: can this machine give OFU, from which source, and if not, why not.
+
+It tries what the receivers would do (import DCGM's bindings, reach or start a host engine,
+watch the profiling fields; initialise NVML, ask each GPU for GPM and take a GPM sample) and
+reports each step with a fix an admin can act on. ``otel-ofu run`` without ``--config``
+uses the same diagnosis to pick the best source (DCGM when its profiling fields can be
+watched, else NVML GPM) and runs a built-in pipeline on it; with none, it points at the demo
+instead of simulating anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from otel_ofu.gpu import dcgm_api, nvml_api
+from otel_ofu.gpu.dcgm_api import DcgmError, DcgmSession
+from otel_ofu.gpu.nvml_api import NvmlError
+
+DEMO_HINT = ("To see the pipeline work without a GPU, run the demo:\n"
+             "  otel-ofu run --config collector-config/demo.yaml --duration 60")
+LOCAL_HOSTENGINE = "localhost"  # nv-hostengine's default port 5555 is implied
+
+OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | fail | warn | skip
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    arch: str = ""
+    gpm: bool = False
+    gpm_detail: str = ""
+    mig_instances: int = 0
+    usable: bool = False
+
+
+@dataclass
+class Report:
+    host: str
+    checks: list[Check] = field(default_factory=list)
+    gpus: list[GpuInfo] = field(default_factory=list)
+    dcgm_usable: bool = False
+    dcgm_address: str = ""  # "" = embedded host engine
+    nvml_usable: bool = False
+
+    @property
+    def best(self) -> str | None:
+        """The source ``otel-ofu run`` would use: DCGM profiling first, then NVML GPM."""
+        return "dcgm" if self.dcgm_usable else "nvml" if self.nvml_usable else None
+
+    def add(self, name: str, status: str, detail: str, fix: str = "") -> None:
+        self.checks.append(Check(name, status, detail, fix))
+
+    def add_error(self, name: str, error: DcgmError | NvmlError, prefix: str = "") -> None:
+        """A failed check from a classified error: what happened [state], then the fix."""
+        what, _, fix = error.message.partition(": ")
+        if not fix:
+            what, fix = "", error.message
+        self.add(name, FAIL, f"{prefix}{what} [{error.state}]".strip(), fix)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "usable": self.best is not None, "best_source": self.best,
+                "dcgm_address": self.dcgm_address if self.dcgm_usable else None,
+                "checks": [asdict(c) for c in self.checks], "gpus": [asdict(g) for g in self.gpus]}
+
+    def render(self) -> str:
+        lines = [f"otel-ofu doctor: GPU sources on {self.host}", ""]
+        for check in self.checks:
+            lines.append(f"  [{check.status.upper():4}] {check.name}: {check.detail}")
+            if check.fix:
+                lines.append(f"         fix: {check.fix}")
+        lines.append("")
+        if self.best == "dcgm":
+            lines.append("Usable: DCGM profiling fields. `otel-ofu run` (no --config) uses the dcgm receiver; "
+                         "see collector-config/dcgm.yaml.")
+        elif self.best == "nvml":
+            lines.append("Usable: NVML GPM. `otel-ofu run` (no --config) uses the nvml receiver; see "
+                         "collector-config/nvml.yaml.")
+        else:
+            lines.append("No real GPU source is usable here. " + DEMO_HINT)
+        return "\n".join(lines)
+
+
+# --- DCGM ------------------------------------------------------------------------------------
+
+
+def _check_dcgm(report: Report, loader: dcgm_api.BindingsLoader, bindings_path: str | None, address: str) -> None:
+    try:
+        bindings = loader(bindings_path)
+    except DcgmError as exc:
+        report.add_error("DCGM bindings", exc)
+        report.add("DCGM host engine", SKIP, "needs the DCGM bindings")
+        return
+    report.add("DCGM bindings", OK, f"pydcgm found in {bindings.path or 'the Python path'}")
+    addresses = [address] if address else [LOCAL_HOSTENGINE, ""]
+    session, errors = None, []
+    for candidate in addresses:
+        attempt = DcgmSession(bindings, candidate, 1.0, 1.0)
+        try:
+            attempt.open()
+        except DcgmError as exc:
+            errors.append(exc)
+            continue
+        session = attempt
+        break
+    if session is None:
+        report.add_error("DCGM host engine", errors[-1])
+        return
+    where = f"nv-hostengine at {session.address}" if session.address else "embedded host engine (started here)"
+    names = sorted({e.model for e in session.entities})
+    report.add("DCGM host engine", OK, f"{where}; {len(session.entities)} GPU(s)/MIG instance(s): {', '.join(names)}")
+    try:
+        fields = session.watch_profiling()
+    except DcgmError as exc:
+        report.add_error("DCGM profiling", exc)
+    else:
+        exact = "with" if set(dcgm_api.COUNTER_FIELDS) <= set(fields) else "without"
+        report.add("DCGM profiling", OK, f"fields {', '.join(map(str, fields))} watchable ({exact} the exact cycle "
+                   "counters 1084/1086)")
+        report.dcgm_usable = True
+        report.dcgm_address = session.address
+    finally:
+        session.close()
+
+
+# --- NVML ------------------------------------------------------------------------------------
+
+
+def _check_nvml(report: Report, loader: nvml_api.NvmlLoader) -> None:
+    try:
+        api = loader()
+        try:
+            api.nvmlInit()
+        except api.NVMLError as exc:
+            raise nvml_api.classify_init_error(api, exc) from None
+    except NvmlError as exc:
+        report.add_error("NVML", exc)
+        return
+    try:
+        count = int(api.nvmlDeviceGetCount())
+        try:
+            driver = api.nvmlSystemGetDriverVersion()
+        except Exception:  # a driver that will not say is still usable
+            driver = "unknown"
+        report.add("NVML", OK if count else FAIL, f"driver {driver}, {count} GPU(s)",
+                   "" if count else "NVML sees no GPU: check nvidia-smi -L (and --gpus in a container)")
+        for index in range(count):
+            _check_gpu(report, api, index)
+    finally:
+        try:
+            api.nvmlShutdown()
+        except Exception:  # nothing left to release
+            pass
+    report.nvml_usable = any(g.usable for g in report.gpus)
+
+
+def _check_gpu(report: Report, api: Any, index: int) -> None:
+    name = f"GPU {index}"
+    try:
+        gpu = nvml_api.describe_gpu(api, index)
+    except api.NVMLError as exc:
+        report.add_error(name, nvml_api.classify_gpu_error(api, exc))
+        return
+    info = GpuInfo(index, gpu.name, gpu.uuid, gpu.arch, gpu.gpm, gpu.gpm_reason, len(gpu.mig))
+    report.gpus.append(info)
+    label = f"{gpu.name} ({gpu.arch}, {gpu.uuid}" + (f", MIG: {len(gpu.mig)} GPU instance(s)" if gpu.mig else "") + ")"
+    if not gpu.gpm:
+        report.add(name, WARN, f"{label}: no NVML GPM", gpu.gpm_reason)
+        return
+    sample = api.nvmlGpmSampleAlloc()
+    try:  # permission and a live GPU show on the first GPM sample
+        if gpu.mig:
+            api.nvmlGpmMigSampleGet(gpu.handle, gpu.mig[0].gpu_instance_id, sample)
+        else:
+            api.nvmlGpmSampleGet(gpu.handle, sample)
+    except api.NVMLError as exc:
+        report.add_error(name, nvml_api.classify_gpu_error(api, exc), f"{label}: GPM sample failed: ")
+        return
+    finally:
+        api.nvmlGpmSampleFree(sample)
+    info.usable = True
+    report.add(name, OK, f"{label}: NVML GPM works (tensor activity without the DCGM profiling lock)")
+
+
+def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader: nvml_api.NvmlLoader | None = None,
+             bindings_path: str | None = None, address: str = "") -> Report:
+    """Every check, in order; the loaders default to the installed providers (fakes in tests)."""
+    report = Report(socket.gethostname())
+    _check_dcgm(report, dcgm_loader or dcgm_api.get_loader(), bindings_path, address)
+    _check_nvml(report, nvml_loader or nvml_api.get_loader())
+    return report
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    report = diagnose(bindings_path=args.dcgm_bindings_path or None, address=args.dcgm_address or "")
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
+    return 0 if report.best else 1
+
+
+def auto_document(report: Report) -> dict[str, Any]:
+    """The built-in pipeline for the best source: it -> ofu processor -> console."""
+    receiver: dict[str, Any] = {"dcgm": {"address": report.dcgm_address}} if report.best == "dcgm" else {"nvml": {}}
+    return {"receivers": receiver, "processors": {"ofu": {}}, "exporters": {"console": {}},
+            "service": {"pipelines": {"metrics": {"receivers": list(receiver), "processors": ["ofu"],
+                                                  "exporters": ["console"]}}}}
+
+
+def run_autodetect(args: argparse.Namespace) -> int:
+    """``otel-ofu run`` without ``--config``: the best real source, said on stderr; never a simulation."""
+    from otel_ofu import registry
+    from otel_ofu.cli import _configure_logging
+    from otel_ofu.config import parse_service_config
+    from otel_ofu.service import Service
+
+    report = diagnose()
+    if report.best is None:
+        failed = [c for c in report.checks if c.status in (FAIL, WARN)]
+        print("otel-ofu run: no --config given and no real GPU source is usable on this machine:", file=sys.stderr)
+        for check in failed:
+            print(f"  {check.name}: {check.detail}" + (f" ({check.fix})" if check.fix else ""), file=sys.stderr)
+        print(DEMO_HINT + "\nor give a pipeline with --config (`otel-ofu doctor` explains each check).",
+              file=sys.stderr)
+        return 1
+    detail = {"dcgm": f"DCGM profiling via {report.dcgm_address or 'an embedded host engine'}",
+              "nvml": "NVML GPM"}[report.best]
+    print(f"otel-ofu run: no --config given; using the {report.best} receiver ({detail}) -> ofu -> console. "
+          "Give --config for anything else.", file=sys.stderr)
+    config = parse_service_config(auto_document(report), "<auto-detected>", registry.factories())
+    _configure_logging(args.log_level or "info")
+    try:
+        Service(config).run(duration=args.duration)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("doctor", help="check which real GPU sources (DCGM, NVML GPM) work here, and why "
+                                   "not; exit 0 when one does")
+    parser.add_argument("--json", action="store_true", help="machine-readable report")
+    parser.add_argument("--dcgm-address", default="", help="nv-hostengine host:port to check (default: localhost, "
+                        "then an embedded host engine)")
+    parser.add_argument("--dcgm-bindings-path", default="", help="directory holding pydcgm.py")
+    parser.set_defaults(func=cmd_doctor)

@@ -1,0 +1,286 @@
+"""A fake ``pynvml``: the functions the nvml receiver and the doctor call, over scriptable GPUs.
+
+Constants (NVML_*), structs (c_nvmlGpmMetricsGet_t, c_nvmlGpmSupport_t,
+c_nvmlProcessInfo_v3_t, ...) and errors (NVMLError and its per-code subclasses such as
+NVMLError_GpuIsLost) are the real ones from nvidia-ml-py, looked up on the real module, so the
+fake cannot drift from them; the functions keep pynvml's names and parameter names (a test
+compares the signatures). Devices integrate tensor and SM activity over the fake clock, so a
+GPM window's ANY_TENSOR_UTIL is the exact time average of what the test set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass, field
+
+import pynvml as _real
+
+from tests.fakes.clock import FakeClock
+
+_FORWARD = re.compile(r"^(NVML_|c_nvml|struct_c_nvml|NVMLError|nvmlFriendlyObject$|nvmlStructToFriendlyObject$)")
+
+
+@dataclass
+class FakeNvmlMig:
+    gpu_instance_id: int
+    uuid: str
+    tpa: float = 0.0  # tensor activity of this GPU instance
+    compute_instances: int = 1
+
+
+@dataclass
+class FakeNvmlGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = ""
+    arch: int = _real.NVML_DEVICE_ARCH_HOPPER
+    gpm: bool = True
+    sm_clock: int = 1755
+    max_clock: int = 1980
+    tpa: float = 0.0  # current tensor activity, 0..1
+    sm_util: float = 0.9
+    power_mw: int = 650_000
+    reasons: int = 0x4  # SW power cap
+    processes: list[tuple[int, int, int, int]] = field(default_factory=list)  # pid, bytes, GI, CI
+    mig: list[FakeNvmlMig] = field(default_factory=list)
+    lost: bool = False
+    gpm_permission: bool = True
+    index: int = -1
+    # integrated activity (seconds) and when it was last brought up to date
+    _acc: dict[object, list[float]] = field(default_factory=dict)
+    _acc_t: float = 0.0
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    index: int
+    gpu_instance_id: int | None = None  # set on MIG device handles
+
+
+class FakeNvml:
+    """Module-like: ``api = FakeNvml(...)``; ``api.nvmlInit()``, ``api.NVML_CLOCK_SM``, ``api.NVMLError``."""
+
+    def __init__(self, gpus: list[FakeNvmlGpu], clock: FakeClock | None = None):
+        self.clock = clock or FakeClock()
+        self.gpus: list[FakeNvmlGpu] = []
+        for gpu in gpus:
+            self.add_gpu(gpu)
+        self.init_error: int | None = None  # an NVML_ERROR_* code nvmlInit fails with
+        self.initialized = False
+        self.calls: list[str] = []
+        self._samples: dict[int, tuple | None] = {}  # address -> (gpu, GI, t, tensor s, SM s, permitted)
+        self._buffers: dict[int, ctypes.Array] = {}
+        self.freed = 0
+
+    def __getattr__(self, name: str):
+        if _FORWARD.match(name):
+            return getattr(_real, name)
+        raise AttributeError(f"FakeNvml has no {name} (add it, with pynvml's signature)")
+
+    def __call__(self):  # the loader the receiver calls
+        return self
+
+    # --- scripting -------------------------------------------------------------------------------
+
+    def add_gpu(self, gpu: FakeNvmlGpu) -> None:
+        gpu.index = len(self.gpus)
+        gpu.uuid = gpu.uuid or f"GPU-1111111{gpu.index}-2222-3333-4444-555555555555"
+        gpu._acc_t = self.clock.monotonic()
+        self.gpus.append(gpu)
+
+    def set(self, index: int, **values) -> None:
+        """Change a GPU's state from now on (activity before now is kept)."""
+        gpu = self.gpus[index]
+        self._integrate(gpu)
+        for key, value in values.items():
+            setattr(gpu, key, value)
+
+    def _integrate(self, gpu: FakeNvmlGpu) -> None:
+        now = self.clock.monotonic()
+        dt = now - gpu._acc_t
+        parts = [(None, gpu.tpa, gpu.sm_util)] + [(m.gpu_instance_id, m.tpa, gpu.sm_util) for m in gpu.mig]
+        for key, tpa, sm in parts:
+            acc = gpu._acc.setdefault(key, [0.0, 0.0])
+            acc[0] += tpa * dt
+            acc[1] += sm * dt
+        gpu._acc_t = now
+
+    def _error(self, code: int) -> Exception:
+        return _real.NVMLError(code)
+
+    def _gpu(self, handle: FakeHandle) -> FakeNvmlGpu:
+        if not self.initialized:
+            raise self._error(_real.NVML_ERROR_UNINITIALIZED)
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise self._error(_real.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    # --- init ------------------------------------------------------------------------------------
+
+    def nvmlInit(self):
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise self._error(self.init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self):
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self):
+        return "570.124.06"
+
+    def nvmlDeviceGetCount(self):
+        self._check_init()
+        return len(self.gpus)
+
+    def _check_init(self):
+        if not self.initialized:
+            raise self._error(_real.NVML_ERROR_UNINITIALIZED)
+
+    # --- devices ---------------------------------------------------------------------------------
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._check_init()
+        if index >= len(self.gpus):
+            raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    def nvmlDeviceGetName(self, handle):
+        return self._gpu(handle).name
+
+    def nvmlDeviceGetUUID(self, handle):
+        gpu = self._gpu(handle)
+        if handle.gpu_instance_id is not None:
+            return next(m.uuid for m in gpu.mig if m.gpu_instance_id == handle.gpu_instance_id)
+        return gpu.uuid
+
+    def nvmlDeviceGetIndex(self, handle):
+        return self._gpu(handle).index
+
+    def nvmlDeviceGetArchitecture(self, device):
+        return self._gpu(device).arch
+
+    def nvmlDeviceGetClockInfo(self, handle, type):
+        gpu = self._gpu(handle)
+        if type != _real.NVML_CLOCK_SM:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.sm_clock
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, type):
+        gpu = self._gpu(handle)
+        if type != _real.NVML_CLOCK_SM:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_clock
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._gpu(handle).reasons
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._gpu(handle).power_mw
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        gpu = self._gpu(handle)
+        out = []
+        for pid, used, gi, ci in gpu.processes:
+            info = _real.c_nvmlProcessInfo_v3_t()
+            info.pid, info.usedGpuMemory, info.gpuInstanceId, info.computeInstanceId = pid, used, gi, ci
+            out.append(_real.nvmlStructToFriendlyObject(info))
+        return out
+
+    # --- MIG -------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, device):
+        gpu = self._gpu(device)
+        if gpu.arch < _real.NVML_DEVICE_ARCH_AMPERE:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        mode = _real.NVML_DEVICE_MIG_ENABLE if gpu.mig else _real.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device):
+        self._gpu(device)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device, index):
+        gpu = self._gpu(device)
+        slots = [m for m in gpu.mig for _ in range(m.compute_instances)]
+        if index >= len(slots):
+            raise self._error(_real.NVML_ERROR_NOT_FOUND)
+        return FakeHandle(device.index, slots[index].gpu_instance_id)
+
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        self._gpu(device)
+        if device.gpu_instance_id is None:
+            raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return device.gpu_instance_id
+
+    # --- GPM -------------------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, device):
+        gpu = self._gpu(device)
+        support = _real.c_nvmlGpmSupport_t()
+        support.version = _real.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(gpu.gpm and gpu.arch >= _real.NVML_DEVICE_ARCH_HOPPER)
+        return support
+
+    def nvmlGpmSampleAlloc(self):
+        self.calls.append("nvmlGpmSampleAlloc")
+        buffer = ctypes.create_string_buffer(16)  # a distinct address per sample, like the driver's
+        sample = ctypes.cast(buffer, _real.c_nvmlGpmSample_t)
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        self._buffers[address] = buffer
+        self._samples[address] = None
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample):
+        address = ctypes.cast(gpmSample, ctypes.c_void_p).value
+        self._samples.pop(address)
+        self._buffers.pop(address)
+        self.freed += 1
+
+    def nvmlGpmSampleGet(self, device, gpmSample):
+        return self._take(device, None, gpmSample)
+
+    def nvmlGpmMigSampleGet(self, device, gpuInstanceId, gpmSample):
+        return self._take(device, gpuInstanceId, gpmSample)
+
+    def _take(self, device, gpu_instance_id, sample):
+        self.calls.append("nvmlGpmSampleGet")
+        gpu = self._gpu(device)
+        if not (gpu.gpm and gpu.arch >= _real.NVML_DEVICE_ARCH_HOPPER):
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        if address not in self._samples:
+            raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        self._integrate(gpu)
+        tensor, sm = gpu._acc.get(gpu_instance_id, [0.0, 0.0])
+        self._samples[address] = (gpu.index, gpu_instance_id, self.clock.monotonic(), tensor, sm, gpu.gpm_permission)
+        return sample
+
+    def nvmlGpmMetricsGet(self, metricsGet):
+        if metricsGet.version != _real.NVML_GPM_METRICS_GET_VERSION:
+            raise self._error(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._samples.get(ctypes.cast(metricsGet.sample1, ctypes.c_void_p).value)
+        second = self._samples.get(ctypes.cast(metricsGet.sample2, ctypes.c_void_p).value)
+        if first is None or second is None or first[:2] != second[:2]:
+            raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        dt = second[2] - first[2]
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if not second[5]:
+                metric.nvmlReturn = _real.NVML_ERROR_NO_PERMISSION
+            elif metric.metricId == _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL and dt > 0:
+                metric.value, metric.nvmlReturn = 100.0 * (second[3] - first[3]) / dt, _real.NVML_SUCCESS
+            elif metric.metricId == _real.NVML_GPM_METRIC_SM_UTIL and dt > 0:
+                metric.value, metric.nvmlReturn = 100.0 * (second[4] - first[4]) / dt, _real.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+
+class MissingNvml(FakeNvml):
+    """No driver on the machine: nvmlInit fails as pynvml does without libnvidia-ml.so.1."""
+
+    def __init__(self, code: int = _real.NVML_ERROR_LIBRARY_NOT_FOUND):
+        super().__init__([])
+        self.init_error = code
