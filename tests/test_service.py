@@ -74,9 +74,9 @@ def test_service_builds_shared_exporters_and_per_pipeline_processors(monkeypatch
     doc = {"receivers": {"sim": {"nodes": 1, "gpus_per_node": 2, "time_acceleration": 1000}},
            "processors": {"ofu": {}},
            "exporters": {"recorder": {}},
-           "service": {"pipelines": {"metrics/a": {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["recorder"]},
-                                     "metrics/b": {"receivers": ["sim"], "processors": ["ofu"],
-                                                   "exporters": ["recorder"]}}}}
+           "service": {"pipelines": {
+               "metrics/a": {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["recorder"]},
+               "metrics/b": {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["recorder"]}}}}
     service = Service(parse_service_config(doc, "inline", factories))
     assert len(service.exporters) == 1 and len(service.processors) == 2
     assert service.processors[0] is not service.processors[1]

@@ -1,0 +1,233 @@
+"""Config of the ``otlp`` and ``otlphttp`` exporters, and how it meets the environment.
+
+The keys are the Collector's (``endpoint``, ``tls``, ``headers``, ``compression``,
+``timeout``, ``retry_on_failure``, ``sending_queue``) so settings move across unchanged. A
+key left out of the config falls back to the standard variables: first
+``OTEL_EXPORTER_OTLP_METRICS_<X>``, then ``OTEL_EXPORTER_OTLP_<X>``, then the default.
+:func:`resolve` does that in one place, for the exporter and for ``otel-ofu validate``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+from opentelemetry.util.re import parse_env_headers
+
+from otel_ofu.config import Duration, FieldError, require
+
+GRPC_DEFAULT_ENDPOINT = "localhost:4317"
+HTTP_DEFAULT_ENDPOINT = "http://localhost:4318"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_COMPRESSION = "gzip"  # as the Collector's otlp exporters
+
+
+@dataclass
+class TLSConfig:
+    # None: decided by the endpoint's scheme (http:// plain, https:// TLS), then
+    # OTEL_EXPORTER_OTLP_INSECURE; otherwise TLS, as in the Collector.
+    insecure: bool | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None  # client certificate (mTLS), with key_file
+    key_file: str | None = None
+    insecure_skip_verify: bool = False
+
+    def validate(self) -> None:
+        require((self.cert_file is None) == (self.key_file is None), "cert_file" if self.key_file else "key_file",
+                "cert_file and key_file go together (the client certificate and its key)")
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, key)
+            require(path is None or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
+
+
+@dataclass
+class RetryConfig:
+    enabled: bool = True
+    initial_interval: Duration = field(default_factory=lambda: Duration(5))
+    max_interval: Duration = field(default_factory=lambda: Duration(30))
+    max_elapsed_time: Duration = field(default_factory=lambda: Duration(300))  # 0: no limit
+    multiplier: float = 1.5
+    randomization_factor: float = 0.5
+
+    def validate(self) -> None:
+        require(self.initial_interval > 0, "initial_interval", "must be positive")
+        require(self.max_interval >= self.initial_interval, "max_interval", "must be at least initial_interval")
+        require(self.max_elapsed_time >= 0, "max_elapsed_time", "must be >= 0 (0: retry without a time limit)")
+        require(self.multiplier >= 1, "multiplier", "must be >= 1")
+        require(0 <= self.randomization_factor < 1, "randomization_factor", "must be within [0, 1)")
+
+
+@dataclass
+class QueueConfig:
+    enabled: bool = True  # false: export() sends and retries on the caller's thread (the Collector's meaning)
+    num_consumers: int = 10
+    queue_size: int = 1000  # batches (export requests) accepted and not yet sent
+    # Full queue: false drops the oldest batch (counted); true makes export() wait for room,
+    # at most block_timeout, which slows the receivers down.
+    block_on_overflow: bool = False
+    block_timeout: Duration = field(default_factory=lambda: Duration(30))
+    storage: str | None = None  # a directory: keep the queue there in SQLite, across crashes and restarts
+    drain_timeout: Duration = field(default_factory=lambda: Duration(10))  # how long shutdown keeps sending
+
+    def validate(self) -> None:
+        require(self.num_consumers >= 1, "num_consumers", "must be at least 1")
+        require(self.queue_size >= 1, "queue_size", "must be at least 1")
+        require(self.block_timeout >= 0, "block_timeout", "must be >= 0")
+        require(self.drain_timeout >= 0, "drain_timeout", "must be >= 0")
+        if self.storage is not None:
+            require(bool(self.storage.strip()), "storage", "must be a directory path")
+            require(not Path(self.storage).expanduser().is_file(), "storage",
+                    f"{self.storage!r} is a file; storage names a directory for the queue database")
+
+
+@dataclass
+class OtlpExporterConfig:
+    endpoint: str | None = None  # gRPC: host:port (http:// or https:// prefix sets tls.insecure)
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    headers: dict[str, str] | None = None
+    compression: Literal["gzip", "none"] | None = None
+    timeout: Duration | None = None  # one send attempt
+    retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
+    sending_queue: QueueConfig = field(default_factory=QueueConfig)
+
+    protocol = "grpc"
+
+    def validate(self) -> None:
+        require(self.timeout is None or self.timeout > 0, "timeout", "must be positive")
+        require(not (self.protocol == "grpc" and self.tls.insecure_skip_verify), "tls.insecure_skip_verify",
+                "not supported by the gRPC client (grpcio); set tls.ca_file to the server's CA instead")
+        resolve(self, os.environ)  # raises FieldError naming a bad variable or endpoint
+
+
+@dataclass
+class OtlpHttpExporterConfig(OtlpExporterConfig):
+    # endpoint: the base URL; /v1/metrics and /v1/logs are appended unless given here in full.
+    metrics_endpoint: str | None = None
+    logs_endpoint: str | None = None
+
+    protocol = "http"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a transport needs, after config and environment are merged."""
+
+    targets: dict[str, str]  # signal -> gRPC target (host:port) or HTTP URL
+    insecure: bool
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    insecure_skip_verify: bool
+    headers: dict[str, str]
+    compression: str  # "gzip" | "none"
+    timeout: float
+
+
+def _env(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    """(variable, value) of the metrics-specific variable, else the generic one; blank is unset."""
+    for var in (f"OTEL_EXPORTER_OTLP_METRICS_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+        value = environ.get(var, "").strip()
+        if value:
+            return var, value
+    return None
+
+
+def _env_bool(environ: Mapping[str, str], name: str) -> bool | None:
+    found = _env(environ, name)
+    if found is None:
+        return None
+    var, value = found
+    if value.lower() not in ("true", "false"):
+        raise FieldError(var, f"expected true or false, got {value!r}")
+    return value.lower() == "true"
+
+
+def _http_url(key: str, url: str) -> str:
+    parsed = urlparse(url)
+    require(parsed.scheme in ("http", "https") and bool(parsed.netloc), key,
+            f"expected an http:// or https:// URL, got {url!r}")
+    return url
+
+
+def _signal_url(base: str, signal: str) -> str:
+    return f"{base.rstrip('/')}/v1/{signal}"
+
+
+def resolve(config: OtlpExporterConfig, environ: Mapping[str, str]) -> Settings:
+    """Merge config and environment: a key set in the config always wins over a variable."""
+    tls = config.tls
+    scheme = None
+    if config.protocol == "http":
+        assert isinstance(config, OtlpHttpExporterConfig)
+        targets = {}
+        for signal, explicit in (("metrics", config.metrics_endpoint), ("logs", config.logs_endpoint)):
+            env_signal = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+            env_base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+            if explicit:
+                targets[signal] = _http_url(f"{signal}_endpoint", explicit)
+            elif config.endpoint:
+                targets[signal] = _signal_url(_http_url("endpoint", config.endpoint), signal)
+            elif env_signal:
+                targets[signal] = _http_url(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", env_signal)
+            else:
+                targets[signal] = _signal_url(_http_url("OTEL_EXPORTER_OTLP_ENDPOINT", env_base or
+                                                        HTTP_DEFAULT_ENDPOINT), signal)
+        insecure = urlparse(targets["metrics"]).scheme == "http"
+    else:
+        found = None if config.endpoint else _env(environ, "ENDPOINT")
+        endpoint = config.endpoint or (found[1] if found else GRPC_DEFAULT_ENDPOINT)
+        key = "endpoint" if config.endpoint else (found[0] if found else "endpoint")
+        if "://" in endpoint:
+            parsed = urlparse(endpoint)
+            require(parsed.scheme in ("http", "https") and bool(parsed.netloc), key,
+                    f"expected host:port, http://host:port or https://host:port, got {endpoint!r}")
+            scheme, endpoint = parsed.scheme, parsed.netloc
+        require(bool(endpoint) and "/" not in endpoint, key, f"expected host:port, got {endpoint!r}")
+        targets = {"metrics": endpoint, "logs": endpoint}
+        if tls.insecure is not None:
+            insecure = tls.insecure
+        elif scheme is not None:
+            insecure = scheme == "http"
+        else:
+            env_insecure = _env_bool(environ, "INSECURE")
+            insecure = bool(env_insecure)
+
+    def pick(value: str | None, name: str) -> str | None:
+        if value is not None:
+            return value
+        found = _env(environ, name)
+        return found[1] if found else None
+
+    if config.headers is not None:
+        headers = {k.lower(): v for k, v in config.headers.items()}
+    else:
+        found = _env(environ, "HEADERS")  # k1=v1,k2=v2, percent-encoded; parsed as the SDK does
+        headers = parse_env_headers(found[1], liberal=True) if found else {}
+
+    compression = config.compression
+    if compression is None:
+        found = _env(environ, "COMPRESSION")
+        compression = found[1].lower() if found else DEFAULT_COMPRESSION
+        if found and compression not in ("gzip", "none"):
+            raise FieldError(found[0], f"must be gzip or none, got {found[1]!r}")
+
+    if config.timeout is not None:
+        timeout = float(config.timeout)
+    else:
+        found = _env(environ, "TIMEOUT")
+        timeout = DEFAULT_TIMEOUT_S
+        if found:  # milliseconds, as the OTLP exporter spec says
+            try:
+                timeout = float(found[1]) / 1000.0
+            except ValueError:
+                raise FieldError(found[0], f"expected milliseconds, got {found[1]!r}") from None
+            require(timeout > 0, found[0], "must be positive")
+
+    return Settings(targets=targets, insecure=insecure, ca_file=pick(tls.ca_file, "CERTIFICATE"),
+                    cert_file=pick(tls.cert_file, "CLIENT_CERTIFICATE"), key_file=pick(tls.key_file, "CLIENT_KEY"),
+                    insecure_skip_verify=tls.insecure_skip_verify, headers=headers, compression=compression,
+                    timeout=timeout)

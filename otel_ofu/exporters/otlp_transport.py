@@ -1,0 +1,213 @@
+"""One OTLP send attempt over gRPC or HTTP, classified as sent, retryable or permanent.
+
+The SDK's OTLPMetricExporter retries inside ``export()`` and reports only SUCCESS/FAILURE,
+so the status code that decides between retrying and dropping never reaches the caller.
+These transports send the already-serialized request once and classify the answer the
+way the Collector's otlp exporters do; :mod:`otel_ofu.delivery` does the retrying.
+
+- gRPC retryable: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE,
+  DATA_LOSS; RESOURCE_EXHAUSTED only when the server sent RetryInfo (whose delay is honoured).
+  Everything else (INVALID_ARGUMENT, UNAUTHENTICATED, UNIMPLEMENTED, ...) is permanent.
+- HTTP retryable: 429, 502, 503, 504 (honouring Retry-After) and connection errors or
+  timeouts; any other non-2xx status is permanent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from otel_ofu.delivery import Item, SendResult
+from otel_ofu.exporters.otlp_config import Settings
+
+METHODS = {
+    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+}
+RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+_RETRYABLE_GRPC_NAMES = ("CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE", "DATA_LOSS")
+
+
+def _user_agent() -> str:
+    from opentelemetry.exporter.otlp.proto.grpc.version import __version__ as sdk_version
+
+    from otel_ofu import __version__
+
+    return f"otel-ofu/{__version__} OTel-OTLP-Exporter-Python/{sdk_version}"
+
+
+def _response_types() -> dict[str, Any]:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    return {"metrics": ExportMetricsServiceResponse, "logs": ExportLogsServiceResponse}
+
+
+def _rejected(signal: str, response: Any) -> tuple[int, str]:
+    """Items refused in a partial success, and the backend's message."""
+    if not response.HasField("partial_success"):
+        return 0, ""
+    ps = response.partial_success
+    count = ps.rejected_data_points if signal == "metrics" else ps.rejected_log_records
+    return int(count), ps.error_message
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class GrpcTransport:
+    """A grpcio channel with the configured credentials, compression and metadata."""
+
+    def __init__(self, settings: Settings):
+        import grpc
+
+        self._grpc = grpc
+        self.settings = settings
+        # A short reconnect backoff: while the channel waits to reconnect, calls fail fast
+        # with UNAVAILABLE, so a long one would outlast the backend's outage.
+        options = [("grpc.primary_user_agent", _user_agent()), ("grpc.initial_reconnect_backoff_ms", 1000),
+                   ("grpc.min_reconnect_backoff_ms", 1000), ("grpc.max_reconnect_backoff_ms", 5000)]
+        compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
+        target = settings.targets["metrics"]
+        if settings.insecure:
+            self._channel = grpc.insecure_channel(target, options=options, compression=compression)
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates=_read(settings.ca_file),
+                                                       private_key=_read(settings.key_file),
+                                                       certificate_chain=_read(settings.cert_file))
+            self._channel = grpc.secure_channel(target, credentials, options=options, compression=compression)
+        responses = _response_types()
+        # request_serializer=None: the payload is already a serialized request.
+        self._calls = {signal: self._channel.unary_unary(method, request_serializer=None,
+                                                         response_deserializer=responses[signal].FromString)
+                       for signal, method in METHODS.items()}
+        self._metadata = tuple((k.lower(), v) for k, v in settings.headers.items())
+        self._retryable = frozenset(getattr(grpc.StatusCode, name) for name in _RETRYABLE_GRPC_NAMES)
+
+    def send(self, item: Item) -> SendResult:
+        try:
+            response = self._calls[item.signal](item.payload, metadata=self._metadata, timeout=self.settings.timeout)
+        except self._grpc.RpcError as error:
+            return self.classify(error)
+        rejected, message = _rejected(item.signal, response)
+        return SendResult.success(rejected, message)
+
+    def classify(self, error: Any) -> SendResult:
+        code = error.code()
+        name = code.name if code is not None else "UNKNOWN"
+        retry_after = grpc_retry_delay(error.trailing_metadata() or ())
+        if code in self._retryable or (code == self._grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None):
+            return SendResult.retry(name, error.details() or "", retry_after)
+        return SendResult.permanent(name, error.details() or "")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def grpc_retry_delay(trailing_metadata: Any) -> float | None:
+    """The RetryInfo delay a server attached, in seconds; None when it sent none.
+
+    Read from the standard ``grpc-status-details-bin`` (a google.rpc.Status whose details hold
+    a RetryInfo), and from ``google.rpc.retryinfo-bin``, which the Python SDK reads.
+    """
+    from google.rpc import error_details_pb2, status_pb2
+
+    for key, value in trailing_metadata:
+        try:
+            if key == "grpc-status-details-bin":
+                for detail in status_pb2.Status.FromString(value).details:
+                    if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                        info = error_details_pb2.RetryInfo()
+                        detail.Unpack(info)
+                        return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+            elif key == "google.rpc.retryinfo-bin":
+                info = error_details_pb2.RetryInfo.FromString(value)
+                return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+        except Exception:  # a malformed trailer is no retry info
+            continue
+    return None
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds from now: delay-seconds or an HTTP-date (RFC 9110); None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+    return max(seconds, 0.0) if seconds == seconds and seconds != float("inf") else None
+
+
+class HttpTransport:
+    """OTLP/HTTP protobuf POSTs with a requests Session (TLS, client cert, headers, gzip)."""
+
+    def __init__(self, settings: Settings):
+        import requests
+
+        self._requests = requests
+        self.settings = settings
+        self._session = requests.Session()
+        # Passed with each request, not set on the session: requests lets REQUESTS_CA_BUNDLE /
+        # CURL_CA_BUNDLE override a session's verify, which would ignore tls.ca_file.
+        self._verify: bool | str = False if settings.insecure_skip_verify else (settings.ca_file or True)
+        self._cert = (settings.cert_file, settings.key_file) if settings.cert_file else None
+        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": _user_agent(), **settings.headers}
+        if settings.compression == "gzip":
+            self._headers["Content-Encoding"] = "gzip"
+        self._responses = _response_types()
+
+    def send(self, item: Item) -> SendResult:
+        body = gzip.compress(item.payload, mtime=0) if self.settings.compression == "gzip" else item.payload
+        url = self.settings.targets[item.signal]
+        try:
+            response = self._session.post(url, data=body, headers=self._headers, timeout=self.settings.timeout,
+                                          verify=self._verify, cert=self._cert, allow_redirects=False)
+        except self._requests.exceptions.RequestException as error:
+            # Connection refused/reset, timeouts, TLS handshake: retryable, as in the Collector.
+            return SendResult.retry(type(error).__name__, str(error))
+        status = response.status_code
+        if 200 <= status < 300:
+            rejected, message = 0, ""
+            if response.content and "protobuf" in response.headers.get("Content-Type", ""):
+                try:
+                    rejected, message = _rejected(item.signal, self._responses[item.signal].FromString(
+                        response.content))
+                except Exception:  # a 2xx with an unreadable body is still a success
+                    pass
+            return SendResult.success(rejected, message)
+        detail = _http_error_message(response)
+        if status in RETRYABLE_HTTP:
+            return SendResult.retry(f"http_{status}", detail, parse_retry_after(response.headers.get("Retry-After")))
+        return SendResult.permanent(f"http_{status}", detail)
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _http_error_message(response: Any) -> str:
+    """The backend's reason: a google.rpc.Status body (OTLP/HTTP's error format) or the text."""
+    content_type = response.headers.get("Content-Type", "")
+    try:
+        if "protobuf" in content_type:
+            from google.rpc import status_pb2
+
+            return f"{response.reason}: {status_pb2.Status.FromString(response.content).message}"
+        if "json" in content_type:
+            return f"{response.reason}: {json.loads(response.content).get('message', response.text[:200])}"
+    except Exception:
+        pass
+    text = response.text.strip()[:200] if response.content else ""
+    return f"{response.reason}: {text}" if text else str(response.reason)

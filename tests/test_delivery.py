@@ -1,0 +1,414 @@
+"""Delivery: the bounded queue, retries, outages, overflow, shutdown and kill -9 (nothing lost)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from otlp_backends import T0, GrpcBackend, HttpBackend, free_port, gpu_points, triples, wait_until
+
+from otel_ofu import otlp
+from otel_ofu.component import Context
+from otel_ofu.config import build_config
+from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, Item, MemoryStore, SendResult, SqliteStore
+from otel_ofu.delivery.queue import QueueFull
+from otel_ofu.delivery.sender import DROPPED, QUEUE_SIZE, RETRIED, SENT
+from otel_ofu.exporters import otlp as otlp_exporter
+from otel_ofu.model import Batch
+from otel_ofu.telemetry import Telemetry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reasons(telemetry: Telemetry, name: str = DROPPED) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for attributes, value in telemetry.counters(name).items():
+        reason = dict(attributes).get("reason", "")
+        out[reason] = out.get(reason, 0) + value
+    return out
+
+
+# --- the queue ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    made = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "q.sqlite3")
+    yield made
+    made.close()
+
+
+def item(n: int) -> Item:
+    return Item("metrics", f"payload-{n}".encode(), n)
+
+
+def test_full_queue_drops_the_oldest_waiting_never_in_flight(store):
+    queue = BoundedQueue(store, capacity=3)
+    assert queue.put(item(1), block=False) == []
+    in_flight = queue.take(timeout=0)
+    assert in_flight.payload == b"payload-1"
+    queue.put(item(2), block=False)
+    queue.put(item(3), block=False)
+    assert queue.put(item(4), block=False) == [("metrics", 2)]  # 2 was the oldest waiting; 1 is in flight
+    assert queue.put(item(5), block=False) == [("metrics", 3)]
+    assert len(queue) == 3 and queue.high_water == 3
+    queue.done(in_flight)
+    assert [queue.take(timeout=0).payload for _ in range(2)] == [b"payload-4", b"payload-5"]
+    assert queue.take(timeout=0) is None
+
+
+def test_a_queue_of_only_in_flight_batches_refuses_new_ones(store):
+    queue = BoundedQueue(store, capacity=1)
+    queue.put(item(1), block=False)
+    queue.take(timeout=0)
+    with pytest.raises(QueueFull):
+        queue.put(item(2), block=False)
+    with pytest.raises(QueueFull):
+        queue.put(item(2), block=True, timeout=0.01)
+
+
+def test_blocking_put_waits_for_room(store):
+    queue = BoundedQueue(store, capacity=1)
+    queue.put(item(1), block=False)
+    taken = queue.take(timeout=0)
+    done = threading.Event()
+
+    def producer():
+        queue.put(item(2), block=True, timeout=60)
+        done.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    assert not done.wait(0.1)  # still blocked: the queue is full
+    queue.done(taken)
+    thread.join(timeout=60)
+    assert done.is_set() and queue.take(timeout=0).payload == b"payload-2"
+
+
+def test_released_batch_goes_back_to_the_head(store):
+    queue = BoundedQueue(store, capacity=5)
+    for n in (1, 2):
+        queue.put(item(n), block=False)
+    first = queue.take(timeout=0)
+    queue.release(first)
+    assert queue.take(timeout=0).payload == b"payload-1"
+
+
+def test_sqlite_queue_survives_reopen_and_is_exclusive(tmp_path):
+    path = tmp_path / "q.sqlite3"
+    queue = BoundedQueue(SqliteStore(path), capacity=10)
+    for n in range(1, 6):
+        queue.put(item(n), block=False)
+    queue.done(queue.take(timeout=0))  # 1 sent
+    queue.take(timeout=0)  # 2 in flight when the process "dies"
+    with pytest.raises(RuntimeError, match="in use by another process"):
+        SqliteStore(path)
+    queue.close()
+    reopened = BoundedQueue(SqliteStore(path), capacity=10)
+    assert len(reopened) == 4
+    assert [reopened.take(timeout=0).payload for _ in range(4)] == [f"payload-{n}".encode() for n in (2, 3, 4, 5)]
+    reopened.close()
+
+
+# --- the retry loop, with a scripted transport ------------------------------------------------
+
+
+class Script:
+    def __init__(self, *results: SendResult):
+        self.results = list(results)
+        self.sent: list[Item] = []
+
+    def __call__(self, it: Item) -> SendResult:
+        result = self.results.pop(0) if self.results else SendResult.success()
+        if result.ok:
+            self.sent.append(it)
+        return result
+
+
+def inline_delivery(script: Script, **options) -> tuple[Delivery, Telemetry, list[float]]:
+    """A queue-less delivery (sends on the caller's thread) whose waits are recorded, not slept."""
+    telemetry = Telemetry()
+    opts = DeliveryOptions(queue_enabled=False, initial_interval=1.0, max_interval=4.0, **options)
+    delivery = Delivery("otlp/t", script, None, opts, telemetry, __import__("logging").getLogger("t"))
+    waits: list[float] = []
+    delivery.wait = lambda seconds: waits.append(seconds) or False
+    return delivery, telemetry, waits
+
+
+def test_retryable_failures_back_off_exponentially_and_honour_retry_after():
+    script = Script(SendResult.retry("UNAVAILABLE"), SendResult.retry("UNAVAILABLE"),
+                    SendResult.retry("http_429", retry_after=60.0), SendResult.retry("UNAVAILABLE"))
+    delivery, telemetry, waits = inline_delivery(script, max_elapsed_time=0)
+    delivery.submit("metrics", b"x", 7)
+    assert len(script.sent) == 1
+    assert 0.5 <= waits[0] <= 1.5 and 0.75 <= waits[1] <= 2.25  # initial 1s x 1.5, +-50 %
+    assert waits[2] == 60.0  # the backend's Retry-After beats the backoff
+    assert waits[3] <= 4.0  # capped at max_interval
+    assert telemetry.counter(SENT, exporter="otlp/t", signal="metrics") == 7
+    assert telemetry.counter(RETRIED, exporter="otlp/t", signal="metrics", reason="UNAVAILABLE") == 3
+
+
+@pytest.mark.parametrize("first, options, reason", [
+    (SendResult.permanent("INVALID_ARGUMENT", "bad"), {}, "permanent_error"),
+    (SendResult.retry("UNAVAILABLE", retry_after=400.0), {"max_elapsed_time": 300.0}, "retries_exhausted"),
+    (SendResult.retry("UNAVAILABLE"), {"retry_enabled": False}, "retry_disabled"),
+])
+def test_failures_that_are_given_up_are_dropped_with_a_reason(first, options, reason):
+    script = Script(first)
+    delivery, telemetry, waits = inline_delivery(script, **options)
+    delivery.submit("logs", b"x", 3)
+    assert script.sent == [] and waits == []
+    assert telemetry.counter(DROPPED, exporter="otlp/t", signal="logs", reason=reason) == 3
+
+
+# --- real backends: outages, overflow, shutdown -------------------------------------------------
+
+
+def make(protocol: str, endpoint: str, telemetry: Telemetry, **queue) -> otlp_exporter.OtlpExporter:
+    factory = otlp_exporter.FACTORY if protocol == "grpc" else otlp_exporter.HTTP_FACTORY
+    data = {"endpoint": endpoint, "compression": "none",
+            "retry_on_failure": {"initial_interval": "20ms", "max_interval": "200ms", "max_elapsed_time": 0},
+            "sending_queue": {"num_consumers": 4, **queue}}
+    if protocol == "grpc":
+        data["tls"] = {"insecure": True}
+    exporter = factory.create(build_config(factory.config_type, data), Context("otlp/t", telemetry))
+    exporter.start()
+    return exporter
+
+
+@pytest.mark.parametrize("protocol, storage", [("grpc", False), ("grpc", True), ("http", False)])
+def test_outage_every_point_arrives_exactly_once(protocol, storage, tmp_path):
+    backend = (GrpcBackend() if protocol == "grpc" else HttpBackend()).start()
+    telemetry = Telemetry()
+    queue = {"queue_size": 40, **({"storage": str(tmp_path / "queue")} if storage else {})}
+    exporter = make(protocol, backend.endpoint, telemetry, **queue)
+    try:
+        accepted = []
+
+        def export(windows_from: int, count: int) -> None:
+            for w in range(windows_from, windows_from + count):
+                points = gpu_points(gpus=3, windows=1, t0=T0 + w * 10**10)
+                exporter.export(Batch(points=points))
+                accepted.extend(points)
+
+        export(0, 3)
+        assert wait_until(lambda: sum(backend.point_counts().values()) == len(accepted))
+        backend.stop()  # the backend goes away
+        export(3, 10)
+        assert wait_until(lambda: sum(telemetry.counters(RETRIED).values()) >= 4)  # senders are failing
+        export(13, 10)
+        assert exporter.delivery.queue.high_water <= 40
+        backend.start()  # and comes back, on the same port
+        export(23, 5)
+        expected = triples(accepted)
+        assert wait_until(lambda: sum(backend.point_counts().values()) >= len(accepted))
+        assert wait_until(lambda: len(exporter.delivery.queue) == 0)
+        assert backend.point_counts() == expected  # every point, each exactly once
+        assert all(n == 1 for n in backend.point_counts().values())
+        assert reasons(telemetry) == {}
+        assert wait_until(lambda: telemetry.gauge(QUEUE_SIZE, exporter="otlp/t") == 0)
+    finally:
+        exporter.shutdown()
+        backend.stop()
+
+
+def test_overflow_drops_the_oldest_and_counts_them():
+    backend = GrpcBackend()  # not started: the backend is down
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, queue_size=5, num_consumers=1)
+    try:
+        batches = [gpu_points(gpus=2, windows=1, t0=T0 + w * 10**10) for w in range(20)]
+        exporter.export(Batch(points=batches[0]))
+        assert wait_until(lambda: sum(telemetry.counters(RETRIED).values()) >= 1)  # batch 0 is in flight
+        for points in batches[1:]:
+            exporter.export(Batch(points=points))
+        assert len(exporter.delivery.queue) == 5 and exporter.delivery.queue.high_water == 5
+        backend.start()
+        survivors = [batches[0], *batches[16:]]  # in flight, and the four newest
+        expected = triples([p for b in survivors for p in b])
+        assert wait_until(lambda: backend.point_counts() == expected), backend.point_counts()
+        assert reasons(telemetry) == {"queue_full": sum(len(b) for b in batches[1:16])}
+    finally:
+        exporter.shutdown()
+        backend.stop()
+
+
+def test_block_on_overflow_slows_the_producer_and_loses_nothing():
+    backend = GrpcBackend()
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, queue_size=3, num_consumers=1, block_on_overflow=True,
+                    block_timeout="10m")
+    batches = [gpu_points(gpus=1, windows=1, t0=T0 + w * 10**10) for w in range(8)]
+    progress = []
+
+    def producer():
+        for points in batches:
+            exporter.export(Batch(points=points))
+            progress.append(len(points))
+
+    thread = threading.Thread(target=producer, daemon=True)
+    try:
+        thread.start()
+        assert wait_until(lambda: len(progress) == 3 and sum(telemetry.counters(RETRIED).values()) >= 2)
+        assert len(progress) == 3  # blocked on the fourth batch while the backend is down
+        backend.start()
+        thread.join(timeout=60)
+        expected = triples([p for b in batches for p in b])
+        assert wait_until(lambda: backend.point_counts() == expected)
+        assert exporter.delivery.queue.high_water == 3
+        assert reasons(telemetry) == {}
+    finally:
+        exporter.shutdown()
+        backend.stop()
+
+
+def test_block_timeout_drops_the_new_batch():
+    backend = GrpcBackend()
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, queue_size=1, num_consumers=1, block_on_overflow=True,
+                    block_timeout="50ms", drain_timeout=0)
+    try:
+        exporter.export(Batch(points=gpu_points(gpus=1, windows=1)))
+        exporter.export(Batch(points=gpu_points(gpus=1, windows=1, t0=T0 + 1)))
+        assert reasons(telemetry)["queue_full"] == 5
+    finally:
+        exporter.shutdown()
+
+
+def test_shutdown_memory_queue_counts_what_it_could_not_send():
+    backend = GrpcBackend()
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, drain_timeout="100ms")
+    points = gpu_points(gpus=2, windows=3)
+    exporter.export(Batch(points=points))
+    exporter.shutdown()
+    assert reasons(telemetry) == {"shutdown": len(points)}
+
+
+def test_shutdown_flushes_what_it_can():
+    backend = GrpcBackend().start()
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, drain_timeout="60s")
+    try:
+        points = [p for w in range(10) for p in gpu_points(gpus=2, windows=1, t0=T0 + w * 10**10)]
+        for w in range(10):
+            exporter.export(Batch(points=points[w * 10:(w + 1) * 10]))
+        exporter.shutdown()  # returns once all is sent (well within drain_timeout)
+        assert backend.point_counts() == triples(points)
+    finally:
+        backend.stop()
+
+
+def test_disk_queue_keeps_unsent_data_across_restart(tmp_path):
+    backend = GrpcBackend()
+    storage = str(tmp_path / "queue")
+    first = make("grpc", backend.endpoint, Telemetry(), storage=storage, drain_timeout="100ms")
+    points = gpu_points(gpus=2, windows=4)
+    first.export(Batch(points=points))
+    first.shutdown()  # backend down: the batch stays on disk
+    assert reasons(first.context.telemetry) == {}
+    backend.start()
+    try:
+        second = make("grpc", backend.endpoint, Telemetry(), storage=storage)
+        assert wait_until(lambda: backend.point_counts() == triples(points))
+        second.shutdown()
+        assert backend.point_counts() == triples(points)
+    finally:
+        backend.stop()
+
+
+# --- kill -9 of a real otel-ofu process -----------------------------------------------------------
+
+
+SECOND_START = "2026-02-01T00:00:00+00:00"  # the restarted process simulates a later month: new points
+SECOND_START_NS = 1_769_904_000 * 10**9
+
+
+def _run_config(tmp_path: Path, name: str, port: int, start_time: str) -> Path:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(f"""
+receivers:
+  sim:
+    nodes: 1
+    gpus_per_node: 2
+    seed: 7
+    start_time: "{start_time}"
+    time_acceleration: 200
+    collection_interval: 10s
+    clock_sample_interval: 5s
+processors:
+  ofu: {{}}
+exporters:
+  otlp:
+    endpoint: 127.0.0.1:{port}
+    tls: {{insecure: true}}
+    retry_on_failure: {{initial_interval: 50ms, max_interval: 500ms, max_elapsed_time: 0s}}
+    sending_queue: {{storage: {tmp_path / 'queue'}, queue_size: 100000, num_consumers: 2, drain_timeout: 60s}}
+  file:
+    path: {tmp_path / (name + '.jsonl')}
+service:
+  pipelines:
+    metrics:
+      receivers: [sim]
+      processors: [ofu]
+      exporters: [otlp, file]
+""")
+    return config
+
+
+def _start(config: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    return subprocess.Popen([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
+
+
+def _file_points(path: Path) -> Counter:
+    lines = path.read_text().splitlines() if path.exists() else []
+    requests = [otlp.from_json_line(line) for line in lines if line.startswith('{"resourceMetrics"')]
+    return triples(p for r in requests for p in otlp.from_request(r))
+
+
+def test_disk_queue_survives_kill_9(tmp_path):
+    port = free_port()
+    backend = GrpcBackend(port)  # down while the first process runs
+    first = _start(_run_config(tmp_path, "first", port, "2026-01-01T00:00:00+00:00"), tmp_path / "first.log")
+    try:
+        assert wait_until(lambda: len(_file_points(tmp_path / "first.jsonl")) >= 300 or first.poll() is not None)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    accepted = _file_points(tmp_path / "first.jsonl")  # all the first process accepted (and then some)
+
+    backend.start()
+    second = _start(_run_config(tmp_path, "second", port, SECOND_START), tmp_path / "second.log")
+    try:
+        assert wait_until(lambda: set(accepted) <= set(backend.point_counts()), timeout=120), \
+            (tmp_path / "second.log").read_text()[-3000:]
+        second.send_signal(signal.SIGTERM)  # a clean stop drains the queue
+        assert second.wait(timeout=120) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+        backend.stop()
+
+    received = backend.point_counts()
+    assert all(n == 1 for n in received.values()), [k for k, n in received.items() if n > 1][:5]
+    from_first = {k for k in received if k[2] < SECOND_START_NS}
+    assert from_first >= set(accepted)
+    # The only extra: the batch enqueued (otlp is listed first) but not yet in the file at the kill.
+    assert len({k[2] for k in from_first - set(accepted)}) <= 1
+    assert set(_file_points(tmp_path / "second.jsonl")) <= set(received)
+    db = sqlite3.connect(tmp_path / "queue" / "otlp.sqlite3")
+    assert db.execute("SELECT COUNT(*) FROM queue").fetchone()[0] == 0
+    db.close()
