@@ -14,7 +14,7 @@ log = logging.getLogger("otel_ofu.cli")
 
 # Modules that add subcommands: each defines ``register(subparsers)``, which adds its parser
 # and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("otel_ofu.report", "otel_ofu.doctor")
 
 
 def _configure_logging(level: str) -> None:
@@ -39,10 +39,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from otel_ofu.service import Service, load_config
 
-    if not args.config:
-        print("otel-ofu run needs --config FILE. To see the pipeline work without a GPU, run the demo:\n"
-              "  otel-ofu run --config collector-config/demo.yaml --duration 60", file=sys.stderr)
-        return 2
+    if not args.config:  # the best real GPU source on this machine, or a pointer to the demo
+        from otel_ofu.doctor import run_autodetect
+
+        return run_autodetect(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

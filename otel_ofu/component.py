@@ -57,6 +57,10 @@ class Processor(Component):
     def process(self, batch: Batch) -> Batch:
         return batch
 
+    def flush(self) -> Batch | None:
+        """At shutdown, after the receivers stop: what the processor still holds (e.g. job end events)."""
+        return None
+
 
 class Exporter(Component):
     def export(self, batch: Batch) -> None:

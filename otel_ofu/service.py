@@ -67,6 +67,27 @@ class Pipeline:
                 self.telemetry.add("otel_ofu.pipeline.dropped", len(batch), pipeline=self.name,
                                    reason="exporter_error", exporter=exporter_id)
 
+    def flush(self) -> None:
+        """At shutdown: each processor's :meth:`Processor.flush` output goes through the rest and out."""
+        for i, processor in enumerate(self.processors):
+            try:
+                with self._lock:
+                    batch = processor.flush()
+                    for later in self.processors[i + 1:]:
+                        if batch:
+                            batch = later.process(batch)
+            except Exception:
+                log.exception("pipeline %s: flushing processor %s failed", self.name, processor.context.component_id)
+                continue
+            if not batch:
+                continue
+            for exporter_id, slot in self.exporters:
+                try:
+                    with slot.lock:
+                        slot.exporter.export(batch)
+                except Exception:
+                    log.exception("pipeline %s: exporter %s failed at flush", self.name, exporter_id)
+
 
 def _fan_out(pipelines: list[Pipeline]):
     if len(pipelines) == 1:
@@ -130,7 +151,11 @@ class Service:
 
     def shutdown(self) -> None:
         """Receivers first (no new data), then processors, then exporters (which flush)."""
-        for component in [*self.receivers.values(), *self.processors, *(s.exporter for s in self.exporters.values())]:
+        for receiver in self.receivers.values():
+            _safe_shutdown(receiver)
+        for pipeline in self.pipelines:
+            pipeline.flush()
+        for component in [*self.processors, *(s.exporter for s in self.exporters.values())]:
             _safe_shutdown(component)
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> None:

@@ -1,0 +1,203 @@
+"""Time-weighted aggregation: pure arithmetic over (start, end, value) segments.
+
+Each GPU window is a segment [start, end] carrying one OFU value. A job's OFU over an
+interval is the GPU-time-weighted mean of the segments' overlap with it. Weighting by time
+rather than counting points keeps the mean right when windows are uneven (a 30 s scrape
+counts three times a 10 s one) and when a window straddles the interval's edge.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+
+def window_label(seconds: float) -> str:
+    """A window's attribute value: 300 -> "5m", 3600 -> "1h", 90 -> "90s", 5400 -> "90m"."""
+    s = round(seconds)
+    if s <= 0 or abs(s - seconds) > 1e-9:
+        return f"{seconds:g}s"
+    if s % 3600 == 0:
+        return f"{s // 3600}h"
+    if s % 60 == 0:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+@dataclass(slots=True)
+class _Segment:
+    start: float
+    end: float
+    weight: float  # GPUs (1 per GPU window), or 1 for a job-level series such as reported MFU
+    weighted: float  # sum of value x weight
+
+
+class TimeWeightedSeries:
+    """Segments kept ``retention_s`` behind the newest end; integrals and means over any interval.
+
+    Segments with the same (start, end) merge, so the GPUs of one scrape cost one entry.
+    """
+
+    def __init__(self, retention_s: float):
+        if retention_s <= 0:
+            raise ValueError("retention must be positive")
+        self.retention_s = retention_s
+        self._segments: list[_Segment] = []  # sorted by end
+        self._by_key: dict[tuple[float, float], _Segment] = {}
+        self.first_start = math.inf
+        self.latest_end = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def add(self, start: float, end: float, value: float, weight: float = 1.0) -> None:
+        if not end > start:
+            raise ValueError(f"a segment needs end > start, got [{start}, {end}]")
+        key = (start, end)
+        segment = self._by_key.get(key)
+        if segment is not None:
+            segment.weight += weight
+            segment.weighted += value * weight
+        else:
+            segment = _Segment(start, end, weight, value * weight)
+            self._by_key[key] = segment
+            bisect.insort(self._segments, segment, key=lambda s: s.end)
+        self.first_start = min(self.first_start, start)
+        if end > self.latest_end:
+            self.latest_end = end
+            self._evict()
+
+    def _evict(self) -> None:
+        cutoff = self.latest_end - self.retention_s
+        k = bisect.bisect_right(self._segments, cutoff, key=lambda s: s.end)
+        if k:
+            for segment in self._segments[:k]:
+                del self._by_key[(segment.start, segment.end)]
+            del self._segments[:k]
+
+    def integral(self, a: float, b: float) -> tuple[float, float]:
+        """(integral of value x weight dt, integral of weight dt) over [a, b].
+
+        For OFU: (OFU GPU-seconds, GPU-seconds). For FLOP/s with weight 1: (FLOP, GPU-seconds).
+        """
+        value_time = weight_time = 0.0
+        i = bisect.bisect_right(self._segments, a, key=lambda s: s.end)
+        for segment in self._segments[i:]:
+            overlap = min(segment.end, b) - max(segment.start, a)
+            if overlap <= 0:
+                continue
+            value_time += segment.weighted * overlap
+            weight_time += segment.weight * overlap
+        return value_time, weight_time
+
+    def mean(self, a: float, b: float) -> float | None:
+        """The weight-and-time-weighted mean over [a, b]; None when nothing overlaps it."""
+        value_time, weight_time = self.integral(a, b)
+        return value_time / weight_time if weight_time > 0 else None
+
+
+class WeightedHistogram:
+    """Values weighted by time in fixed-width buckets: bounded memory, quantiles to a bucket.
+
+    Values outside [low, high) are clamped to the edge buckets.
+    """
+
+    def __init__(self, width: float = 0.001, low: float = 0.0, high: float = 1.5):
+        if width <= 0 or high <= low:
+            raise ValueError("need width > 0 and high > low")
+        self.width, self.low, self.high = width, low, high
+        self._last = int(round((high - low) / width)) - 1
+        self._weights: dict[int, float] = {}
+        self.total = 0.0
+
+    def add(self, value: float, weight: float) -> None:
+        if weight <= 0 or math.isnan(value):
+            return
+        index = min(self._last, max(0, math.floor((value - self.low) / self.width + 1e-9)))
+        self._weights[index] = self._weights.get(index, 0.0) + weight
+        self.total += weight
+
+    def merge(self, other: WeightedHistogram) -> None:
+        if (other.width, other.low, other.high) != (self.width, self.low, self.high):
+            raise ValueError("histograms differ in their buckets")
+        for index, weight in other._weights.items():
+            self._weights[index] = self._weights.get(index, 0.0) + weight
+        self.total += other.total
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1), interpolated linearly inside its bucket; None when empty."""
+        if not 0 <= q <= 1:
+            raise ValueError("q must be within [0, 1]")
+        if self.total <= 0:
+            return None
+        target = q * self.total
+        cumulative = 0.0
+        for index in sorted(self._weights):
+            weight = self._weights[index]
+            if cumulative + weight >= target:
+                inside = (target - cumulative) / weight
+                return self.low + (index + inside) * self.width
+            cumulative += weight
+        return self.low + (max(self._weights) + 1) * self.width
+
+    def buckets(self, width: float | None = None) -> list[tuple[float, float]]:
+        """(left edge, weight) per non-empty bucket, re-binned to ``width`` (a multiple of ours)."""
+        factor = max(1, round((width or self.width) / self.width))
+        out: dict[int, float] = {}
+        for index, weight in self._weights.items():
+            out[index // factor] = out.get(index // factor, 0.0) + weight
+        return [(self.low + k * factor * self.width, w) for k, w in sorted(out.items())]
+
+
+@dataclass
+class JobTotals:
+    """A job's life so far: GPU time, OFU x GPU time, waste and FLOPs."""
+
+    gpu_seconds: float = 0.0
+    ofu_gpu_seconds: float = 0.0
+    wasted_gpu_seconds: float = 0.0
+    flop: float = 0.0
+    flop_gpu_seconds: float = 0.0  # the GPU time whose FLOPs are known (precision known)
+
+    def add(self, seconds: float, ofu: float, flops_per_s: float | None = None) -> None:
+        """One GPU window. Waste is GPU time x (1 - OFU), with OFU clamped to [0, 1]."""
+        self.gpu_seconds += seconds
+        self.ofu_gpu_seconds += ofu * seconds
+        self.wasted_gpu_seconds += seconds * (1.0 - min(1.0, max(0.0, ofu)))
+        if flops_per_s is not None:
+            self.flop += flops_per_s * seconds
+            self.flop_gpu_seconds += seconds
+
+    @property
+    def ofu_mean(self) -> float | None:
+        return self.ofu_gpu_seconds / self.gpu_seconds if self.gpu_seconds > 0 else None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    @property
+    def wasted_gpu_hours(self) -> float:
+        return self.wasted_gpu_seconds / 3600.0
+
+    @property
+    def flops_known(self) -> bool:
+        return self.flop_gpu_seconds > 0
+
+
+def segment_start(t: float, previous_end: float | None, previous_interval: float | None, default_interval: float,
+                  max_gap: float) -> float | None:
+    """Where the window ending at ``t`` began, for a series whose last window ended at ``previous_end``.
+
+    Consecutive points of one GPU tile time: the window is [previous_end, t]. The first point
+    and a point after a gap longer than ``max_gap`` (a restart, lost scrapes) cover the
+    series' last known interval, else ``default_interval``: a gap is not GPU time we saw.
+    Returns None for a point not after the previous one (duplicate or out of order).
+    """
+    if previous_end is not None:
+        if t <= previous_end:
+            return None
+        if t - previous_end <= max_gap:
+            return previous_end
+    return t - (previous_interval or default_interval)

@@ -1,0 +1,50 @@
+"""What the audit and the regression detector report: findings that open and close."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MFU_GAP = "mfu_gap"
+REGRESSION = "regression"
+KINDS = (MFU_GAP, REGRESSION)
+
+# Causes: the likely reason, named for the person who has to fix it.
+FLOP_FORMULA_OVERCOUNT = "flop_formula_overcount"  # reported MFU above OFU
+UNCOUNTED_PADDING_OR_RECOMPUTE = "uncounted_padding_or_recompute"  # OFU far above reported MFU
+SUSTAINED_DROP = "sustained_ofu_drop"  # OFU well below the job's own baseline
+
+OPEN = "open"
+CLOSE = "close"
+
+
+@dataclass
+class Finding:
+    """One finding. Times are data time in seconds; numbers are named fractions or ratios."""
+
+    kind: str
+    cause: str
+    opened_at: float  # when it was raised
+    since: float  # when the condition began (start of the first bin that showed it)
+    numbers: dict[str, float | str] = field(default_factory=dict)  # at open
+    closed_at: float | None = None
+    close_numbers: dict[str, float | str] = field(default_factory=dict)  # at close
+    id: str = ""  # "<job>/<kind>/<n>", set by the job's tracker: pairs open and close events
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed_at is None
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A finding opened or closed at ``time`` (data seconds)."""
+
+    action: str  # OPEN | CLOSE
+    finding: Finding
+    time: float
+
+
+def sustain_bins(duration_s: float, resolution_s: float) -> int:
+    """How many consecutive evaluations (one per resolution bin) make ``duration_s``."""
+    return max(1, math.ceil(duration_s / resolution_s - 1e-9))

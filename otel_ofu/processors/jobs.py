@@ -1,0 +1,187 @@
+"""The ``jobs`` processor: per-GPU OFU in, per-job metrics, findings and job events out.
+
+Place it after ``ofu`` (and after attribution, which names each GPU's job and precision).
+It passes every point through and adds, once per ``resolution`` of data time and job, the
+job's metrics under a resource of its own (``ofu.job.id`` plus copied scheduler
+attributes), and events: ``ofu.job.start``, ``ofu.job.end`` (with the job's summary, after
+``job_timeout`` without points or at shutdown), ``ofu.finding.open`` / ``ofu.finding.close``
+(MFU audit and regression alarms, with both numbers and the likely cause). The logic lives
+in :mod:`otel_ofu.jobs`; this module only turns its results into points and events.
+"""
+
+from __future__ import annotations
+
+import math
+
+from otel_ofu.component import Context, Factory, Processor
+from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN, Finding, Transition
+from otel_ofu.jobs.tracker import JobBook, JobsConfig, JobSummary, JobTracker, Snapshot, Update
+from otel_ofu.metrics import MetricInfo, register
+from otel_ofu.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+
+WINDOW = "ofu.window"
+FINDING_KIND = "ofu.finding.kind"
+FINDING_CAUSE = "ofu.finding.cause"
+FINDING_ID = "ofu.finding.id"
+
+EVENT_JOB_START = "ofu.job.start"
+EVENT_JOB_END = "ofu.job.end"
+EVENT_FINDING_OPEN = "ofu.finding.open"
+EVENT_FINDING_CLOSE = "ofu.finding.close"
+
+for _info in (
+    MetricInfo("job.ofu", "1", "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
+               "(rolling windows such as 5m and 1h, or life)."),
+    MetricInfo("job.mfu.reported", "1", "gauge", "The MFU the job reports about itself, time-weighted over the "
+               "window in ofu.window; the MFU audit compares it with job.ofu."),
+    MetricInfo("job.gpus", "{gpu}", "gauge", "GPUs that reported for the job in the last bin."),
+    MetricInfo("job.gpu_seconds", "s", "sum", "GPU time the job has held since it started."),
+    MetricInfo("job.flops", "{flop}", "sum", "Floating-point operations the job's tensor cores performed since it "
+               "started (OFU x dense peak at the job's precision; only GPU time with a known precision)."),
+    MetricInfo("job.flops.achieved", "{flop}/s", "gauge", "The job's achieved FLOP/s, all its GPUs together, over "
+               "the window in ofu.window."),
+    MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
+               "job held but did not use."),
+    MetricInfo("job.ofu.baseline", "1", "gauge", "The regression detector's baseline: the median of the job's "
+               "recent per-bin OFU (frozen while a regression is open)."),
+    MetricInfo("job.finding", "1", "gauge", "1 while a finding is open for the job (ofu.finding.kind: mfu_gap or "
+               "regression; ofu.finding.cause), 0 once when it closes."),
+    MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
+               "(out_of_order, not_finite, mfu_without_job)."),
+):
+    register(_info)
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+def finding_attributes(job_id: str, finding: Finding, transition: Transition) -> Attributes:
+    """The event attributes of a finding: id, kind, cause, when it began, and its numbers."""
+    numbers = finding.numbers if transition.action == OPEN else finding.close_numbers
+    out: dict[str, object] = {JOB_ID: job_id, FINDING_ID: finding.id, FINDING_KIND: finding.kind,
+                              FINDING_CAUSE: finding.cause, "ofu.finding.since_unix_nano": _ns(finding.since),
+                              "ofu.finding.opened_unix_nano": _ns(finding.opened_at)}
+    # A ratio against 0 is infinite: left out rather than written as a number that is not one.
+    out.update({f"ofu.finding.{k}": v for k, v in numbers.items() if isinstance(v, str) or math.isfinite(v)})
+    if transition.action == CLOSE and finding.closed_at is not None:
+        out["ofu.finding.duration_s"] = finding.closed_at - finding.opened_at
+    return attrs(out)
+
+
+def finding_text(job_id: str, finding: Finding, action: str) -> str:
+    """One line a person can act on."""
+    n = finding.numbers if action == OPEN else {**finding.numbers, **finding.close_numbers}
+    if finding.kind == MFU_GAP:
+        text = (f"job {job_id}: reported MFU {float(n['mfu_reported']):.1%} vs OFU {float(n['ofu']):.1%} over "
+                f"{n['window']} (gap {float(n['gap_pp']):+.1f} pp): likely {finding.cause}")
+    elif "ofu" in n:
+        text = (f"job {job_id}: OFU {float(n['ofu']):.1%} vs its baseline {float(n['baseline']):.1%} "
+                f"({float(n['ratio']):.2f}x slower)")
+    else:
+        text = f"job {job_id}: {finding.kind}"
+    if action == OPEN:
+        return f"finding ({finding.kind}): {text}"
+    if finding.close_numbers.get("reason") == "job_end":
+        return f"finding closed with its job ({finding.kind}): {text}"
+    return f"finding cleared ({finding.kind}): {text}"
+
+
+def summary_attributes(summary: JobSummary) -> Attributes:
+    t = summary.totals
+    out: dict[str, object] = {
+        JOB_ID: summary.job_id, "ofu.job.end_reason": summary.reason,
+        "ofu.job.duration_s": summary.end - summary.start, "ofu.job.gpus": summary.gpus,
+        "ofu.job.gpus.peak": summary.peak_gpus, "ofu.job.gpu_hours": t.gpu_hours,
+        "ofu.job.wasted_gpu_hours": t.wasted_gpu_hours, "ofu.job.ofu.mean": t.ofu_mean,
+        "ofu.job.ofu.p10": summary.ofu_p10, "ofu.job.ofu.p50": summary.ofu_p50, "ofu.job.ofu.p90": summary.ofu_p90,
+        "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
+        "ofu.job.findings": len(summary.findings),
+        "ofu.job.precisions": ",".join(p for p, _ in sorted(summary.precisions.items(), key=lambda kv: -kv[1])),
+    }
+    return attrs(out)
+
+
+class JobsProcessor(Processor):
+    def __init__(self, config: JobsConfig, context: Context):
+        super().__init__(config, context)
+        self.book = JobBook(config)
+
+    def process(self, batch: Batch) -> Batch:
+        update = self.book.observe(batch.points)
+        points, events = self._render(update)
+        return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
+                     events=[*batch.events, *events])
+
+    def flush(self) -> Batch | None:
+        """At shutdown every job ends (reason ``shutdown``) with its summary."""
+        points, events = self._render(self.book.close_all("shutdown"))
+        return Batch(points=points, events=events) if points or events else None
+
+    def _render(self, update: Update) -> tuple[list[MetricPoint], list[Event]]:
+        for reason, count in update.skipped.items():
+            self.context.telemetry.add("otel_ofu.jobs.skipped", count, reason=reason)
+        points: list[MetricPoint] = []
+        events: list[Event] = [self._start_event(tracker) for tracker in update.started]
+        for tracker, snapshot in update.snapshots:
+            points += self._snapshot_points(snapshot, tracker)
+        for tracker, transition in update.transitions:
+            events.append(self._finding_event(tracker, transition))
+            if transition.action == CLOSE:
+                f = transition.finding
+                points.append(MetricPoint("job.finding", 0.0, _ns(transition.time), tracker.resource,
+                                          attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}), "1"))
+        for summary in update.ended:
+            events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
+                                self._end_text(summary)))
+            self.log.info("%s", self._end_text(summary))
+        return points, events
+
+    def _start_event(self, tracker: JobTracker) -> Event:
+        precisions = ",".join(sorted(tracker.precisions))
+        return Event(EVENT_JOB_START, _ns(tracker.first_start), tracker.resource,
+                     attrs({JOB_ID: tracker.job_id, "ofu.job.gpus": len(tracker.gpus), PRECISION: precisions}),
+                     f"job {tracker.job_id} started ({len(tracker.gpus)} GPUs seen, precision {precisions})")
+
+    def _finding_event(self, tracker: JobTracker, transition: Transition) -> Event:
+        finding = transition.finding
+        text = finding_text(tracker.job_id, finding, transition.action)
+        if transition.action == OPEN:
+            self.log.warning("%s", text)
+        else:
+            self.log.info("%s", text)
+        name = EVENT_FINDING_OPEN if transition.action == OPEN else EVENT_FINDING_CLOSE
+        return Event(name, _ns(transition.time), tracker.resource,
+                     finding_attributes(tracker.job_id, finding, transition), text,
+                     "WARN" if transition.action == OPEN else "INFO")
+
+    @staticmethod
+    def _end_text(summary: JobSummary) -> str:
+        t = summary.totals
+        ofu = f"{t.ofu_mean:.1%}" if t.ofu_mean is not None else "n/a"
+        gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
+        return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
+                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted, {len(summary.findings)} finding(s)")
+
+    @staticmethod
+    def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
+        resource, start = tracker.resource, _ns(tracker.first_start)
+        t = _ns(s.time)
+        out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w})) for w, v in s.ofu.items()]
+        out += [MetricPoint("job.mfu.reported", v, t, resource, attrs({WINDOW: w})) for w, v in s.mfu.items()]
+        out += [MetricPoint("job.flops.achieved", v, t, resource, attrs({WINDOW: w}), "{flop}/s")
+                for w, v in s.flops_rate.items()]
+        out.append(MetricPoint("job.gpus", float(s.gpus), t, resource, (), "{gpu}"))
+        out.append(MetricPoint("job.gpu_seconds", s.totals.gpu_seconds, t, resource, (), "s", True, start))
+        out.append(MetricPoint("job.wasted_gpu_hours", s.totals.wasted_gpu_hours, t, resource, (), "h", True, start))
+        if s.totals.flops_known:
+            out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
+        if s.baseline is not None:
+            out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource))
+        out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}))
+                for f in s.open_findings]
+        return out
+
+
+FACTORY = Factory("jobs", JobsConfig, JobsProcessor,
+                  "per-job OFU over rolling windows and life, the MFU audit, regression alarms, job events")

@@ -1,0 +1,196 @@
+"""PNG plots for ``otel-ofu report --plots DIR`` (matplotlib, Agg backend: no display needed).
+
+Written for someone who has not read the docs: every plot says in its title what it shows,
+axes carry units, findings are shaded and labelled with their numbers in plain words.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_ofu.report import JobReport, Report
+
+FINDING_STYLE = {"mfu_gap": ("#8e44ad", "MFU audit: reported MFU disagrees with OFU"),
+                 "regression": ("#c0392b", "regression: OFU well below the job's baseline")}
+MAX_STACKED_JOBS = 8
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def safe_name(job_id: str) -> str:
+    """A file-name-safe form of a job id."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", job_id).strip("_") or "job"
+
+
+def _time_axis(t0: float, t1: float) -> tuple[float, str]:
+    """Scale and label for elapsed time: minutes for short recordings, hours for long ones."""
+    return (3600.0, "hours") if t1 - t0 > 3 * 3600 else (60.0, "minutes")
+
+
+def _finding_label(finding: dict[str, Any]) -> str:
+    n = finding["numbers"]
+    if finding["kind"] == "mfu_gap" and "mfu_reported" in n:
+        cause = finding["cause"].replace("_", " ")
+        return (f"MFU gap raised: job reports {n['mfu_reported']:.0%} MFU, hardware shows {n['ofu']:.0%} OFU "
+                f"(likely {cause})")
+    if "baseline" in n and n.get("ofu"):
+        return (f"regression raised: OFU {n['ofu']:.0%} vs baseline {n['baseline']:.0%} "
+                f"({n['baseline'] / n['ofu']:.1f}x slower)")
+    return f"{finding['kind']} raised ({finding['cause']})"
+
+
+def plot_job_timeline(job: JobReport, path: Path, t0: float, t1: float) -> None:
+    """OFU per bin, reported and true MFU, the regression baseline, findings shaded and labelled."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
+    s, totals = job.summary, job.summary.totals
+    scale, unit = _time_axis(t0, t1)
+    fig, ax = plt.subplots(figsize=(12, 5.2), dpi=110)
+    handles = []
+    bin_label = _bin_label(job)
+    if job.timeline:
+        xs = [(t - t0) / scale for t, *_ in job.timeline]
+        handles += ax.plot(xs, [row[1] for row in job.timeline], color="#1f77b4", lw=1.8,
+                           label=f"OFU measured by the GPUs (time-weighted over the job's GPUs, per {bin_label})")
+        mfu = [(x, row[2]) for x, row in zip(xs, job.timeline) if row[2] is not None]
+        if mfu:
+            handles += ax.plot([x for x, _ in mfu], [v for _, v in mfu], color="#ff7f0e", lw=1.6, ls="--",
+                               label="MFU reported by the job itself")
+        base = [(x, row[3]) for x, row in zip(xs, job.timeline) if row[3] is not None]
+        if base:
+            handles += ax.plot([x for x, _ in base], [v for _, v in base], color="#7f7f7f", lw=1.0, ls="-.",
+                               label="regression baseline (median of recent OFU)")
+    if job.truth:
+        handles += ax.plot([(t - t0) / scale for t, _ in job.truth], [v for _, v in job.truth], color="#2ca02c",
+                           lw=1.2, ls=":", label="true MFU (simulator ground truth)")
+    seen_kinds = set()
+    for i, finding in enumerate(job.findings):
+        color, legend = FINDING_STYLE.get(finding["kind"], ("#d35400", finding["kind"]))
+        opened = finding["time_unix_nano"] / 1e9
+        since = _parse_iso(finding["since"]) or opened
+        closed = _parse_iso(finding["closed"]) or s.end
+        ax.axvspan((since - t0) / scale, (closed - t0) / scale, color=color, alpha=0.13, lw=0)
+        ax.axvline((opened - t0) / scale, color=color, lw=1.4)
+        if finding.get("closed") and finding.get("close_numbers", {}).get("reason") != "job_end":
+            when = f"raised at {(opened - t0) / scale:.0f}, cleared at {(closed - t0) / scale:.0f} {unit}"
+        else:
+            when = f"raised at {(opened - t0) / scale:.0f} {unit}, open until the end"
+        ax.annotate(f"{_finding_label(finding)}  [{when}]",
+                    xy=((opened - t0) / scale, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(4, -14 - 14 * i), textcoords="offset points", fontsize=8.5, color=color,
+                    va="top", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": color, "alpha": 0.85})
+        if finding["kind"] not in seen_kinds:
+            seen_kinds.add(finding["kind"])
+            handles.append(Patch(color=color, alpha=0.3, label=f"{legend} (shaded: from when it began until it "
+                                 "cleared; solid line: when it was raised)"))
+    top = max([0.05, *(row[1] for row in job.timeline), *(row[2] or 0 for row in job.timeline),
+               *(v for _, v in job.truth)])
+    ax.set_ylim(0, min(1.05, top * 1.35 + 0.02) if top <= 1 else top * 1.2)
+    ax.set_xlim((s.start - t0) / scale, (s.end - t0) / scale)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel(f"time since the start of the recording ({unit}, data time)")
+    ax.set_ylabel("utilization (% of dense tensor peak\nat the precision in use)")
+    ofu = f"{totals.ofu_mean:.1%}" if totals.ofu_mean is not None else "n/a"
+    gpus = f"{s.gpus} GPU{'s' if s.gpus != 1 else ''}"
+    found = f"{len(job.findings)} finding{'s' if len(job.findings) != 1 else ''}"
+    ax.set_title(f"Job {s.job_id}: OFU over time\n{gpus}, {totals.gpu_hours:.1f} GPU hours, mean OFU {ofu}, "
+                 f"{totals.wasted_gpu_hours:.1f} GPU hours wasted (GPU time x (1 - OFU)), {found}", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(handles=handles, loc="lower left", fontsize=8.5, framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _bin_label(job: JobReport) -> str:
+    """'minute' for 60 s bins, else the bin length."""
+    if len(job.timeline) < 2:
+        return "bin"
+    step = round(min(b[0] - a[0] for a, b in zip(job.timeline, job.timeline[1:])))
+    return "minute" if step == 60 else f"{step} s"
+
+
+def _parse_iso(value: str | None) -> float | None:
+    if not value:
+        return None
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def plot_fleet_distribution(report: Report, path: Path, bucket: float = 0.02) -> None:
+    """GPU hours per OFU bucket, stacked by job (the biggest jobs; the rest together; no job)."""
+    plt = _pyplot()
+    from matplotlib.ticker import PercentFormatter
+
+    from otel_ofu.jobs.aggregate import WeightedHistogram
+
+    jobs = sorted(report.jobs, key=lambda j: -j.summary.totals.gpu_seconds)
+    series: list[tuple[str, WeightedHistogram, str | None]] = []
+    for job in jobs[:MAX_STACKED_JOBS]:
+        series.append((job.summary.job_id, job.summary.histogram, None))
+    if len(jobs) > MAX_STACKED_JOBS:
+        rest = WeightedHistogram()
+        for job in jobs[MAX_STACKED_JOBS:]:
+            rest.merge(job.summary.histogram)
+        series.append((f"{len(jobs) - MAX_STACKED_JOBS} other jobs", rest, "#bcbd22"))
+    if report.book.unattributed_histogram.total > 0:
+        series.append(("no job (idle or unattributed GPUs)", report.book.unattributed_histogram, "#c7c7c7"))
+
+    fig, ax = plt.subplots(figsize=(13, 5.2), dpi=110)
+    bottoms: dict[float, float] = {}
+    for label, hist, color in series:
+        buckets = hist.buckets(bucket)
+        xs = [left for left, _ in buckets]
+        heights = [w / 3600.0 for _, w in buckets]
+        ax.bar(xs, heights, width=bucket * 0.95, align="edge", bottom=[bottoms.get(x, 0.0) for x in xs],
+               label=f"{label} ({hist.total / 3600.0:.1f} GPU h)", color=color, edgecolor="white", lw=0.3)
+        for x, h in zip(xs, heights):
+            bottoms[x] = bottoms.get(x, 0.0) + h
+    job_seconds = sum(j.summary.totals.gpu_seconds for j in report.jobs)
+    if job_seconds:
+        mean = sum(j.summary.totals.ofu_gpu_seconds for j in report.jobs) / job_seconds
+        ax.axvline(mean, color="black", ls="--", lw=1.2, label=f"mean OFU of job GPU time: {mean:.1%}")
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlim(0, max([0.6, *(x + bucket for x in bottoms)]))
+    ax.set_xlabel(f"OFU of a GPU over one collection window (% of dense tensor peak; {bucket:.0%} buckets)")
+    ax.set_ylabel("GPU hours")
+    total = (job_seconds + report.book.unattributed.gpu_seconds) / 3600.0
+    ax.set_title(f"Fleet OFU distribution: where {total:.1f} GPU hours on {report.book.gpu_count} GPUs went\n"
+                 "(bars stacked by job; further right is better)", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_plots(report: Report, directory: str | Path) -> list[Path]:
+    """Every plot into ``directory`` (created); returns the files written."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = report.start if report.start is not None else 0.0
+    t1 = report.end if report.end is not None else t0
+    written = []
+    for job in report.jobs:
+        path = out / f"job-{safe_name(job.summary.job_id)}.png"
+        if path in written:  # the same job id ran twice (ended, then came back)
+            path = out / f"job-{safe_name(job.summary.job_id)}-{len(written)}.png"
+        plot_job_timeline(job, path, t0, t1)
+        written.append(path)
+    path = out / "fleet-ofu-distribution.png"
+    plot_fleet_distribution(report, path)
+    written.append(path)
+    return written

@@ -1,0 +1,149 @@
+"""The jobs processor on the simulated fleet, stepped window by window (no threads, no sleeps)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from otel_ofu import otlp, registry
+from otel_ofu.component import Context
+from otel_ofu.config import build_config
+from otel_ofu.jobs.findings import FLOP_FORMULA_OVERCOUNT, MFU_GAP, REGRESSION, SUSTAINED_DROP
+from otel_ofu.metrics import METRICS
+from otel_ofu.model import JOB_ID
+from otel_ofu.processors.jobs import JobsProcessor
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
+from otel_ofu.service import Service, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "collector-config" / "demo.yaml"
+START = 1_800_000_000.0
+QUIET_JOBS = ("llama-70b-pretrain", "vit-ckpt", "gpt-mixed-precision", "capped-finetune")  # steady, checkpoint,
+# mixed_precision, power_capped
+
+
+def demo_sections():
+    doc = yaml.safe_load(DEMO.read_text())
+    return doc["receivers"]["sim"], doc["processors"]["jobs"]
+
+
+def run_fleet(sim_overrides=None, minutes=60):
+    sim_doc, jobs_doc = demo_sections()
+    sim_cfg = build_config(SimReceiverConfig, {**sim_doc, **(sim_overrides or {})})
+    fleet = build_fleet(sim_cfg, START)
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    jobs = JobsProcessor(build_config(registry.factories()["processors"]["jobs"].config_type, jobs_doc),
+                         Context("jobs"))
+    points, events = [], []
+    for _ in range(int(minutes * 60 / float(sim_cfg.collection_interval))):
+        out = jobs.process(ofu.process(window_batch(fleet.step_window(), True)))
+        points += [p for p in out.points if p.name.startswith("job.")]
+        events += out.events
+    final = jobs.flush()
+    return points, events, final
+
+
+@pytest.fixture(scope="module", params=[42, 7], ids=["seed42", "seed7"])
+def demo_run(request):
+    return run_fleet({"seed": request.param})
+
+
+def findings(events, name="ofu.finding.open"):
+    return [(dict(e.attributes)[JOB_ID], dict(e.attributes)) for e in events if e.name == name]
+
+
+def test_moe_inflated_mfu_is_flagged_as_formula_overcount(demo_run):
+    _, events, _ = demo_run
+    moe = [a for job, a in findings(events) if job == "moe-236b"]
+    assert len(moe) == 1
+    assert (moe[0]["ofu.finding.kind"], moe[0]["ofu.finding.cause"]) == (MFU_GAP, FLOP_FORMULA_OVERCOUNT)
+    assert moe[0]["ofu.finding.mfu_reported"] > 1.6 * moe[0]["ofu.finding.ofu"]  # both numbers, ~2.1x apart
+
+
+def test_the_regression_is_flagged_within_ten_minutes_and_cleared_on_recovery(demo_run):
+    _, events, _ = demo_run
+    opened = [e for e in events if e.name == "ofu.finding.open" and dict(e.attributes)[JOB_ID] == "sft-debug-flag"]
+    assert len(opened) == 1
+    a = dict(opened[0].attributes)
+    assert (a["ofu.finding.kind"], a["ofu.finding.cause"]) == (REGRESSION, SUSTAINED_DROP)
+    regress_at = START + 20 * 60  # demo.yaml: regress_at 20m
+    assert 0 < opened[0].time_unix_nano / 1e9 - regress_at <= 10 * 60
+    assert a["ofu.finding.ratio"] == pytest.approx(2.5, rel=0.15)
+    closed = [e for e in events if e.name == "ofu.finding.close" and dict(e.attributes)[JOB_ID] == "sft-debug-flag"]
+    assert len(closed) == 1 and closed[0].time_unix_nano / 1e9 > START + 50 * 60  # recover_at 50m
+
+
+def test_steady_checkpoint_power_capped_and_mixed_precision_raise_nothing(demo_run):
+    _, events, _ = demo_run
+    flagged = {job for job, _ in findings(events)}
+    assert flagged == {"moe-236b", "sft-debug-flag"}
+    assert not flagged & set(QUIET_JOBS)
+
+
+def test_job_metrics_are_registered_and_carry_a_job_resource(demo_run):
+    points, _, _ = demo_run
+    names = {p.name for p in points}
+    assert {"job.ofu", "job.gpus", "job.gpu_seconds", "job.flops", "job.wasted_gpu_hours", "job.mfu.reported",
+            "job.finding", "job.flops.achieved"} <= names
+    for name in names:
+        assert name in METRICS, name
+    assert {dict(p.attributes)["ofu.window"] for p in points if p.name == "job.ofu"} == {"5m", "1h", "life"}
+    gpus = {dict(p.resource)[JOB_ID]: p.value for p in points if p.name == "job.gpus"}
+    assert gpus["llama-70b-pretrain"] == 4 and gpus["moe-236b"] == 2 and "none" not in gpus
+    sums = [p for p in points if p.name in ("job.gpu_seconds", "job.flops", "job.wasted_gpu_hours")]
+    assert all(p.monotonic and p.start_time_unix_nano for p in sums)
+
+
+def test_finding_gauge_is_one_while_open_and_zero_at_close(demo_run):
+    points, _, _ = demo_run
+    reg = [p for p in points if p.name == "job.finding" and dict(p.resource)[JOB_ID] == "sft-debug-flag"]
+    values = [p.value for p in sorted(reg, key=lambda p: p.time_unix_nano)]
+    assert values[0] == 1.0 and values[-1] == 0.0 and values.count(0.0) == 1
+
+
+def test_job_start_and_end_events_with_a_summary(demo_run):
+    _, events, final = demo_run
+    started = {dict(e.attributes)[JOB_ID] for e in events if e.name == "ofu.job.start"}
+    assert started == {"llama-70b-pretrain", "moe-236b", "sft-debug-flag", "vit-ckpt", "gpt-mixed-precision",
+                       "capped-finetune"}
+    ends = {dict(e.attributes)[JOB_ID]: dict(e.attributes) for e in final.events if e.name == "ofu.job.end"}
+    assert set(ends) == started
+    llama = ends["llama-70b-pretrain"]
+    assert llama["ofu.job.end_reason"] == "shutdown" and llama["ofu.job.gpus"] == 4
+    assert llama["ofu.job.gpu_hours"] == pytest.approx(4.0, rel=0.01)
+    assert llama["ofu.job.wasted_gpu_hours"] == pytest.approx(4.0 * (1 - llama["ofu.job.ofu.mean"]), rel=1e-6)
+    assert ends["moe-236b"]["ofu.job.findings"] == 1
+    # The MoE finding is still open at shutdown: it closes with its job.
+    closes = [dict(e.attributes) for e in final.events if e.name == "ofu.finding.close"]
+    assert [c[JOB_ID] for c in closes] == ["moe-236b"] and closes[0]["ofu.finding.reason"] == "job_end"
+
+
+def test_demo_config_runs_jobs_after_ofu():
+    config = load_config(str(DEMO))
+    (pipeline,) = config.pipelines
+    assert pipeline.processors.index("jobs") > pipeline.processors.index("ofu")
+
+
+def test_shutdown_flushes_job_end_events_through_the_exporters(tmp_path):
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "receivers": {"sim": {"nodes": 1, "gpus_per_node": 2, "jobs": [{"id": "j", "scenario": "steady",
+                                                                         "gpus": 2}]}},
+        "processors": {"ofu": {}, "jobs": {}},
+        "exporters": {"file": {"path": str(out)}},
+        "service": {"pipelines": {"metrics": {"receivers": ["sim"], "processors": ["ofu", "jobs"],
+                                              "exporters": ["file"]}}},
+    }))
+    service = Service(load_config(str(cfg)))
+    exporter = service.exporters["file"].exporter
+    exporter.start()
+    fleet = build_fleet(service.receivers["sim"].config, START)
+    for _ in range(12):
+        service.pipelines[0].consume(window_batch(fleet.step_window(), True))
+    service.shutdown()  # the receiver never started: shutdown must still flush the processor
+    lines = out.read_text().splitlines()
+    log_lines = [line for line in lines if line.startswith('{"resourceLogs"')]
+    names = [e.name for line in log_lines for e in otlp.events_from_request(otlp.from_json_line(line))]
+    assert names == ["ofu.job.start", "ofu.job.end"]

@@ -1,0 +1,196 @@
+"""JobBook / JobTracker on hand-made points: weighting, windows, bins, FLOPs, job life."""
+
+import pytest
+
+from otel_ofu import specs
+from otel_ofu.config import FieldError, build_config
+from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN
+from otel_ofu.jobs.tracker import JobBook, JobsConfig
+from otel_ofu.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
+
+H100 = "NVIDIA H100 80GB HBM3"
+T0 = 1_800_000_000  # a whole number of minutes: bins line up with the test's arithmetic
+
+
+def gpu_res(gpu, model=H100, **extra):
+    return attrs({HW_ID: gpu, HW_MODEL: model, HOST_NAME: "node-0", **extra})
+
+
+def ofu(t, value, gpu="GPU-a", job="train", precision="bf16", model=H100, resource_extra=None, **point_extra):
+    return MetricPoint("gpu.ofu", value, int((T0 + t) * 1e9), gpu_res(gpu, model, **(resource_extra or {})),
+                       attrs({JOB_ID: job, PRECISION: precision, **point_extra}))
+
+
+def flops(t, value, gpu="GPU-a", job="train", model=H100):
+    return MetricPoint("gpu.flops.achieved", value, int((T0 + t) * 1e9), gpu_res(gpu, model),
+                       attrs({JOB_ID: job, PRECISION: "bf16"}), "{flop}/s")
+
+
+def mfu(t, value, job="train", name="training.mfu"):
+    return MetricPoint(name, value, int((T0 + t) * 1e9), attrs({"service.name": "fw", JOB_ID: job}),
+                       attrs({JOB_ID: job}))
+
+
+def test_uneven_gpu_intervals_are_time_weighted():
+    book = JobBook(JobsConfig())
+    # GPU a every 10 s at 0.6, GPU b every 30 s at 0.3, for 2 minutes (first points cover their interval).
+    for t in range(10, 121, 10):
+        points = [ofu(t, 0.6, "GPU-a")]
+        if t % 30 == 0:
+            points.append(ofu(t, 0.3, "GPU-b"))
+        book.observe(points)
+    tracker = book.jobs["train"]
+    # GPU b's first point covers the default 10 s interval, then 30 s each: 100 s at 0.3; GPU a 120 s at 0.6.
+    assert tracker.totals.gpu_seconds == pytest.approx(120 + 100)
+    assert tracker.totals.ofu_mean == pytest.approx((0.6 * 120 + 0.3 * 100) / 220)
+    assert tracker.totals.wasted_gpu_hours == pytest.approx((120 * 0.4 + 100 * 0.7) / 3600)
+
+
+def test_one_snapshot_per_bin_once_data_passes_its_end():
+    book = JobBook(JobsConfig())
+    snapshots = []
+    for t in range(10, 61, 10):
+        snapshots += book.observe([ofu(t, 0.5, "GPU-a"), ofu(t, 0.3, "GPU-b")]).snapshots
+    assert len(snapshots) == 1  # the bin [0, 60) closed with the point at 60
+    _, s = snapshots[0]
+    assert s.time == T0 + 60 and s.gpus == 2
+    assert s.bin_ofu == pytest.approx(0.4)
+    assert s.ofu["5m"] == pytest.approx(0.4) and s.ofu["life"] == pytest.approx(0.4)
+    assert book.observe([ofu(65, 0.5, "GPU-a")]).snapshots == []
+
+
+def test_rolling_windows_and_life_diverge_after_a_change():
+    book = JobBook(JobsConfig())
+    last = None
+    for t in range(10, 1201, 10):  # 10 min at 0.5, then 10 min at 0.2
+        update = book.observe([ofu(t, 0.5 if t <= 600 else 0.2)])
+        last = update.snapshots[-1][1] if update.snapshots else last
+    assert last.time == T0 + 1200
+    assert last.ofu["5m"] == pytest.approx(0.2)
+    assert last.ofu["1h"] == pytest.approx(0.35)
+    assert last.ofu["life"] == pytest.approx(0.35)
+
+
+def test_windows_are_configurable():
+    config = build_config(JobsConfig, {"windows": ["2m", "15m"], "resolution": "30s"})
+    book = JobBook(config)
+    snaps = []
+    for t in range(10, 181, 10):
+        snaps += book.observe([ofu(t, 0.5)]).snapshots
+    assert set(snaps[-1][1].ofu) == {"2m", "15m", "life"}
+    assert [s.time - T0 for _, s in snaps] == [30, 60, 90, 120, 150, 180]
+
+
+def test_flops_from_achieved_points_else_from_the_peak():
+    book = JobBook(JobsConfig())
+    book.observe([ofu(10, 0.5, "GPU-a"), flops(10, 4e14, "GPU-a"), ofu(10, 0.5, "GPU-b")])
+    peak = specs.find_spec(H100).peak("bf16").flops
+    assert book.jobs["train"].totals.flop == pytest.approx(4e14 * 10 + 0.5 * peak * 10)
+
+
+def test_unknown_precision_or_model_counts_no_flops():
+    book = JobBook(JobsConfig())
+    book.observe([ofu(10, 0.5, "GPU-a", precision="unknown"), ofu(10, 0.5, "GPU-b", model="Mystery GPU 9000")])
+    totals = book.jobs["train"].totals
+    assert totals.flop == 0 and not totals.flops_known and totals.gpu_seconds == 20
+
+
+def test_flops_rate_over_windows():
+    book = JobBook(JobsConfig())
+    snaps = []
+    for t in range(10, 61, 10):
+        snaps += book.observe([ofu(t, 0.5, "GPU-a"), flops(t, 1e14, "GPU-a"),
+                               ofu(t, 0.5, "GPU-b"), flops(t, 3e14, "GPU-b")]).snapshots
+    assert snaps[-1][1].flops_rate["5m"] == pytest.approx(4e14)  # the job's two GPUs together
+
+
+def test_jobs_without_a_name_are_unattributed():
+    book = JobBook(JobsConfig())
+    update = book.observe([ofu(10, 0.0, "GPU-a", job="none"), ofu(10, 0.1, "GPU-b", job="unknown"),
+                           ofu(10, 0.4, "GPU-c", job="a,b", **{"ofu.job.shared": True})])
+    assert book.jobs == {} and update.started == []
+    assert book.unattributed.gpu_seconds == 30
+    assert book.unattributed_histogram.total == 30
+    assert book.gpu_count == 3
+
+
+def test_shared_gpus_count_when_asked():
+    book = JobBook(build_config(JobsConfig, {"include_shared": True}))
+    book.observe([ofu(10, 0.4, job="a,b", **{"ofu.job.shared": True})])
+    assert list(book.jobs) == ["a,b"]
+
+
+def test_bad_points_are_skipped_and_counted():
+    book = JobBook(JobsConfig())
+    book.observe([ofu(20, 0.5)])
+    update = book.observe([ofu(10, 0.5), ofu(20, 0.5), ofu(30, float("nan")), mfu(20, 0.5, job="other")])
+    assert update.skipped == {"out_of_order": 2, "not_finite": 1, "mfu_without_job": 1}
+    assert book.jobs["train"].totals.gpu_seconds == 10
+
+
+def test_job_resource_copies_scheduler_attributes():
+    book = JobBook(JobsConfig())
+    point = ofu(10, 0.5, resource_extra={"k8s.namespace.name": "research"}, **{"slurm.job.user": "ada"})
+    (tracker,) = book.observe([point]).started
+    assert dict(tracker.resource) == {JOB_ID: "train", "k8s.namespace.name": "research", "slurm.job.user": "ada"}
+
+
+def test_a_job_ends_after_the_timeout_and_a_new_one_starts():
+    book = JobBook(build_config(JobsConfig, {"job_timeout": "2m"}))
+    book.observe([ofu(10, 0.5, "GPU-a", job="short"), ofu(10, 0.5, "GPU-b", job="long")])
+    ended = []
+    for t in range(20, 200, 10):
+        ended += book.observe([ofu(t, 0.5, "GPU-b", job="long")]).ended
+    (summary,) = ended
+    assert summary.job_id == "short" and summary.reason == "timeout"
+    assert (summary.start, summary.end) == (T0, T0 + 10)
+    assert summary.gpus == 1 and summary.totals.gpu_seconds == 10
+    update = book.observe([ofu(200, 0.5, "GPU-a", job="short")])
+    assert [t.job_id for t in update.started] == ["short"]
+
+
+def test_close_all_summarises_and_closes_open_findings():
+    config = build_config(JobsConfig, {"audit": {"sustain": "1m", "window": "1m"}})
+    book = JobBook(config)
+    transitions = []
+    for t in range(10, 181, 10):
+        transitions += book.observe([ofu(t, 0.25), mfu(t, 0.55)]).transitions
+    assert [(t.action, t.finding.kind) for _, t in transitions] == [(OPEN, MFU_GAP)]
+    assert transitions[0][1].finding.id == "train/mfu_gap/1"
+    update = book.close_all()
+    (summary,) = update.ended
+    assert summary.reason == "shutdown" and summary.mfu_reported == pytest.approx(0.55)
+    assert summary.ofu_p50 == pytest.approx(0.25, abs=0.002)
+    assert len(summary.findings) == 1
+    ((_, closed),) = update.transitions
+    assert closed.action == CLOSE and closed.finding.close_numbers == {"reason": "job_end"}
+    assert book.jobs == {}
+
+
+def test_the_audit_waits_until_its_window_is_covered():
+    book = JobBook(build_config(JobsConfig, {"audit": {"sustain": "1m", "window": "5m"}}))
+    opened_at = None
+    for t in range(10, 601, 10):
+        for _, tr in book.observe([ofu(t, 0.25), mfu(t, 0.55)]).transitions:
+            opened_at = tr.time
+    assert opened_at == T0 + 300  # the first bin end with five minutes of both series behind it
+
+
+def test_mfu_metric_name_is_configurable():
+    book = JobBook(build_config(JobsConfig, {"mfu_metric": "app.mfu"}))
+    book.observe([ofu(10, 0.25), mfu(10, 0.55, name="app.mfu"), mfu(10, 0.9)])
+    assert book.jobs["train"].mfu_life == pytest.approx(0.55)
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"windows": []}, "windows"),
+    ({"windows": ["30s"]}, "windows[0]"),
+    ({"windows": ["5m", "300s"]}, "windows"),
+    ({"job_timeout": "10s"}, "job_timeout"),
+    ({"max_gap": "5s"}, "max_gap"),
+    ({"regression": {"drop_ratio": 0.5}}, "regression.drop_ratio"),
+])
+def test_config_errors_name_the_key(data, key):
+    with pytest.raises(FieldError) as info:
+        build_config(JobsConfig, data)
+    assert info.value.key == key

@@ -1,0 +1,211 @@
+"""``otel-ofu report`` on a recorded demo run: table, JSON, CSV, plots, findings, bad input."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from otel_ofu import otlp
+from otel_ofu.cli import main
+from otel_ofu.component import Context
+from otel_ofu.config import build_config
+from otel_ofu.exporters.file import FileExporter, FileExporterConfig
+from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.processors.jobs import JobsProcessor
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
+from otel_ofu.report import build_report, metric_points
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "collector-config" / "demo.yaml"
+START = 1_800_000_000.0
+MINUTES = 60
+
+
+def record(directory: Path) -> tuple[Path, Path]:
+    """What `otel-ofu run --config demo.yaml` writes, stepped deterministically: with the jobs
+    processor (as the demo runs) and without it (a recording of per-GPU points only)."""
+    doc = yaml.safe_load(DEMO.read_text())
+    sim_cfg = build_config(SimReceiverConfig, doc["receivers"]["sim"])
+    fleet = build_fleet(sim_cfg, START)
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    jobs = JobsProcessor(build_config(JobsConfig, doc["processors"]["jobs"]), Context("jobs"))
+    paths = directory / "demo.jsonl", directory / "raw.jsonl"
+    with_jobs, raw = (FileExporter(FileExporterConfig(path=str(p)), Context("file")) for p in paths)
+    with_jobs.start()
+    raw.start()
+    for _ in range(MINUTES * 6):
+        batch = ofu.process(window_batch(fleet.step_window(), True))
+        raw.export(batch)
+        with_jobs.export(jobs.process(batch))
+    with_jobs.export(jobs.flush())
+    with_jobs.shutdown()
+    raw.shutdown()
+    return paths
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    return record(tmp_path_factory.mktemp("rec"))
+
+
+@pytest.fixture(scope="module")
+def recording(recordings):
+    return recordings[0]
+
+
+@pytest.fixture(scope="module")
+def raw_recording(recordings):
+    return recordings[1]
+
+
+def report_json(capsys, *args):
+    assert main(["report", *map(str, args), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_shape(recording, capsys):
+    data = report_json(capsys, recording)
+    assert data["findings_source"] == "recorded"
+    jobs = {j["job_id"]: j for j in data["jobs"]}
+    assert set(jobs) == {"llama-70b-pretrain", "moe-236b", "sft-debug-flag", "vit-ckpt", "gpt-mixed-precision",
+                         "capped-finetune"}
+    for job in data["jobs"]:
+        for key in ("job_id", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90", "flops",
+                    "wasted_gpu_hours", "findings"):
+            assert key in job
+    llama = jobs["llama-70b-pretrain"]
+    assert llama["gpus"] == 4 and llama["gpu_hours"] == pytest.approx(4.0, rel=0.01)
+    assert llama["ofu_p10"] <= llama["ofu_p50"] <= llama["ofu_p90"]
+    assert llama["wasted_gpu_hours"] == pytest.approx(llama["gpu_hours"] * (1 - llama["ofu_mean"]), rel=1e-6)
+    assert data["fleet"]["gpus"] == 16 and data["fleet"]["unattributed_gpu_hours"] == pytest.approx(2.0, rel=0.01)
+
+
+def test_jobs_are_sorted_by_wasted_gpu_hours(recording, capsys):
+    wasted = [j["wasted_gpu_hours"] for j in report_json(capsys, recording)["jobs"]]
+    assert wasted == sorted(wasted, reverse=True) and wasted[0] > wasted[-1]
+
+
+def test_findings_have_kind_time_and_numbers(recording, capsys):
+    jobs = {j["job_id"]: j for j in report_json(capsys, recording)["jobs"]}
+    (moe,) = jobs["moe-236b"]["findings"]
+    assert moe["kind"] == "mfu_gap" and moe["cause"] == "flop_formula_overcount"
+    assert moe["time"].endswith("Z") and moe["numbers"]["mfu_reported"] > moe["numbers"]["ofu"]
+    (reg,) = jobs["sft-debug-flag"]["findings"]
+    assert reg["kind"] == "regression" and 20 < reg["minutes_into_job"] <= 30
+    assert reg["numbers"]["baseline"] > 2 * reg["numbers"]["ofu"] and reg["closed"] is not None
+    for quiet in ("llama-70b-pretrain", "vit-ckpt", "gpt-mixed-precision", "capped-finetune"):
+        assert jobs[quiet]["findings"] == []
+
+
+def test_a_recording_without_the_jobs_processor_gets_recomputed_findings(raw_recording, recording, capsys):
+    raw = report_json(capsys, raw_recording)
+    recorded = report_json(capsys, recording)
+    assert raw["findings_source"] == "recomputed"
+
+    def kinds(data):
+        return {(j["job_id"], f["kind"], f["cause"], f["time"]) for j in data["jobs"] for f in j["findings"]}
+
+    assert kinds(raw) == kinds(recorded)  # the same pure code, the same thresholds (demo = defaults)
+    assert [j["job_id"] for j in raw["jobs"]] == [j["job_id"] for j in recorded["jobs"]]
+
+
+def test_recompute_with_other_thresholds_from_a_config(recording, tmp_path, capsys):
+    doc = yaml.safe_load(DEMO.read_text())
+    doc["processors"]["jobs"]["audit"]["min_gap_pp"] = 50
+    cfg = tmp_path / "strict.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    data = report_json(capsys, recording, "--recompute", "--config", cfg)
+    assert data["findings_source"] == "recomputed"
+    assert {f["kind"] for j in data["jobs"] for f in j["findings"]} == {"regression"}
+
+
+def test_terminal_table(recording, capsys):
+    assert main(["report", str(recording)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("job "))
+    for column in ("GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings"):
+        assert column in header
+    rows = [line.split()[0] for line in out.splitlines()[4:10]]
+    assert rows[0] == "gpt-mixed-precision" or rows[0] == "llama-70b-pretrain"
+    assert "Findings (recorded): 2" in out and "flop_formula_overcount" in out
+
+
+def test_csv(recording, tmp_path, capsys):
+    path = tmp_path / "jobs.csv"
+    assert main(["report", str(recording), "--csv", str(path)]) == 0
+    capsys.readouterr()
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 6
+    wasted = [float(r["wasted_gpu_hours"]) for r in rows]
+    assert wasted == sorted(wasted, reverse=True)
+    moe = next(r for r in rows if r["job_id"] == "moe-236b")
+    assert moe["findings"] == "1" and moe["finding_details"].startswith("mfu_gap:flop_formula_overcount@")
+
+
+def test_plots_are_written(recording, tmp_path, capsys):
+    import matplotlib.image
+
+    out = tmp_path / "plots"
+    assert main(["report", str(recording), "--plots", str(out)]) == 0
+    capsys.readouterr()
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["fleet-ofu-distribution.png", "job-capped-finetune.png", "job-gpt-mixed-precision.png",
+                     "job-llama-70b-pretrain.png", "job-moe-236b.png", "job-sft-debug-flag.png", "job-vit-ckpt.png"]
+    for name in files:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 400 and image.std() > 0.05  # drawn on, not blank
+
+
+def test_metric_decoding_matches_the_protobuf_parser(recording):
+    names = {"gpu.ofu", "gpu.flops.achieved", "training.mfu", "job.gpu_seconds"}
+    lines = [line for line in recording.read_text().splitlines() if line.startswith('{"resourceMetrics"')][:5]
+    assert lines
+    for line in lines:
+        ours = list(metric_points(json.loads(line), names))
+        theirs = [p for p in otlp.from_request(otlp.from_json_line(line)) if p.name in names]
+        assert ours == theirs
+
+
+def test_a_malformed_line_is_named(recording, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    first = recording.read_text().splitlines()[0]
+    bad.write_text(first + "\n\n" + '{"resourceMetrics": [ oops\n')
+    assert main(["report", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:3:" in err and "not a JSON line" in err
+
+
+def test_a_line_that_is_not_otlp_is_named(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    assert main(["report", str(bad)]) == 1
+    assert f"{bad}:1: not an OTLP export request" in capsys.readouterr().err
+
+
+def test_malformed_metrics_are_named(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "gpu.ofu", "gauge": {"dataPoints": [{"asDouble": "x", "timeUnixNano": "1"}]}}]}]}]}) + "\n")
+    assert main(["report", str(bad)]) == 1
+    assert f"{bad}:1: malformed OTLP metrics" in capsys.readouterr().err
+
+
+def test_empty_or_missing_input(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["report", str(empty)]) == 1
+    assert "empty" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope.jsonl")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_build_report_keeps_timelines_for_the_plots(recording):
+    report = build_report(recording)
+    moe = next(j for j in report.jobs if j.summary.job_id == "moe-236b")
+    assert len(moe.timeline) >= MINUTES - 2 and moe.truth
+    assert all(mfu is not None and mfu > ofu for _, ofu, mfu, _ in moe.timeline)
