@@ -47,8 +47,23 @@ class Pipeline:
         self._lock = threading.Lock()
 
     def consume(self, batch: Batch) -> None:
+        self._process_and_export(batch, self.processors)
+
+    def flush(self) -> None:
+        """At shutdown: each processor's :meth:`Processor.flush` output goes through the rest and out."""
+        for i, processor in enumerate(self.processors):
+            try:
+                with self._lock:
+                    batch = processor.flush()
+            except Exception:
+                log.exception("pipeline %s: flushing processor %s failed", self.name, processor.context.component_id)
+                continue
+            if batch:
+                self._process_and_export(batch, self.processors[i + 1:])
+
+    def _process_and_export(self, batch: Batch, processors: list[Processor]) -> None:
         with self._lock:
-            for processor in self.processors:
+            for processor in processors:
                 try:
                     batch = processor.process(batch)
                 except Exception:
@@ -66,27 +81,6 @@ class Pipeline:
                 log.exception("pipeline %s: exporter %s failed", self.name, exporter_id)
                 self.telemetry.add("otel_ofu.pipeline.dropped", len(batch), pipeline=self.name,
                                    reason="exporter_error", exporter=exporter_id)
-
-    def flush(self) -> None:
-        """At shutdown: each processor's :meth:`Processor.flush` output goes through the rest and out."""
-        for i, processor in enumerate(self.processors):
-            try:
-                with self._lock:
-                    batch = processor.flush()
-                    for later in self.processors[i + 1:]:
-                        if batch:
-                            batch = later.process(batch)
-            except Exception:
-                log.exception("pipeline %s: flushing processor %s failed", self.name, processor.context.component_id)
-                continue
-            if not batch:
-                continue
-            for exporter_id, slot in self.exporters:
-                try:
-                    with slot.lock:
-                        slot.exporter.export(batch)
-                except Exception:
-                    log.exception("pipeline %s: exporter %s failed at flush", self.name, exporter_id)
 
 
 def _fan_out(pipelines: list[Pipeline]):
