@@ -44,6 +44,11 @@ _METRICS = (
     MetricInfo("training.mfu", "1", "gauge",
                "MFU as the training job reports it about itself (the simulator emits it as a framework "
                "would; the MFU audit compares it with OFU)."),
+    MetricInfo("otel_ofu.ofu.dropped", "{window}", "sum",
+               "Self-telemetry: GPU windows the ofu processor could not turn into OFU, by reason."),
+    MetricInfo("otel_ofu.pipeline.dropped", "{item}", "sum",
+               "Self-telemetry: items a pipeline lost to a failing processor or exporter, by pipeline, reason "
+               "and exporter."),
 )
 
 METRICS: dict[str, MetricInfo] = {m.name: m for m in _METRICS}
@@ -53,3 +58,33 @@ def register(info: MetricInfo) -> MetricInfo:
     """Add a metric defined by another module (self-telemetry, per-job metrics)."""
     METRICS[info.name] = info
     return info
+
+
+# Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
+# ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (docs/exporters-otlp.md).
+register(MetricInfo("otel_ofu.exporter.queue.size", "{batch}", "gauge",
+                    "Export requests accepted and not yet sent or dropped (waiting and in flight)."))
+register(MetricInfo("otel_ofu.exporter.queue.capacity", "{batch}", "gauge",
+                    "sending_queue.queue_size: the most export requests the queue holds."))
+register(MetricInfo("otel_ofu.exporter.sent", "{item}", "sum",
+                    "Data points (signal=metrics) or log records (signal=logs) the backend accepted."))
+register(MetricInfo("otel_ofu.exporter.retried", "{request}", "sum",
+                    "Send attempts that failed retryably and were retried, by reason (UNAVAILABLE, http_503, ...)."))
+register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
+                    "Data points or log records given up on, by reason: queue_full, permanent_error, "
+                    "retries_exhausted, retry_disabled, rejected, shutdown."))
+
+
+def markdown_table() -> str:
+    """The README's metric table, generated from the registry."""
+    rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in METRICS.values()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m otel_ofu.metrics
+    # Importing the components registers their metrics in otel_ofu.metrics (not in __main__).
+    from otel_ofu import metrics, registry
+
+    registry.factories()
+    print(metrics.markdown_table())

@@ -15,13 +15,24 @@ from otel_ofu.component import Factory
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "receivers": (
         "otel_ofu.receivers.sim",
+        "otel_ofu.receivers.dcgm",
+        "otel_ofu.receivers.nvml",
+        "otel_ofu.receivers.dcgm_exporter",
+        "otel_ofu.receivers.replay",
+        "otel_ofu.receivers.otlp",
+        "otel_ofu.receivers.selftelemetry",
     ),
     "processors": (
         "otel_ofu.processors.ofu",
+        "otel_ofu.processors.attribution",
+        "otel_ofu.processors.jobs",
     ),
     "exporters": (
         "otel_ofu.exporters.console",
         "otel_ofu.exporters.file",
+        "otel_ofu.exporters.otlp",
+        "otel_ofu.exporters.otlphttp",
+        "otel_ofu.exporters.prometheus",
     ),
 }
 

@@ -1,0 +1,339 @@
+"""The ``prometheus`` exporter: a pull endpoint serving each series' latest point.
+
+Names and labels are converted as the Collector's prometheus exporter converts them
+(:func:`prometheus_name`, :func:`label_name`): ``gpu.sm.clock.frequency`` (Hz) becomes
+``gpu_sm_clock_frequency_hertz``, monotonic sums get ``_total``, resource attributes become
+labels (``resource_to_telemetry_conversion``, on by default here because every GPU is its
+own resource: without it the series of two GPUs would collide). One deviation: a unit of
+``1`` adds no ``_ratio`` (``gpu_ofu``, as dashboards query it) unless ``ratio_suffix``.
+
+A series not updated for ``metric_expiration`` (default 5m, as in the Collector) is dropped,
+so a finished job's series disappear and Prometheus marks them stale at the next scrape.
+Points are served without timestamps by default (``send_timestamps``): a point's time is
+when its counter window ended, which under the simulator's time acceleration or a replay is
+not "now"; Prometheus would drop such samples as out of bounds or place them outside the
+query lookback. Served bare, each scrape is stamped with the scrape time.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ofu.component import Context, Exporter, Factory
+from otel_ofu.config import Duration, FieldError, require
+from otel_ofu.metrics import METRICS
+from otel_ofu.model import Batch, MetricPoint
+from otel_ofu.receivers.otlp import ServerTlsConfig, is_loopback, parse_endpoint
+
+DEFAULT_ENDPOINT = "127.0.0.1:9464"  # the OpenTelemetry SDKs' Prometheus exporter port
+
+# The Collector's unit translation (pkg/translator/prometheus).
+UNIT_WORDS = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
+    "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes", "GiBy": "gibibytes",
+    "TiBy": "tebibytes", "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "TBy": "terabytes",
+    "m": "meters", "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "g": "grams", "Cel": "celsius",
+    "Hz": "hertz", "1": "", "%": "percent",
+}
+PER_UNIT_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
+
+_INVALID_NAME = re.compile(r"[^a-zA-Z0-9_:]+")
+_INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _clean_unit(text: str) -> str:
+    return _INVALID_NAME.sub("_", text).strip("_")
+
+
+def unit_suffixes(unit: str) -> list[str]:
+    """``"W"`` -> ``["watts"]``, ``"{flop}/s"`` -> ``["per", "second"]``, ``"{window}"`` -> ``[]``."""
+    main, _, per = (unit or "").partition("/")
+    out: list[str] = []
+    main, per = main.strip(), per.strip()
+    if main and "{" not in main:
+        word = _clean_unit(UNIT_WORDS.get(main, main))
+        if word:
+            out.append(word)
+    if per and "{" not in per:
+        word = _clean_unit(PER_UNIT_WORDS.get(per, per))
+        if word:
+            out += ["per", word]
+    return out
+
+
+def prometheus_name(name: str, unit: str, *, counter: bool, namespace: str = "", add_suffixes: bool = True,
+                    ratio_suffix: bool = False) -> str:
+    """The Prometheus metric name for an OpenTelemetry one (without ``_total``, see below).
+
+    A counter's samples are exposed with ``_total`` appended by the exposition format, so
+    this returns the family name: an existing ``total`` token is removed.
+    """
+    tokens = [t for t in _INVALID_NAME.split(name) if t]
+    if add_suffixes:
+        for suffix in unit_suffixes(unit):
+            if suffix not in tokens or suffix == "per":
+                tokens.append(suffix)
+        if ratio_suffix and unit == "1" and not counter:
+            tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    if counter:
+        tokens = [t for t in tokens if t != "total"]
+    if namespace:
+        tokens.insert(0, namespace)
+    out = "_".join(tokens) or "_"
+    return f"_{out}" if out[0].isdigit() else out
+
+
+def label_name(key: str) -> str:
+    """As the Collector's NormalizeLabel: invalid characters become ``_``; no leading digit or ``_``."""
+    if not key:
+        return key
+    out = _INVALID_LABEL.sub("_", key)
+    if out[0].isdigit():
+        return "key_" + out
+    if out.startswith("_") and not out.startswith("__"):
+        return "key" + out
+    return out
+
+
+def label_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def to_labels(*attribute_sets: Iterable[tuple[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """Attribute sets (later ones win on equal keys) -> sorted Prometheus labels.
+
+    Distinct keys that normalize to the same label name are joined with ``;`` in key order,
+    as the Collector does.
+    """
+    merged: dict[str, Any] = {}
+    for attributes in attribute_sets:
+        merged.update(attributes)
+    labels: dict[str, str] = {}
+    for key in sorted(merged):
+        name = label_name(key)
+        value = label_value(merged[key])
+        labels[name] = f"{labels[name]};{value}" if name in labels else value
+    return tuple(sorted(labels.items()))
+
+
+@dataclass
+class ResourceToTelemetryConfig:
+    enabled: bool = True
+
+
+@dataclass
+class PrometheusExporterConfig:
+    endpoint: str = DEFAULT_ENDPOINT
+    namespace: str = ""
+    const_labels: dict[str, str] = field(default_factory=dict)
+    send_timestamps: bool = False
+    metric_expiration: Duration = field(default_factory=lambda: Duration(300))
+    resource_to_telemetry_conversion: ResourceToTelemetryConfig = field(default_factory=ResourceToTelemetryConfig)
+    add_metric_suffixes: bool = True
+    ratio_suffix: bool = False  # the Collector appends _ratio to gauges of unit "1"; we do not by default
+    passthrough: bool = True  # also serve gauges and cumulative sums passed through from an otlp receiver
+    tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)  # on when cert_file is set
+
+    def validate(self) -> None:
+        try:
+            parse_endpoint(self.endpoint)
+        except ValueError as exc:
+            raise FieldError("endpoint", str(exc)) from None
+        require(self.metric_expiration > 0, "metric_expiration", "must be positive")
+        require(not self.namespace or re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace) is not None,
+                "namespace", f"must be a valid Prometheus name prefix, got {self.namespace!r}")
+
+
+@dataclass(slots=True)
+class _Series:
+    value: float
+    time_unix_nano: int
+    updated: float  # the exporter's clock when the point arrived
+
+
+@dataclass(slots=True)
+class _Family:
+    counter: bool
+    help: str
+    series: dict[tuple[tuple[str, str], ...], _Series] = field(default_factory=dict)
+
+
+class PrometheusExporter(Exporter):
+    def __init__(self, config: PrometheusExporterConfig, context: Context):
+        super().__init__(config, context)
+        self._lock = threading.Lock()
+        self._families: dict[str, _Family] = {}
+        self._targets: dict[tuple[tuple[str, str], ...], float] = {}  # target_info label sets
+        self._warned: set[str] = set()
+        self.clock: Callable[[], float] = time.monotonic  # a seam for expiration tests
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    # --- accepting points -----------------------------------------------------------------
+
+    def export(self, batch: Batch) -> None:
+        now = self.clock()
+        with self._lock:
+            for point in batch.points:
+                self._put(point, now)
+            if self.config.passthrough and batch.passthrough:
+                for point in _passthrough_points(batch.passthrough, self._warn_once):
+                    self._put(point, now)
+
+    def _put(self, point: MetricPoint, now: float) -> None:
+        cfg = self.config
+        info = METRICS.get(point.name)
+        unit = info.unit if info else point.unit
+        name = prometheus_name(point.name, unit, counter=point.monotonic, namespace=cfg.namespace,
+                               add_suffixes=cfg.add_metric_suffixes, ratio_suffix=cfg.ratio_suffix)
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = _Family(point.monotonic, info.description if info else point.name)
+        elif family.counter != point.monotonic:
+            self._warn_once(f"type:{name}", "metric %s is both a counter and a gauge; the %s points are dropped",
+                            name, "counter" if point.monotonic else "gauge")
+            return
+        if cfg.resource_to_telemetry_conversion.enabled:
+            labels = to_labels(point.resource, point.attributes, cfg.const_labels.items())
+        else:
+            resource = dict(point.resource)
+            identity = _job_instance(resource)
+            labels = to_labels(point.attributes, identity.items(), cfg.const_labels.items())
+            target = to_labels(identity.items(), ((k, v) for k, v in resource.items()
+                                                  if k not in ("service.name", "service.namespace",
+                                                               "service.instance.id")))
+            self._targets[target] = now
+        current = family.series.get(labels)
+        if current is None or point.time_unix_nano >= current.time_unix_nano:
+            family.series[labels] = _Series(float(point.value), point.time_unix_nano, now)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.log.warning(message, *args)
+
+    # --- serving --------------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """Drop series older than metric_expiration (also done on every scrape)."""
+        limit = self.clock() - float(self.config.metric_expiration)
+        with self._lock:
+            for name in list(self._families):
+                family = self._families[name]
+                for labels in [k for k, s in family.series.items() if s.updated < limit]:
+                    del family.series[labels]
+                if not family.series:
+                    del self._families[name]
+            for labels in [k for k, t in self._targets.items() if t < limit]:
+                del self._targets[labels]
+
+    def snapshot(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """Prometheus name -> labels -> value, as the next scrape would serve (after expiry)."""
+        self.expire()
+        with self._lock:
+            return {name: {labels: s.value for labels, s in family.series.items()}
+                    for name, family in self._families.items()}
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus_client's Collector protocol: one family per name, from our latest points."""
+        from prometheus_client.metrics_core import Metric
+
+        self.expire()
+        with self._lock:
+            families = [(name, family.counter, family.help, list(family.series.items()))
+                        for name, family in self._families.items()]
+            targets = list(self._targets)
+        for name, counter, help_text, series in sorted(families):
+            metric = Metric(name, help_text, "counter" if counter else "gauge")
+            sample_name = f"{name}_total" if counter else name
+            for labels, s in series:
+                stamp = s.time_unix_nano / 1e9 if self.config.send_timestamps and s.time_unix_nano else None
+                metric.add_sample(sample_name, dict(labels), s.value, stamp)
+            yield metric
+        if targets:
+            info = Metric("target", "Target metadata (resource attributes)", "info")
+            for labels in targets:
+                info.add_sample("target_info", dict(labels), 1.0)
+            yield info
+
+    def start(self) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        host, port = parse_endpoint(self.config.endpoint)
+        tls = self.config.tls
+        kwargs: dict[str, Any] = {}
+        if tls.enabled:
+            kwargs = {"certfile": tls.cert_file, "keyfile": tls.key_file,
+                      "client_cafile": tls.client_ca_file or None, "client_auth_required": bool(tls.client_ca_file)}
+        self._server, self._thread = start_http_server(port, addr=host or "0.0.0.0", registry=registry, **kwargs)
+        self.port = self._server.server_port
+        if not is_loopback(host):
+            self.log.warning("Prometheus endpoint %s is reachable from other hosts%s", self.config.endpoint,
+                             "" if tls.enabled else " without TLS")
+        self.log.info("serving Prometheus metrics on http%s://%s:%d/metrics", "s" if tls.enabled else "",
+                      host or "0.0.0.0", self.port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def _job_instance(resource: dict[str, Any]) -> dict[str, str]:
+    """The Collector's job/instance labels from service.namespace/name and service.instance.id."""
+    out = {}
+    name = resource.get("service.name")
+    if name:
+        namespace = resource.get("service.namespace")
+        out["job"] = f"{namespace}/{name}" if namespace else str(name)
+    if resource.get("service.instance.id"):
+        out["instance"] = str(resource["service.instance.id"])
+    return out
+
+
+def _passthrough_points(resource_metrics: Iterable[Any], warn: Callable[..., None]) -> Iterator[MetricPoint]:
+    """Gauges and cumulative sums of passed-through OTLP ResourceMetrics as points."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_DELTA, ResourceMetrics
+
+    from otel_ofu.otlp import attributes_of
+
+    for rm in resource_metrics:
+        if not isinstance(rm, ResourceMetrics):
+            continue
+        resource = attributes_of(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                if kind not in ("gauge", "sum"):
+                    warn(f"kind:{metric.name}", "metric %s is a %s: not served (gauges and sums only)",
+                         metric.name, kind)
+                    continue
+                data = getattr(metric, kind)
+                if kind == "sum" and data.aggregation_temporality == AGGREGATION_TEMPORALITY_DELTA:
+                    warn(f"delta:{metric.name}", "metric %s is a delta sum: not served (cumulative only)", metric.name)
+                    continue
+                monotonic = kind == "sum" and data.is_monotonic
+                for dp in data.data_points:
+                    if dp.flags & 1:  # no recorded value (a staleness marker)
+                        continue
+                    value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+                    yield MetricPoint(metric.name, value, dp.time_unix_nano, resource, attributes_of(dp.attributes),
+                                      metric.unit, monotonic, dp.start_time_unix_nano)
+
+
+FACTORY = Factory("prometheus", PrometheusExporterConfig, PrometheusExporter,
+                  "serves the latest points on a Prometheus /metrics endpoint")

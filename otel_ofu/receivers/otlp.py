@@ -1,0 +1,525 @@
+"""The ``otlp`` receiver: OTLP metrics over gRPC and HTTP (protobuf and JSON), e.g. from a Collector.
+
+It makes otel-ofu a processing stage behind an OpenTelemetry Collector: the Collector sends
+DCGM metrics (from its Prometheus receiver scraping dcgm-exporter, or from dcgmreceiver), the
+TPA and SM clock points are joined into GPU samples (:mod:`otel_ofu.otlp_join`) for the
+``ofu`` processor, and every other metric passes through untouched to the exporters.
+
+Secure by default: it listens on 127.0.0.1 unless told otherwise, supports TLS and mTLS per
+protocol, bearer-token auth and a maximum request size. A malformed, oversized or
+unauthenticated request gets the proper gRPC status / HTTP code, is counted in
+``otel_ofu.receiver.requests`` (attribute ``outcome``) and never stops the receiver.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import socket
+import ssl
+import threading
+import zlib
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from otel_ofu import otlp_join
+from otel_ofu.component import Consumer, Context, Factory, Receiver
+from otel_ofu.config import Duration, FieldError, build_config, require
+from otel_ofu.metrics import MetricInfo, register
+from otel_ofu.model import Batch
+
+REQUESTS = register(MetricInfo(
+    "otel_ofu.receiver.requests", "{request}", "sum",
+    "OTLP export requests a push receiver got, by receiver, protocol (grpc, http) and outcome: accepted, "
+    "malformed, too_large, unauthenticated, unsupported_media_type, not_found, method_not_allowed, "
+    "length_required, tls_handshake, internal."))
+SAMPLES = register(MetricInfo(
+    "otel_ofu.receiver.samples", "{window}", "sum",
+    "GPU windows (TPA joined with SM clock) a push receiver extracted from the metrics it received."))
+
+DEFAULT_GRPC_ENDPOINT = "127.0.0.1:4317"
+DEFAULT_HTTP_ENDPOINT = "127.0.0.1:4318"
+DEFAULT_MAX_REQUEST_SIZE = 16 * 1024 * 1024
+METRICS_PATH = "/v1/metrics"
+GRPC_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+# gRPC itself refuses messages above this multiple of max_request_size (RESOURCE_EXHAUSTED,
+# before otel-ofu sees them, so those are not counted); between the two, we refuse and count.
+GRPC_HARD_LIMIT_FACTOR = 4
+HTTP_TIMEOUT_S = 30.0
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class _Unset:
+    """Marks a protocol key that is absent (disabled), as opposed to present but empty (defaults)."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET: Any = _Unset()
+
+
+@dataclass
+class ServerTlsConfig:
+    """TLS is on when cert_file and key_file are set; client_ca_file adds mTLS."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""  # set: clients must present a certificate signed by this CA (mTLS)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+    def validate(self) -> None:
+        require(bool(self.cert_file) == bool(self.key_file), "cert_file" if not self.cert_file else "key_file",
+                "a TLS server needs both cert_file and key_file")
+        require(not self.client_ca_file or self.enabled, "client_ca_file",
+                "mTLS needs the server's own cert_file and key_file too")
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, key)
+            require(not path or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
+
+
+@dataclass
+class ProtocolConfig:
+    endpoint: str = ""
+    tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)
+
+    def validate(self) -> None:
+        try:
+            parse_endpoint(self.endpoint)
+        except ValueError as exc:
+            raise FieldError("endpoint", str(exc)) from None
+
+
+@dataclass
+class ProtocolsConfig:
+    # As in the Collector: a protocol is enabled by its key (``grpc:`` alone means defaults).
+    grpc: Any = UNSET
+    http: Any = UNSET
+
+    def validate(self) -> None:
+        require(self.grpc is not UNSET or self.http is not UNSET, "protocols",
+                "enable at least one of grpc or http")
+        for name, default in (("grpc", DEFAULT_GRPC_ENDPOINT), ("http", DEFAULT_HTTP_ENDPOINT)):
+            value = getattr(self, name)
+            if value is UNSET or isinstance(value, ProtocolConfig):
+                continue
+            require(value is None or isinstance(value, dict), name, f"expected a mapping, got {value!r}")
+            data = dict(value or {})
+            data.setdefault("endpoint", default)
+            setattr(self, name, build_config(ProtocolConfig, data, prefix=f"{name}."))
+
+
+def _both_protocols() -> ProtocolsConfig:
+    protocols = ProtocolsConfig(grpc=None, http=None)
+    protocols.validate()
+    return protocols
+
+
+@dataclass
+class AuthConfig:
+    bearer_token: str = ""
+    bearer_token_file: str = ""
+
+    def validate(self) -> None:
+        require(not (self.bearer_token and self.bearer_token_file), "bearer_token_file",
+                "set either bearer_token or bearer_token_file, not both")
+        require(not self.bearer_token_file or Path(self.bearer_token_file).expanduser().is_file(),
+                "bearer_token_file", f"file {self.bearer_token_file!r} does not exist")
+
+    def token(self) -> str:
+        if self.bearer_token_file:
+            return Path(self.bearer_token_file).expanduser().read_text().strip()
+        return self.bearer_token
+
+
+@dataclass
+class OtlpReceiverConfig:
+    protocols: ProtocolsConfig = field(default_factory=_both_protocols)
+    auth: AuthConfig = field(default_factory=AuthConfig)  # no token set: no authentication
+    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE  # bytes, after decompression
+    passthrough: bool = True  # forward metrics that are not TPA/clock inputs to the exporters
+    window: Duration = field(default_factory=lambda: Duration(30))  # the source's TPA window (dcgm-exporter -c)
+    join_tolerance: Duration = field(default_factory=lambda: Duration(5))  # clock vs TPA timestamp distance
+
+    def validate(self) -> None:
+        require(self.max_request_size >= 1024, "max_request_size", "must be at least 1024 bytes")
+        require(self.window > 0, "window", "must be positive")
+        require(self.join_tolerance >= 0, "join_tolerance", "must not be negative")
+
+    def grpc(self) -> ProtocolConfig | None:
+        return self.protocols.grpc if isinstance(self.protocols.grpc, ProtocolConfig) else None
+
+    def http(self) -> ProtocolConfig | None:
+        return self.protocols.http if isinstance(self.protocols.http, ProtocolConfig) else None
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``host:port`` / ``[v6]:port`` -> (host, port). An empty host (``:4317``) means all interfaces."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port, got {text!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class RequestRefused(Exception):
+    """A request otel-ofu will not take: ``outcome`` is the telemetry attribute value."""
+
+    def __init__(self, outcome: str, message: str):
+        self.outcome = outcome
+        super().__init__(message)
+
+
+class OtlpReceiver(Receiver):
+    def __init__(self, config: OtlpReceiverConfig, context: Context, consumer: Consumer):
+        super().__init__(config, context, consumer)
+        self._token = ""
+        self._grpc_server: Any = None
+        self._http_server: _HttpServer | None = None
+        self._http_thread: threading.Thread | None = None
+        self.grpc_port: int | None = None  # the bound ports (useful with port 0)
+        self.http_port: int | None = None
+
+    # --- shared request path --------------------------------------------------------------
+
+    def count(self, protocol: str, outcome: str) -> None:
+        self.context.telemetry.add(REQUESTS.name, 1, receiver=self.context.component_id, protocol=protocol,
+                                   outcome=outcome)
+
+    def authorized(self, header: str | None) -> bool:
+        if not self._token:
+            return True
+        scheme, _, credentials = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._token.encode())
+
+    def accept(self, request: Any, protocol: str) -> None:
+        """Join, hand to the pipeline and count one decoded ExportMetricsServiceRequest."""
+        try:
+            samples, rest = otlp_join.split_request(request, window_s=float(self.config.window),
+                                                    tolerance_s=float(self.config.join_tolerance),
+                                                    passthrough=self.config.passthrough)
+            if samples or rest:
+                self.consumer(Batch(samples=samples, passthrough=list(rest)))
+        except Exception as exc:
+            self.log.exception("failed on a received request")
+            raise RequestRefused("internal", "otel-ofu failed on this request") from exc
+        if samples:
+            self.context.telemetry.add(SAMPLES.name, len(samples), receiver=self.context.component_id)
+        self.count(protocol, "accepted")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._token = self.config.auth.token()
+        grpc_cfg, http_cfg = self.config.grpc(), self.config.http()
+        try:
+            if grpc_cfg is not None:
+                self._start_grpc(grpc_cfg)
+            if http_cfg is not None:
+                self._start_http(http_cfg)
+        except Exception:
+            self.shutdown()
+            raise
+
+    def _warn_if_exposed(self, protocol: str, cfg: ProtocolConfig, host: str) -> None:
+        if is_loopback(host):
+            return
+        missing = [what for what, ok in (("TLS", cfg.tls.enabled), ("auth", bool(self._token))) if not ok]
+        if missing:
+            self.log.warning("%s endpoint %s is reachable from other hosts without %s", protocol, cfg.endpoint,
+                             " and ".join(missing))
+
+    def _start_grpc(self, cfg: ProtocolConfig) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        limit = self.config.max_request_size * GRPC_HARD_LIMIT_FACTOR
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=self.context.component_id),
+                             options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.so_reuseport", 0)])
+        handler = grpc.method_handlers_generic_handler(GRPC_SERVICE, {
+            "Export": grpc.unary_unary_rpc_method_handler(self._grpc_export),  # raw bytes in and out
+        })
+        server.add_generic_rpc_handlers((handler,))
+        host, port = parse_endpoint(cfg.endpoint)
+        address = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
+        if cfg.tls.enabled:
+            creds = grpc.ssl_server_credentials(
+                [(_read(cfg.tls.key_file), _read(cfg.tls.cert_file))],
+                root_certificates=_read(cfg.tls.client_ca_file) if cfg.tls.client_ca_file else None,
+                require_client_auth=bool(cfg.tls.client_ca_file))
+            bound = server.add_secure_port(address, creds)
+        else:
+            bound = server.add_insecure_port(address)
+        if not bound:
+            raise OSError(f"otlp receiver: cannot listen on {cfg.endpoint} (gRPC)")
+        server.start()
+        self._grpc_server, self.grpc_port = server, bound
+        self._warn_if_exposed("gRPC", cfg, host)
+        self.log.info("OTLP/gRPC listening on %s:%d%s", host, bound, " (TLS)" if cfg.tls.enabled else "")
+
+    def _grpc_export(self, body: bytes, context: Any) -> bytes:
+        import grpc
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+            ExportMetricsServiceResponse,
+        )
+
+        metadata = dict(context.invocation_metadata())
+        if not self.authorized(metadata.get("authorization")):
+            self.count("grpc", "unauthenticated")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        if len(body) > self.config.max_request_size:
+            self.count("grpc", "too_large")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"request of {len(body)} bytes exceeds max_request_size {self.config.max_request_size}")
+        try:
+            request = ExportMetricsServiceRequest.FromString(body)
+        except DecodeError as exc:
+            self.count("grpc", "malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportMetricsServiceRequest: {exc}")
+        try:
+            self.accept(request, "grpc")
+        except RequestRefused as exc:
+            self.count("grpc", exc.outcome)
+            context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        return ExportMetricsServiceResponse().SerializeToString()
+
+    def _start_http(self, cfg: ProtocolConfig) -> None:
+        host, port = parse_endpoint(cfg.endpoint)
+        context = None
+        if cfg.tls.enabled:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(str(Path(cfg.tls.cert_file).expanduser()),
+                                    str(Path(cfg.tls.key_file).expanduser()))
+            if cfg.tls.client_ca_file:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(str(Path(cfg.tls.client_ca_file).expanduser()))
+        server = _HttpServer((host or "0.0.0.0", port), self, context)
+        self._http_server, self.http_port = server, server.server_address[1]
+        self._http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                             name=f"{self.context.component_id}-http", daemon=True)
+        self._http_thread.start()
+        self._warn_if_exposed("HTTP", cfg, host)
+        self.log.info("OTLP/HTTP listening on %s:%d%s", host, self.http_port, " (TLS)" if context else "")
+
+    def shutdown(self) -> None:
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=2).wait(5)
+            self._grpc_server = None
+        if self._http_server is not None:
+            self._http_server.shutdown()
+            self._http_server.server_close()
+            self._http_server = None
+        if self._http_thread is not None:
+            self._http_thread.join(timeout=5)
+            self._http_thread = None
+
+
+def _read(path: str) -> bytes:
+    return Path(path).expanduser().read_bytes()
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], receiver: OtlpReceiver, tls: ssl.SSLContext | None):
+        self.receiver = receiver
+        self.tls = tls
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _HttpHandler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs here, on the connection's own thread, so a slow or failing
+        # client never blocks the accept loop.
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            request.settimeout(HTTP_TIMEOUT_S)
+            wrapped = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            self.receiver.count("http", "tls_handshake")
+            self.receiver.log.info("TLS handshake with %s failed: %s", client_address[0], exc)
+            return
+        try:
+            super().finish_request(wrapped, client_address)
+        finally:
+            try:
+                wrapped.close()
+            except OSError:
+                pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        self.receiver.log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+_ENCODINGS = ("", "identity", "gzip", "deflate")
+
+
+class _HttpHandler(BaseHTTPRequestHandler):
+    server: _HttpServer
+    protocol_version = "HTTP/1.1"
+    timeout = HTTP_TIMEOUT_S
+    server_version = "otel-ofu"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        self.server.receiver.log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:  # http.server names handlers do_<METHOD>
+        if self.path.split("?")[0] == METRICS_PATH:
+            self._refuse(405, "method_not_allowed", f"POST OTLP metrics to {METRICS_PATH}", PROTOBUF, {"Allow": "POST"})
+        else:
+            self._refuse(404, "not_found", f"OTLP metrics go to {METRICS_PATH}", PROTOBUF)
+
+    do_PUT = do_DELETE = do_PATCH = do_GET
+
+    def do_POST(self) -> None:
+        receiver = self.server.receiver
+        path = self.path.split("?")[0]
+        media = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        reply_as = JSON if media == JSON else PROTOBUF
+        if path != METRICS_PATH:
+            return self._refuse(404, "not_found", f"no such path {path}; OTLP metrics go to {METRICS_PATH}", reply_as)
+        if not receiver.authorized(self.headers.get("Authorization")):
+            return self._refuse(401, "unauthenticated", "missing or wrong bearer token", reply_as,
+                                {"WWW-Authenticate": 'Bearer realm="otel-ofu"'})
+        if media not in (PROTOBUF, JSON):
+            return self._refuse(415, "unsupported_media_type",
+                                f"Content-Type {media or '(none)'} is not supported; use {PROTOBUF} or {JSON}",
+                                reply_as)
+        encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
+        if encoding not in _ENCODINGS:
+            return self._refuse(415, "unsupported_media_type",
+                                f"Content-Encoding {encoding} is not supported (gzip, deflate or none)", reply_as)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or self.headers.get("Content-Length") is None:
+            return self._refuse(411, "length_required", "a Content-Length is required", reply_as)
+        try:
+            length = int(self.headers["Content-Length"])
+        except ValueError:
+            return self._refuse(400, "malformed", "Content-Length is not a number", reply_as)
+        limit = receiver.config.max_request_size
+        if length < 0:
+            return self._refuse(400, "malformed", "negative Content-Length", reply_as)
+        if length > limit:
+            return self._refuse(413, "too_large", f"request of {length} bytes exceeds max_request_size {limit}",
+                                reply_as)
+        body = self.rfile.read(length)
+        if len(body) != length:
+            self.close_connection = True
+            receiver.count("http", "malformed")
+            return None
+        try:
+            body = _decompress(body, encoding, limit)
+        except RequestRefused as exc:
+            return self._refuse(413 if exc.outcome == "too_large" else 400, exc.outcome, str(exc), reply_as,
+                                body_read=True)
+        try:
+            request = _decode(body, media)
+        except ValueError as exc:
+            return self._refuse(400, "malformed", str(exc), reply_as, body_read=True)
+        try:
+            receiver.accept(request, "http")
+        except RequestRefused as exc:
+            return self._refuse(500, exc.outcome, str(exc), reply_as, body_read=True)
+        self._send(200, _response_body(reply_as), reply_as)
+        return None
+
+    def _refuse(self, code: int, outcome: str, message: str, media: str, extra: dict[str, str] | None = None,
+                body_read: bool = False) -> None:
+        self.server.receiver.count("http", outcome)
+        if not body_read:
+            self.close_connection = True  # the unread body must not be taken for the next request
+        self._send(code, _status_body(code, message, media), media, extra)
+
+    def _send(self, code: int, body: bytes, media: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", media)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Inflate gzip/deflate bodies, refusing to produce more than ``limit`` bytes (zip bombs)."""
+    if encoding in ("", "identity"):
+        return body
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise RequestRefused("malformed", f"body is not valid {encoding}: {exc}") from None
+    if len(out) > limit:
+        raise RequestRefused("too_large", f"decompressed request exceeds max_request_size {limit}")
+    if not inflater.eof:
+        raise RequestRefused("malformed", f"truncated {encoding} body")
+    return out
+
+
+def _decode(body: bytes, media: str) -> Any:
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    request = ExportMetricsServiceRequest()
+    if media == JSON:
+        try:
+            json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+        except (json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
+            raise ValueError(f"not an OTLP/JSON ExportMetricsServiceRequest: {exc}") from None
+        return request
+    try:
+        request.ParseFromString(body)
+    except DecodeError as exc:
+        raise ValueError(f"not an OTLP/protobuf ExportMetricsServiceRequest: {exc}") from None
+    return request
+
+
+def _response_body(media: str) -> bytes:
+    if media == JSON:
+        return b"{}"
+    return b""  # an empty ExportMetricsServiceResponse
+
+
+def _status_body(code: int, message: str, media: str) -> bytes:
+    """The OTLP/HTTP error body: a google.rpc.Status in the request's encoding."""
+    grpc_code = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13}.get(code, 2)
+    if media == JSON:
+        return json.dumps({"code": grpc_code, "message": message}).encode()
+    from google.rpc import status_pb2
+
+    return status_pb2.Status(code=grpc_code, message=message).SerializeToString()
+
+
+FACTORY = Factory("otlp", OtlpReceiverConfig, OtlpReceiver,
+                  "OTLP metrics over gRPC and HTTP; joins DCGM TPA and SM clock into GPU samples")

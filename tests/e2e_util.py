@@ -1,0 +1,146 @@
+"""Helpers for the end-to-end tests that run a real Collector or Prometheus next to otel-ofu.
+
+Missing tools skip the test with a message saying how to enable it, except under CI (the
+``CI`` environment variable set), where they fail: CI must run these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from otel_ofu import otlp
+from otel_ofu.model import MetricPoint
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def unavailable(message: str) -> None:
+    """Skip locally; fail under CI."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(message)
+
+
+def collector_binary() -> str:
+    """otelcol-ofu built (or found in the cache) by collector/build.sh; $OTELCOL overrides."""
+    if os.environ.get("OTELCOL"):
+        return os.environ["OTELCOL"]
+    how = "run collector/build.sh (needs Go) to build the otelcol-ofu Collector, or set OTELCOL"
+    try:
+        done = subprocess.run([str(ROOT / "collector" / "build.sh")], capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        unavailable(f"otelcol-ofu unavailable ({exc}): {how}")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        unavailable(f"otelcol-ofu unavailable: {how}\n{tail}")
+    return lines[-1]
+
+
+def prometheus_binary() -> str:
+    found = os.environ.get("PROMETHEUS") or shutil.which("prometheus") or (
+        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
+    if not found:
+        unavailable("prometheus not installed: run collector/install-prometheus.sh (Debian's package), "
+                    "or set PROMETHEUS")
+    return str(found)
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: all held open until all are chosen, so none is handed out twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120.0, interval: float = 0.2,
+             diagnostics: Callable[[], str] = lambda: "") -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{diagnostics()}")
+        time.sleep(interval)
+
+
+def require_alive(*processes: Process) -> None:
+    """Fail at once, with the logs, when a child process has exited (instead of waiting out a deadline)."""
+    dead = [p for p in processes if not p.alive()]
+    if dead:
+        pytest.fail("exited early: " + ", ".join(f"{p.name} (rc {p.proc.returncode})" for p in dead) + "\n"
+                    + "\n".join(p.tail() for p in processes))
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def read_points(path: Path) -> list[MetricPoint]:
+    """Gauge and sum points of an OTLP JSON-lines file (ours or the Collector's), skipping a partial last line."""
+    if not path.exists():
+        return []
+    out: list[MetricPoint] = []
+    for line in path.read_text().splitlines():
+        if not line.strip().startswith('{"resourceMetrics"'):
+            continue
+        try:
+            out += otlp.from_request(otlp.from_json_line(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+class Process:
+    """A child process with its output in a log file, stopped gently at the end."""
+
+    def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None):
+        self.name, self.log = name, log
+        self._file = open(log, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._file, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **(env or {})})
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"--- {self.name} log ({self.log}) ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._file.close()
+        return self.proc.returncode
+
+
+def otel_ofu_command(config: Path) -> list[str]:
+    return [sys.executable, "-m", "otel_ofu", "run", "--config", str(config)]

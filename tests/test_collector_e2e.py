@@ -1,0 +1,227 @@
+"""otel-ofu with a real OpenTelemetry Collector (otelcol-ofu, built by collector/build.sh).
+
+Skipped, with a message saying how to enable them, when the Collector cannot be built (no
+Go); failing instead when CI is set. Configs come from collector-config/ with ports set
+through their environment variables, so the shipped configs are what is tested.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from tests.e2e_util import (
+    ROOT,
+    Process,
+    collector_binary,
+    free_ports,
+    otel_ofu_command,
+    port_open,
+    read_points,
+    require_alive,
+    wait_for,
+)
+from tests.otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request
+
+CONFIGS = ROOT / "collector-config"
+EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+@pytest.fixture(scope="module")
+def otelcol() -> str:
+    return collector_binary()
+
+
+@pytest.fixture
+def processes():
+    started: list[Process] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()
+
+
+def diagnostics(processes: list[Process]):
+    return lambda: "\n".join(p.tail() for p in processes)
+
+
+def start_collector(otelcol: str, config: Path, env: dict[str, str], tmp_path: Path, processes: list[Process],
+                    ports: list[int]) -> Process:
+    proc = Process("otelcol", [otelcol, f"--config=file:{config}"], tmp_path / "otelcol.log", env)
+    processes.append(proc)
+    wait_for(f"the Collector to listen on {ports}",
+             lambda: require_alive(*processes) or all(port_open(p) for p in ports),
+             timeout=120, diagnostics=diagnostics(processes))
+    return proc
+
+
+def start_processor_stage(otelcol: str, tmp_path: Path, processes: list[Process], sink: Path,
+                          dcgm_exporter_port: int) -> int:
+    """otel-ofu (processor-stage.yaml) behind otelcol-ofu-processor.yaml; returns the Collector's OTLP port."""
+    c_grpc, c_http, c_return, o_grpc, o_http = free_ports(5)
+    ofu = Process("otel-ofu", otel_ofu_command(CONFIGS / "processor-stage.yaml"), tmp_path / "otel-ofu.log",
+                  {"OFU_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{o_grpc}", "OFU_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{o_http}",
+                   "OFU_RETURN_ENDPOINT": f"127.0.0.1:{c_return}"})
+    processes.append(ofu)
+    wait_for("otel-ofu's otlp receiver", lambda: require_alive(*processes) or port_open(o_grpc),
+             diagnostics=diagnostics(processes))
+    start_collector(otelcol, CONFIGS / "otelcol-ofu-processor.yaml",
+                    {"OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{c_grpc}", "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{c_http}",
+                     "OTELCOL_RETURN_ENDPOINT": f"127.0.0.1:{c_return}", "OFU_OTLP_ENDPOINT": f"127.0.0.1:{o_grpc}",
+                     "DCGM_EXPORTER_TARGET": f"127.0.0.1:{dcgm_exporter_port}", "DCGM_EXPORTER_INTERVAL": "1s",
+                     "OTELCOL_FILE_PATH": str(sink)}, tmp_path, processes, [c_grpc, c_return])
+    return c_grpc
+
+
+class FakeDcgmExporter:
+    """Serves a recorded dcgm-exporter page on /metrics, as dcgm-exporter does on :9400."""
+
+    def __init__(self, page: Path):
+        body = page.read_bytes()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server names handlers do_<METHOD>
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_every_collector_config_passes_otelcol_validate(otelcol):
+    configs = sorted(CONFIGS.glob("otelcol-*.yaml"))
+    assert configs, "collector-config/ has no otelcol-*.yaml"
+    done = subprocess.run([str(ROOT / "collector" / "validate-configs.sh")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OTELCOL": otelcol})
+    assert done.returncode == 0, done.stdout + done.stderr
+    for config in configs:
+        assert f"ok      collector-config/{config.name}" in done.stdout, done.stdout
+
+
+def test_sidecar_exports_ofu_to_the_collector_with_resources(otelcol, tmp_path, processes):
+    """(a) otel-ofu (sim -> ofu -> otlp exporter) sends to a Collector that writes a file."""
+    grpc_port, http_port = free_ports(2)
+    sink = tmp_path / "collector.jsonl"
+    start_collector(otelcol, CONFIGS / "otelcol-sidecar-sink.yaml",
+                    {"OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+                     "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{http_port}", "OTELCOL_FILE_PATH": str(sink)},
+                    tmp_path, processes, [grpc_port, http_port])
+
+    # The shipped sidecar config, plus a file exporter: what otel-ofu sent, to compare with.
+    doc = yaml.safe_load((CONFIGS / "sidecar-otlp.yaml").read_text())
+    doc["receivers"]["sim"]["time_acceleration"] = 10  # a window per wall second
+    local = tmp_path / "otel-ofu.jsonl"
+    doc["exporters"]["file"] = {"path": str(local)}
+    doc["service"]["pipelines"]["metrics"]["exporters"].append("file")
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    ofu = Process("otel-ofu", otel_ofu_command(config), tmp_path / "otel-ofu.log",
+                  {"OTEL_OFU_OTLP_ENDPOINT": f"127.0.0.1:{grpc_port}", "OTEL_OFU_QUEUE_DIR": str(tmp_path / "queue")})
+    processes.append(ofu)
+
+    def ofu_points(path: Path):
+        return [p for p in read_points(path) if p.name == "gpu.ofu"]
+
+    wait_for("three windows of OFU from otel-ofu",
+             lambda: require_alive(*processes) or len(ofu_points(local)) >= 24, timeout=120,
+             diagnostics=diagnostics(processes))
+    assert ofu.stop() == 0  # SIGTERM: the exporter drains its queue before exiting
+    sent = {(dict(p.resource)["hw.id"], p.time_unix_nano): p for p in ofu_points(local)}
+
+    def all_arrived():
+        got = {(dict(p.resource)["hw.id"], p.time_unix_nano): p for p in ofu_points(sink)}
+        return got if sent.keys() <= got.keys() else None
+
+    arrived = wait_for("every OFU point otel-ofu sent to reach the Collector's file", all_arrived, timeout=120,
+                       diagnostics=diagnostics(processes))
+    assert len({hw_id for hw_id, _ in sent}) == 8
+    for key, point in sent.items():
+        got = arrived[key]
+        assert got.value == point.value
+        assert got.resource == point.resource  # its own resource: host, GPU UUID, model, index
+        assert got.attributes == point.attributes
+        resource = dict(got.resource)
+        assert resource["hw.id"] == key[0] and resource["host.name"] and resource["hw.model"]
+
+
+def test_collector_forwards_dcgm_metrics_to_otel_ofu_and_gets_ofu_back(otelcol, tmp_path, processes):
+    """(b) test -> Collector (OTLP in) -> otel-ofu's otlp receiver -> ofu -> otlp -> Collector -> file."""
+    sink = tmp_path / "collector.jsonl"
+    c_grpc = start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=free_ports(1)[0])
+
+    gpus = [Gpu(0, "GPU-e2e-0", 0.5, 1755.0), Gpu(1, "GPU-e2e-1", 0.3125, 1980.0), Gpu(2, "GPU-e2e-2", 0.8, 1410.0)]
+    t_ns = time.time_ns()
+    body = dcgm_exporter_request(gpus, t_ns, host="gpu-node-7").SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{c_grpc}") as channel:
+        channel.unary_unary(EXPORT)(body, timeout=30)
+
+    def back():
+        points = read_points(sink)
+        ofu_points = {dict(p.resource).get("hw.id"): p for p in points if p.name == "gpu.ofu.raw"}
+        power = [p for p in points if p.name == "DCGM_FI_DEV_POWER_USAGE"]
+        return (ofu_points, power) if len(ofu_points) == 3 and len(power) == 3 else None
+
+    raw, power = wait_for("OFU and the passed-through metrics back in the Collector's file", back, timeout=120,
+                          diagnostics=diagnostics(processes))
+    for g in gpus:
+        point = raw[g.uuid]
+        assert math.isclose(point.value, g.tpa * g.clock_mhz / H100_FREF_MHZ, rel_tol=1e-12), g
+        assert point.time_unix_nano == t_ns  # the window's own time, not when it was processed
+        resource = dict(point.resource)
+        assert resource["host.name"] == "gpu-node-7" and resource["gpu.index"] == str(g.index)
+        assert resource["hw.model"] == "NVIDIA H100 80GB HBM3"
+        assert resource["gpu.pci_bus_id"] == f"00000000:{g.index:02d}:00.0"
+    # Metrics otel-ofu does not use came back unchanged, with the scrape's resource and labels.
+    assert {dict(p.attributes)["UUID"]: p.value for p in power} == {g.uuid: g.power_w for g in gpus}
+    assert all(dict(p.resource)["service.name"] == "dcgm-exporter" for p in power)
+    assert not [p for p in read_points(sink) if p.name in ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_SM_CLOCK")]
+
+
+def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(otelcol, tmp_path, processes):
+    """(c) the Collector's own prometheus receiver scrapes a dcgm-exporter page; OFU comes back."""
+    exporter = FakeDcgmExporter(ROOT / "tests" / "data" / "dcgm-exporter" / "h100.prom")
+    try:
+        sink = tmp_path / "collector.jsonl"
+        start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=exporter.port)
+
+        def back():
+            points = read_points(sink)
+            names = {p.name for p in points}
+            return points if {"gpu.ofu.raw", "gpu.ofu.dropped", "DCGM_FI_DEV_POWER_USAGE"} <= names else None
+
+        points = wait_for("OFU from the scraped page back in the Collector's file", back, timeout=120,
+                          diagnostics=diagnostics(processes))
+    finally:
+        exporter.close()
+    # h100.prom: GPU 0 TPA 0.929260 at 1410 MHz; GPU 1's TPA is a leaked DCGM blank sentinel.
+    [raw] = {p.value: p for p in points if p.name == "gpu.ofu.raw"}.values()
+    assert math.isclose(raw.value, 0.929260 * 1410 / H100_FREF_MHZ, rel_tol=1e-12)
+    resource = dict(raw.resource)
+    assert resource["hw.id"] == "GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60"
+    assert resource["host.name"] == "gpu-node-h100-01" and resource["k8s.pod.name"] == "llama-70b-pretrain-0"
+    assert "service.name" not in resource  # the scrape target is not the GPU
+    dropped = [p for p in points if p.name == "gpu.ofu.dropped"]
+    assert {dict(p.resource)["hw.id"] for p in dropped} == {"GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c61"}
+    assert {dict(p.attributes)["ofu.drop.reason"] for p in dropped} <= {"blank", "not_supported"}
+    assert not [p for p in points if p.name == "gpu.ofu" and dict(p.resource)["hw.id"].endswith("61")]  # never 0
+    power = {dict(p.attributes)["UUID"]: p.value for p in points if p.name == "DCGM_FI_DEV_POWER_USAGE"}
+    assert power["GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60"] == 612.304
