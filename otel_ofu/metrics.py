@@ -61,7 +61,7 @@ def register(info: MetricInfo) -> MetricInfo:
 
 
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
-# ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (docs/exporters-otlp.md).
+# ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (README.md, section Shipping OTLP).
 register(MetricInfo("otel_ofu.exporter.queue.size", "{batch}", "gauge",
                     "Export requests accepted and not yet sent or dropped (waiting and in flight)."))
 register(MetricInfo("otel_ofu.exporter.queue.capacity", "{batch}", "gauge",

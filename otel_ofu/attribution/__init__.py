@@ -1,6 +1,6 @@
 """Job attribution: who holds each GPU (Kubernetes pod, Slurm job, a config rule) and in
 which precision. The ``attribution`` processor (otel_ofu.processors.attribution) ties the
-sources in this package together; docs/attribution.md is the user-facing description.
+sources in this package together; README.md, section Attribution is the user-facing description.
 """
 
 from __future__ import annotations

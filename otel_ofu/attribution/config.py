@@ -1,4 +1,4 @@
-"""The ``attribution`` processor's config (docs/attribution.md describes every key)."""
+"""The ``attribution`` processor's config (README.md, section Attribution describes every key)."""
 
 from __future__ import annotations
 

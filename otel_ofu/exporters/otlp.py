@@ -5,7 +5,7 @@ timestamps and resources, see :mod:`otel_ofu.exporters.otlp_encoding`) and hands
 serialized requests to :class:`otel_ofu.delivery.Delivery`, which sends them from a bounded
 queue on its own threads. Points go out as OTLP metrics; Batch.events as OTLP logs, built by
 :func:`otel_ofu.otlp.events_to_request` (raw protobuf: the SDK's log data classes are still
-experimental) and sent over the same channel/session. Settings: docs/exporters-otlp.md.
+experimental) and sent over the same channel/session. Settings: README.md, section Shipping OTLP.
 """
 
 from __future__ import annotations

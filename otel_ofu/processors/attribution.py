@@ -6,7 +6,7 @@ Place it before ``ofu`` (receiver -> attribution -> ofu -> ...): it sets ``sampl
 GPU processes through /proc (cgroup and environment), dcgm-exporter labels already on the
 sample, and static rules. Lookups run on a background thread every ``refresh_interval``; the
 hot path reads the last snapshot, plus one /proc read for a pid it has not seen before.
-docs/attribution.md describes sources, precedence, attributes and limits.
+README.md, section Attribution describes sources, precedence, attributes and limits.
 """
 
 from __future__ import annotations
