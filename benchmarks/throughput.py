@@ -1,0 +1,310 @@
+"""Throughput: OTLP requests of dcgm-exporter metrics through decode, join, attribution, OFU, encode.
+
+Why: we claim one core keeps up with a 100,000-GPU fleet at a 10 s interval. The input is
+what a Collector's prometheus receiver (scraping dcgm-exporter on every node, batch
+processor of 8192 points) sends to otel-ofu's OTLP receiver: per node one ResourceMetrics
+(scrape-target resource, the receiver's scope), per GPU TPA, SM clock and 20 other DCGM
+fields with dcgm-exporter's labels (gpu, UUID, pci_bus_id, device, modelName, Hostname,
+driver version, pod, namespace, container), plus the scrape's own series (up, ...).
+
+Each request goes through the real code: ``ExportMetricsServiceRequest.FromString`` ->
+``otlp_join.split_request`` (join; the other fields pass through untouched) -> the
+``attribution`` processor (job from the pod labels) -> the ``ofu`` processor -> the OTLP
+exporter's encoding (``otlp_encoding.metrics_payload``). In the same loop, on the same
+bytes, the floor: protobuf decode + re-encode alone. Requests are generated one at a time
+outside the timed region, so N = 100,000 needs no gigabytes.
+
+    python benchmarks/throughput.py                  # N = 1,000 and 100,000 (a couple of minutes)
+    python benchmarks/throughput.py --quick --json   # N = 1,000 only, 1 repetition
+    python benchmarks/throughput.py --profile        # cProfile the pipeline on N = 1,000
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, ResourceMetrics
+
+from otel_ofu import otlp, otlp_join
+from otel_ofu.component import Context
+from otel_ofu.config import build_config
+from otel_ofu.exporters.otlp_encoding import count_data_points, metrics_payload
+from otel_ofu.model import Batch
+from otel_ofu.processors.attribution import FACTORY as ATTRIBUTION
+from otel_ofu.processors.ofu import FACTORY as OFU
+
+GPUS_PER_NODE = 8
+BATCH_POINTS = 8192  # the Collector batch processor's send_batch_size default
+INTERVAL_S = 10.0
+SCOPE = "github.com/open-telemetry/opentelemetry-collector-contrib/receiver/prometheusreceiver"
+
+# dcgm-exporter's default counters (name, counter?, typical value); TPA and SM clock are the inputs.
+FIELDS: tuple[tuple[str, bool, float], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", False, 1755.0), ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", False, 0.45),
+    ("DCGM_FI_DEV_MEM_CLOCK", False, 2619.0), ("DCGM_FI_DEV_MEMORY_TEMP", False, 41.0),
+    ("DCGM_FI_DEV_GPU_TEMP", False, 58.0), ("DCGM_FI_DEV_POWER_USAGE", False, 612.4),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", True, 8.1e9), ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", True, 0.0),
+    ("DCGM_FI_DEV_GPU_UTIL", False, 100.0), ("DCGM_FI_DEV_MEM_COPY_UTIL", False, 38.0),
+    ("DCGM_FI_DEV_ENC_UTIL", False, 0.0), ("DCGM_FI_DEV_DEC_UTIL", False, 0.0),
+    ("DCGM_FI_DEV_XID_ERRORS", False, 0.0), ("DCGM_FI_DEV_FB_FREE", False, 9000.0),
+    ("DCGM_FI_DEV_FB_USED", False, 72000.0), ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", True, 3.2e12),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", True, 0.0), ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", True, 0.0),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", False, 0.98), ("DCGM_FI_PROF_SM_ACTIVE", False, 0.93),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", False, 0.41), ("DCGM_FI_PROF_PCIE_TX_BYTES", False, 1.2e8),
+)
+SCRAPE_SERIES = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
+                 "scrape_series_added")
+POINTS_PER_NODE = GPUS_PER_NODE * len(FIELDS) + len(SCRAPE_SERIES)
+
+
+def _kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def node_metrics(node: int, t_ns: int, rng: random.Random) -> ResourceMetrics:
+    """One dcgm-exporter scrape of one 8-GPU node, as the prometheus receiver emits it."""
+    host = f"gpu-node-{node:05d}"
+    rm = ResourceMetrics()
+    rm.resource.attributes.extend([_kv("service.name", "dcgm-exporter"), _kv("service.instance.id", f"{host}:9400"),
+                                   _kv("server.address", host), _kv("server.port", "9400"),
+                                   _kv("url.scheme", "http")])
+    sm = rm.scope_metrics.add()
+    sm.scope.name = SCOPE
+    sm.scope.version = "0.115.0"
+    pod = f"train-{node // 4:05d}-worker-{node % 4}"  # a job spans 4 nodes (32 GPUs)
+    labels = []
+    for g in range(GPUS_PER_NODE):
+        h = f"{rng.getrandbits(128):032x}"
+        labels.append([
+            _kv("gpu", str(g)), _kv("UUID", f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"),
+            _kv("pci_bus_id", f"00000000:{0x18 + 0x10 * g:02X}:00.0"), _kv("device", f"nvidia{g}"),
+            _kv("modelName", "NVIDIA H100 80GB HBM3"), _kv("Hostname", host),
+            _kv("DCGM_FI_DRIVER_VERSION", "550.90.07"), _kv("pod", pod), _kv("namespace", "llm-pretrain"),
+            _kv("container", "pytorch"),
+        ])
+    for name, counter, typical in FIELDS:
+        metric = sm.metrics.add(name=name)
+        if counter:
+            metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
+            metric.sum.is_monotonic = True
+            points = metric.sum.data_points
+        else:
+            points = metric.gauge.data_points
+        for g in range(GPUS_PER_NODE):
+            value = typical * (0.9 + 0.2 * rng.random()) if typical else 0.0
+            if name == "DCGM_FI_DEV_SM_CLOCK":
+                value = float(round(value / 15) * 15)
+            dp = points.add(time_unix_nano=t_ns, as_double=value)
+            if counter:
+                dp.start_time_unix_nano = t_ns - 3600 * 10**9
+            dp.attributes.extend(labels[g])
+    for name in SCRAPE_SERIES:
+        sm.metrics.add(name=name).gauge.data_points.add(time_unix_nano=t_ns, as_double=1.0)
+    return rm
+
+
+def requests_for(gpus: int, seed: int) -> Iterator[tuple[bytes, int]]:
+    """Serialized requests for a fleet of ``gpus`` GPUs, batched as a Collector would, with point counts."""
+    rng = random.Random(seed)
+    nodes = max(1, gpus // GPUS_PER_NODE)
+    per_request = max(1, BATCH_POINTS // POINTS_PER_NODE + (BATCH_POINTS % POINTS_PER_NODE > 0))
+    t_ns = 1_764_000_000 * 10**9
+    for first in range(0, nodes, per_request):
+        request = ExportMetricsServiceRequest()
+        count = min(per_request, nodes - first)
+        request.resource_metrics.extend(node_metrics(n, t_ns, rng) for n in range(first, first + count))
+        yield request.SerializeToString(), count * POINTS_PER_NODE
+
+
+@dataclass
+class Pipeline:
+    """The otel-ofu path for one request, timed by stage."""
+
+    attribution: object
+    ofu: object
+    # exporter: otlp_encoding.metrics_payload (SDK data classes), what the otlp exporter sends;
+    # direct: otlp.to_request + the pass-through copied in; concat: otlp.to_request's bytes followed by
+    # the decoded request's own bytes (repeated fields concatenate: no copy of the pass-through).
+    encoder: str = "exporter"
+    stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("decode", "join", "attribution", "ofu", "encode"), 0.0))
+    samples: int = 0
+    points_out: int = 0
+
+    @classmethod
+    def build(cls, encoder: str = "exporter") -> Pipeline:
+        attribution = ATTRIBUTION.create(build_config(ATTRIBUTION.config_type, {"max_jobs": 100_000}),
+                                         Context("attribution"))
+        ofu = OFU.create(build_config(OFU.config_type, {}), Context("ofu"))
+        return cls(attribution, ofu, encoder)
+
+    def encode(self, batch: Batch, request: ExportMetricsServiceRequest) -> tuple[bytes, int] | None:
+        if self.encoder == "exporter":
+            return metrics_payload(batch.points, batch.passthrough)
+        if self.encoder == "concat":  # the join already removed the inputs from ``request`` in place
+            body = otlp.to_request(batch.points).SerializeToString() + request.SerializeToString()
+            return body, len(batch.points) + sum(count_data_points(r) for r in batch.passthrough)
+        request = otlp.to_request(batch.points)
+        forwarded = [r for r in batch.passthrough if isinstance(r, ResourceMetrics)]
+        request.resource_metrics.extend(forwarded)
+        return request.SerializeToString(), len(batch.points) + sum(count_data_points(r) for r in forwarded)
+
+    def check(self, body: bytes) -> list[str]:
+        """Untimed: the encoded output must hold every point the stages produced (nothing lost)."""
+        request = ExportMetricsServiceRequest.FromString(body)
+        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0)
+        batch = self.ofu.process(self.attribution.process(  # type: ignore[attr-defined]
+            Batch(samples=samples, passthrough=list(rest))))
+        payload = self.encode(batch, request)
+        problems = []
+        if payload is None:
+            return ["the pipeline produced nothing"]
+        decoded = ExportMetricsServiceRequest.FromString(payload[0])
+        actual = sum(count_data_points(r) for r in decoded.resource_metrics)
+        if actual != payload[1]:
+            problems.append(f"encoded request holds {actual} data points but {payload[1]} were produced "
+                            f"({payload[1] - actual} lost in encoding)")
+        ofu_points = sum(1 for p in batch.points if p.name == "gpu.ofu")
+        if ofu_points != len(samples):
+            problems.append(f"{len(samples)} GPU samples joined but {ofu_points} gpu.ofu points")
+        return problems
+
+    def run(self, body: bytes) -> float:
+        t0 = time.perf_counter()
+        request = ExportMetricsServiceRequest.FromString(body)
+        t1 = time.perf_counter()
+        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0)
+        t2 = time.perf_counter()
+        batch = self.attribution.process(Batch(samples=samples, passthrough=list(rest)))  # type: ignore[attr-defined]
+        t3 = time.perf_counter()
+        batch = self.ofu.process(batch)  # type: ignore[attr-defined]
+        t4 = time.perf_counter()
+        payload = self.encode(batch, request)
+        t5 = time.perf_counter()
+        for stage, dt in zip(self.stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            self.stages[stage] += dt
+        self.samples += len(samples)
+        self.points_out += payload[1] if payload else 0
+        return t5 - t0
+
+
+def floor(body: bytes) -> float:
+    """The floor for any Python stage: protobuf decode and re-encode of the same request."""
+    t0 = time.perf_counter()
+    ExportMetricsServiceRequest.FromString(body).SerializeToString()
+    return time.perf_counter() - t0
+
+
+def measure(gpus: int, reps: int, seed: int, encoder: str = "exporter") -> dict:
+    """Per request: ``reps`` alternating floor/pipeline runs, the median of each."""
+    pipeline = Pipeline.build(encoder)
+    problems: list[str] = []
+    points = requests_n = 0
+    ofu_times: list[float] = []
+    floor_times: list[float] = []
+    generate = 0.0
+    t_gen = time.perf_counter()
+    for body, n in requests_for(gpus, seed):
+        generate += time.perf_counter() - t_gen
+        if requests_n == 0:
+            problems = Pipeline.build(encoder).check(body)
+        f, o = [], []
+        for _ in range(reps):
+            f.append(floor(body))
+            o.append(pipeline.run(body))
+        floor_times.append(statistics.median(f))
+        ofu_times.append(statistics.median(o))
+        points += n
+        requests_n += 1
+        t_gen = time.perf_counter()
+    ofu_total, floor_total = sum(ofu_times), sum(floor_times)
+    ofu_rate, floor_rate = points / ofu_total, points / floor_total
+    stage_share = {k: v / reps / ofu_total for k, v in pipeline.stages.items()}
+    return {
+        "gpus": gpus, "requests": requests_n, "points_in": points, "points_per_request": points / requests_n,
+        "reps": reps, "ofu_points_per_s": ofu_rate, "floor_points_per_s": floor_rate, "ratio": ofu_rate / floor_rate,
+        "ofu_s_per_interval": ofu_total, "floor_s_per_interval": floor_total,
+        "gpus_per_core_at_10s": gpus * INTERVAL_S / ofu_total, "keeps_up_at_10s": ofu_total < INTERVAL_S,
+        "samples_joined": pipeline.samples // reps, "points_out": pipeline.points_out // reps,
+        "stage_share": stage_share, "generate_s": generate, "encoder": encoder, "output_problems": problems,
+    }
+
+
+def profile(gpus: int, seed: int, encoder: str, top: int = 18) -> str:
+    pipeline = Pipeline.build(encoder)
+    bodies = [b for b, _ in requests_for(gpus, seed)]
+    prof = cProfile.Profile()
+    prof.enable()
+    for body in bodies:
+        pipeline.run(body)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=None, help="fleet sizes (default 1000 100000)")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions per request (default 5, 1 above 10k GPUs)")
+    parser.add_argument("--quick", action="store_true", help="N = 1,000 only, 1 repetition")
+    parser.add_argument("--profile", action="store_true", help="also cProfile the pipeline on the first N")
+    parser.add_argument("--encoder", choices=["exporter", "direct", "concat"], default="exporter",
+                        help="exporter: the otlp exporter's encoding (default); direct/concat: alternatives "
+                        "(see Pipeline.encoder)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    sizes = args.gpus or ([1000] if args.quick else [1000, 100_000])
+    runs = []
+    for n in sizes:
+        reps = args.reps or (1 if args.quick or n > 10_000 else 5)
+        runs.append(measure(n, reps, args.seed, args.encoder))
+    headline = runs[-1]
+    out = {"ofu_points_per_s": headline["ofu_points_per_s"], "floor_points_per_s": headline["floor_points_per_s"],
+           "ratio": headline["ratio"], "gpus": headline["gpus"], "ratio_target_met": headline["ratio"] >= 0.5,
+           "keeps_up_100k_at_10s": next((r["keeps_up_at_10s"] for r in runs if r["gpus"] >= 100_000), None),
+           "output_ok": not any(r["output_problems"] for r in runs), "runs": runs}
+    prof_text = profile(sizes[0], args.seed, args.encoder) if args.profile else ""
+    if args.json:
+        if prof_text:
+            out["profile"] = prof_text
+        json.dump(out, sys.stdout)
+        print()
+        return 0
+    print(f"throughput: {POINTS_PER_NODE} points per 8-GPU node ({len(FIELDS)} DCGM fields per GPU + "
+          f"{len(SCRAPE_SERIES)} scrape series), requests of ~{BATCH_POINTS} points")
+    for r in runs:
+        print(f"\nN = {r['gpus']:,} GPUs: {r['requests']} requests, {r['points_in']:,} points, {r['reps']} rep(s)")
+        print(f"  otel-ofu : {r['ofu_points_per_s']:12,.0f} points/s  ({r['ofu_s_per_interval']:.2f} s per interval)")
+        print(f"  floor    : {r['floor_points_per_s']:12,.0f} points/s  ({r['floor_s_per_interval']:.2f} s)")
+        print(f"  ratio    : {r['ratio']:.3f}   one core at 10 s: {r['gpus_per_core_at_10s']:,.0f} GPUs "
+              f"({'keeps up' if r['keeps_up_at_10s'] else 'does NOT keep up'} with N)")
+        print("  stages   : " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["stage_share"].items()))
+        print(f"  joined {r['samples_joined']:,} GPU samples, {r['points_out']:,} points out "
+              f"(encoder: {r['encoder']})")
+        for problem in r["output_problems"]:
+            print(f"  OUTPUT PROBLEM: {problem}")
+    print(f"\ntarget ratio >= 0.5: {'met' if out['ratio_target_met'] else 'MISSED'} ({out['ratio']:.3f})")
+    if out["keeps_up_100k_at_10s"] is not None:
+        print(f"target one core keeps up with 100,000 GPUs at 10 s: "
+              f"{'met' if out['keeps_up_100k_at_10s'] else 'MISSED'}")
+    if prof_text:
+        print("\n" + prof_text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
