@@ -24,6 +24,8 @@ from otel_ofu.telemetry import Telemetry
 
 log = logging.getLogger("otel_ofu.service")
 
+_MAX_IDLE_WAIT_S = 5.0  # the run loop's longest wait between checks of ``stop``
+
 
 def load_config(path: str) -> ServiceConfig:
     """Read, substitute and validate a config file; raises ConfigError naming the fault."""
@@ -164,7 +166,10 @@ class Service:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
-                stop.wait(min(remaining, 1.0) if remaining is not None else 1.0)
+                # The signal handler sets ``stop`` and interrupts this wait (Linux delivers a
+                # kill(pid) to the main thread); the bound only covers a signal that another
+                # thread took. Not a 1 s poll: an idle node daemon should not wake for nothing.
+                stop.wait(min(remaining, _MAX_IDLE_WAIT_S) if remaining is not None else _MAX_IDLE_WAIT_S)
         finally:
             log.info("otel-ofu shutting down")
             self.shutdown()

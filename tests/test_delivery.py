@@ -101,6 +101,64 @@ def test_released_batch_goes_back_to_the_head(store):
     assert queue.take(timeout=0).payload == b"payload-1"
 
 
+def test_take_blocks_without_polling_until_a_batch_and_stop_taking_wakes_the_rest(store):
+    queue = BoundedQueue(store, capacity=5)
+    got: list[Item | None] = []
+    takers = [threading.Thread(target=lambda: got.append(queue.take())) for _ in range(3)]
+    for taker in takers:
+        taker.start()
+    queue.put(item(1), block=False)
+    assert wait_until(lambda: len(got) == 1)  # one consumer woke for it; the others still wait
+    queue.stop_taking()
+    for taker in takers:
+        taker.join(timeout=60)
+    assert not any(taker.is_alive() for taker in takers)
+    assert sorted((i.payload if i else b"") for i in got) == [b"", b"", b"payload-1"]
+    queue.put(item(2), block=False)
+    assert queue.take() is None  # stopped: nothing more leaves, and nothing is lost
+    assert sorted(queue.pending()) == [("metrics", 1), ("metrics", 2)]
+
+
+def idle_delivery(send, path: Path, consumers: int) -> Delivery:
+    """Consumers that would wait an hour between retries and shutdown that does not drain."""
+    opts = DeliveryOptions(num_consumers=consumers, initial_interval=3600.0, max_interval=3600.0,
+                           max_elapsed_time=0, drain_timeout=0.0, send_timeout=0.0)
+    return Delivery("otlp/idle", send, BoundedQueue(SqliteStore(path), capacity=5), opts, Telemetry(),
+                    __import__("logging").getLogger("t"))
+
+
+def consumer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("otlp/idle-send-")]
+
+
+def test_shutdown_wakes_idle_consumers(tmp_path):
+    delivery = idle_delivery(lambda _: SendResult.success(), tmp_path / "q.sqlite3", consumers=3)
+    delivery.start()
+    delivery.shutdown()
+    assert not consumer_threads()
+
+
+def test_shutdown_interrupts_a_retry_backoff_and_sends_nothing_new(tmp_path):
+    path = tmp_path / "q.sqlite3"
+    attempts: list[bytes] = []
+
+    def send(it: Item) -> SendResult:
+        attempts.append(it.payload)
+        return SendResult.success() if it.payload == b"ok" else SendResult.retry("UNAVAILABLE")
+
+    delivery = idle_delivery(send, path, consumers=4)
+    delivery.start()
+    delivery.submit("metrics", b"ok", 2)
+    delivery.submit("metrics", b"down", 3)
+    assert wait_until(lambda: len(attempts) == 2)  # the second now waits out a backoff of about an hour
+    delivery.shutdown()
+    assert not consumer_threads()
+    assert sorted(attempts) == [b"down", b"ok"]  # the released batch was not taken again while stopping
+    reopened = BoundedQueue(SqliteStore(path), capacity=5)
+    assert reopened.pending() == [("metrics", 3)]  # released, still stored
+    reopened.close()
+
+
 def test_sqlite_queue_survives_reopen_and_is_exclusive(tmp_path):
     path = tmp_path / "q.sqlite3"
     queue = BoundedQueue(SqliteStore(path), capacity=10)

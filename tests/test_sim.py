@@ -1,12 +1,15 @@
 """The simulated fleet's semantics: what each scenario does, deterministically."""
 
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
 from otel_ofu import sim
+from otel_ofu.component import Context
 from otel_ofu.config import build_config
-from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
+from otel_ofu.receivers import sim as sim_receiver
+from otel_ofu.receivers.sim import SimReceiver, SimReceiverConfig, build_fleet, window_batch
 
 START = 1_800_000_000.0
 
@@ -131,3 +134,23 @@ def test_placement_errors_name_the_job():
     with pytest.raises(ValueError, match="'big' needs 9 GPUs"):
         sim.Fleet(nodes=1, gpus_per_node=8, models=["h100_sxm"], jobs=[sim.JobSpec("big", "steady", gpus=9)],
                   seed=1, window_s=10, clock_sample_s=1, start_unix_s=0)
+
+
+def test_receiver_sleeps_until_the_next_window_is_due(monkeypatch):
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(sim_receiver, "time", SimpleNamespace(monotonic=lambda: clock.now, time=lambda: START))
+    cfg = build_config(SimReceiverConfig, {"nodes": 1, "gpus_per_node": 2, "collection_interval": "10s",
+                                           "time_acceleration": 2})
+    got: list = []
+    receiver = SimReceiver(cfg, Context("sim"), got.append)
+    receiver.on_start()
+    assert receiver.interval() == pytest.approx(5.0)  # a 10 s window at x2: due 5 s of wall time from now
+    clock.now += 3.0
+    receiver.poll()
+    assert got == [] and receiver.interval() == pytest.approx(2.0)
+    clock.now += 2.0
+    receiver.poll()
+    assert len(got) == 1 and receiver.interval() == pytest.approx(5.0)
+    clock.now += 12.0  # fell behind (17 s = 34 simulated): catches up at once, then waits for 40
+    receiver.poll()
+    assert len(got) == 3 and receiver.interval() == pytest.approx(3.0)

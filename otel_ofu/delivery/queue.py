@@ -135,11 +135,16 @@ class BoundedQueue:
         self.capacity = capacity
         self._waiting: deque[int] = deque(store.ids())
         self._inflight: set[int] = set()
-        self._cond = threading.Condition()
+        # Two conditions on one lock, as in queue.Queue: a new batch wakes one idle consumer
+        # (not all of them); a finished one wakes whoever waits for room or for the drain.
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)  # consumers in take()
+        self._shrunk = threading.Condition(self._lock)  # put(block=True) and wait_empty()
+        self._stopped = False
         self.high_water = len(self._waiting)  # the most batches ever held at once (tests, benchmarks)
 
     def __len__(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._waiting) + len(self._inflight)
 
     def put(self, item: Item, *, block: bool, timeout: float | None = None) -> list[tuple[str, int]]:
@@ -149,14 +154,14 @@ class BoundedQueue:
         ``block``: drop the oldest waiting batches; QueueFull only if all are in flight.
         """
         evicted: list[tuple[str, int]] = []
-        with self._cond:
+        with self._lock:
             if block:
                 deadline = None if timeout is None else time.monotonic() + timeout
                 while self._length() >= self.capacity:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise QueueFull
-                    self._cond.wait(remaining)
+                    self._shrunk.wait(remaining)
             else:
                 while self._length() >= self.capacity and self._waiting:
                     evicted.append(self.store.remove(self._waiting.popleft()))
@@ -164,15 +169,23 @@ class BoundedQueue:
                     raise QueueFull
             self._waiting.append(self.store.add(item))
             self.high_water = max(self.high_water, self._length())
-            self._cond.notify_all()
+            self._not_empty.notify()
         return evicted
 
-    def take(self, timeout: float) -> Item | None:
-        """The oldest waiting batch, now in flight; None if none came within ``timeout``."""
-        with self._cond:
-            if not self._waiting:
-                self._cond.wait(timeout)
-            if not self._waiting:
+    def take(self, timeout: float | None = None) -> Item | None:
+        """The oldest waiting batch, now in flight; None after ``timeout`` or once stopped.
+
+        Without a timeout it blocks until a batch arrives or :meth:`stop_taking` runs, so an
+        idle consumer costs no wake-ups (a node daemon's consumers are idle almost always).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._waiting and not self._stopped:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._not_empty.wait(remaining)
+            if self._stopped:
                 return None
             item_id = self._waiting.popleft()
             self._inflight.add(item_id)
@@ -180,40 +193,45 @@ class BoundedQueue:
 
     def done(self, item: Item) -> None:
         """Sent or dropped for good: forget it (and delete it from disk)."""
-        with self._cond:
+        with self._lock:
             self.store.remove(item.id)
             self._inflight.discard(item.id)
-            self._cond.notify_all()
+            self._shrunk.notify_all()
 
     def release(self, item: Item) -> None:
         """Not sent (shutting down): back to the head of the queue, still stored."""
-        with self._cond:
+        with self._lock:
             if item.id in self._inflight:
                 self._inflight.discard(item.id)
                 self._waiting.appendleft(item.id)
-            self._cond.notify_all()
+                self._not_empty.notify()
 
     def wait_empty(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             while self._length():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._shrunk.wait(remaining)
             return True
 
     def pending(self) -> list[tuple[str, int]]:
         """(signal, count) of every batch accepted and not done."""
-        with self._cond:
+        with self._lock:
             return [self.store.describe(i) for i in (*self._waiting, *self._inflight)]
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+    def stop_taking(self) -> None:
+        """Shutdown: every blocked and later :meth:`take` returns None; the batches stay stored.
+
+        Set under the lock that ``take`` checks it under, so no consumer can miss it.
+        """
+        with self._lock:
+            self._stopped = True
+            self._not_empty.notify_all()
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self.store.close()
 
     def _length(self) -> int:

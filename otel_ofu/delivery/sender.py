@@ -39,7 +39,7 @@ _OVERFLOW_LOG_INTERVAL_S = 30.0
 @dataclass
 class DeliveryOptions:
     queue_enabled: bool = True
-    num_consumers: int = 10
+    num_consumers: int = 10  # the Collector's; idle consumers block in take() and cost nothing
     block_on_overflow: bool = False
     block_timeout: float = 30.0
     drain_timeout: float = 10.0
@@ -112,12 +112,13 @@ class Delivery:
     # --- consumer side ----------------------------------------------------------------------
 
     def _consume(self) -> None:
+        """One consumer thread: blocks in ``take`` (no polling) until a batch or shutdown."""
         assert self.queue is not None
         while not self._stop.is_set():
             try:
-                item = self.queue.take(timeout=0.5)
-                if item is None:
-                    continue
+                item = self.queue.take()
+                if item is None:  # only after stop_taking: shutting down
+                    return
                 if self._deliver(item):
                     self.queue.done(item)
                 else:
@@ -188,8 +189,8 @@ class Delivery:
             self._stop.set()
             return
         self.queue.wait_empty(self.options.drain_timeout)
-        self._stop.set()
-        self.queue.wake()
+        self._stop.set()  # interrupts retry backoffs (self.wait)
+        self.queue.stop_taking()  # wakes idle consumers
         for thread in self._threads:
             thread.join(timeout=self.options.send_timeout + 5.0)
         left = self.queue.pending()

@@ -64,6 +64,9 @@ class RetryConfig:
 @dataclass
 class QueueConfig:
     enabled: bool = True  # false: export() sends and retries on the caller's thread (the Collector's meaning)
+    # The Collector's default. Kept for a node daemon too: an idle consumer blocks on the queue
+    # (no polling), so the nine a daemon sending every 10 s rarely needs cost no CPU, and ten
+    # keep a slow backend from holding up the next batches.
     num_consumers: int = 10
     queue_size: int = 1000  # batches (export requests) accepted and not yet sent
     # Full queue: false drops the oldest batch (counted); true makes export() wait for room,

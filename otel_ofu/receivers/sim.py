@@ -177,8 +177,15 @@ class SimReceiver(PollingReceiver):
         self.windows_emitted = 0
 
     def interval(self) -> float:
-        # Wake often enough to emit each simulated window close to its wall-clock due time.
-        return min(0.5, float(self.config.collection_interval) / self.config.time_acceleration)
+        """Sleep until the next simulated window is due: one wake-up per window, not a poll.
+
+        The wait is on the stop Event, so shutdown interrupts it however long it is.
+        """
+        window_wall_s = float(self.config.collection_interval) / self.config.time_acceleration
+        if self.fleet is None:  # on_start failed: retry a window later
+            return window_wall_s
+        due_wall_s = (self.fleet.t + float(self.config.collection_interval)) / self.config.time_acceleration
+        return min(max(due_wall_s - (time.monotonic() - self._wall_start), 0.0), window_wall_s)
 
     def on_start(self) -> None:
         start = (datetime.fromisoformat(self.config.start_time).timestamp() if self.config.start_time
