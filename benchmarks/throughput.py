@@ -7,12 +7,14 @@ processor of 8192 points) sends to otel-ofu's OTLP receiver: per node one Resour
 fields with dcgm-exporter's labels (gpu, UUID, pci_bus_id, device, modelName, Hostname,
 driver version, pod, namespace, container), plus the scrape's own series (up, ...).
 
-Each request goes through the real code: ``ExportMetricsServiceRequest.FromString`` ->
-``otlp_join.split_request`` (join; the other fields pass through untouched) -> the
-``attribution`` processor (job from the pod labels) -> the ``ofu`` processor -> the OTLP
-exporter's encoding (``otlp_encoding.metrics_payload``). In the same loop, on the same
-bytes, the floor: protobuf decode + re-encode alone. Requests are generated one at a time
-outside the timed region, so N = 100,000 needs no gigabytes.
+Each request goes through the real code, as the otlp receiver and exporter run it:
+``ExportMetricsServiceRequest.FromString`` -> ``otlp_join.split_request`` (join; the other
+fields pass through untouched, cut from the received bytes) -> the ``attribution``
+processor (job from the pod labels) -> the ``ofu`` processor with the settings of
+``collector-config/processor-stage.yaml`` -> the OTLP exporter's encoding
+(``otlp_encoding.metrics_payload``). In the same loop, on the same bytes, the floor:
+protobuf decode + re-encode alone. Requests are generated one at a time outside the timed
+region, so N = 100,000 needs no gigabytes.
 
     python benchmarks/throughput.py                  # N = 1,000 and 100,000 (a couple of minutes)
     python benchmarks/throughput.py --quick --json   # N = 1,000 only, 1 repetition
@@ -32,7 +34,9 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import yaml
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, ResourceMetrics
@@ -45,6 +49,10 @@ from otel_ofu.model import Batch
 from otel_ofu.processors.attribution import FACTORY as ATTRIBUTION
 from otel_ofu.processors.ofu import FACTORY as OFU
 
+ROOT = Path(__file__).resolve().parent.parent
+# The ofu processor's settings in the shipped processing-stage config (otel-ofu behind a Collector).
+OFU_SETTINGS: dict = yaml.safe_load((ROOT / "collector-config" / "processor-stage.yaml").read_text())[
+    "processors"]["ofu"]
 GPUS_PER_NODE = 8
 BATCH_POINTS = 8192  # the Collector batch processor's send_batch_size default
 INTERVAL_S = 10.0
@@ -130,44 +138,36 @@ def requests_for(gpus: int, seed: int) -> Iterator[tuple[bytes, int]]:
 
 @dataclass
 class Pipeline:
-    """The otel-ofu path for one request, timed by stage."""
+    """The otel-ofu path for one request, timed by stage: what the otlp receiver and exporter run."""
 
     attribution: object
     ofu: object
-    # exporter: otlp_encoding.metrics_payload (SDK data classes), what the otlp exporter sends;
-    # direct: otlp.to_request + the pass-through copied in; concat: otlp.to_request's bytes followed by
-    # the decoded request's own bytes (repeated fields concatenate: no copy of the pass-through).
-    encoder: str = "exporter"
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("decode", "join", "attribution", "ofu", "encode"), 0.0))
     samples: int = 0
     points_out: int = 0
 
     @classmethod
-    def build(cls, encoder: str = "exporter") -> Pipeline:
+    def build(cls) -> Pipeline:
+        """The processors as collector-config/processor-stage.yaml sets them (OFU_SETTINGS), plus attribution."""
         attribution = ATTRIBUTION.create(build_config(ATTRIBUTION.config_type, {"max_jobs": 100_000}),
                                          Context("attribution"))
-        ofu = OFU.create(build_config(OFU.config_type, {}), Context("ofu"))
-        return cls(attribution, ofu, encoder)
+        ofu = OFU.create(build_config(OFU.config_type, OFU_SETTINGS), Context("ofu"))
+        return cls(attribution, ofu)
 
-    def encode(self, batch: Batch, request: ExportMetricsServiceRequest) -> tuple[bytes, int] | None:
-        if self.encoder == "exporter":
-            return metrics_payload(batch.points, batch.passthrough)
-        if self.encoder == "concat":  # the join already removed the inputs from ``request`` in place
-            body = otlp.to_request(batch.points).SerializeToString() + request.SerializeToString()
-            return body, len(batch.points) + sum(count_data_points(r) for r in batch.passthrough)
-        request = otlp.to_request(batch.points)
-        forwarded = [r for r in batch.passthrough if isinstance(r, ResourceMetrics)]
-        request.resource_metrics.extend(forwarded)
-        return request.SerializeToString(), len(batch.points) + sum(count_data_points(r) for r in forwarded)
+    @staticmethod
+    def split(body: bytes) -> tuple[ExportMetricsServiceRequest, list, list]:
+        """Decode, then join; the pass-through is cut from ``body`` as the otlp receiver does."""
+        request = ExportMetricsServiceRequest.FromString(body)
+        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0, wire=body)
+        return request, samples, rest
 
     def check(self, body: bytes) -> list[str]:
         """Untimed: the encoded output must hold every point the stages produced (nothing lost)."""
-        request = ExportMetricsServiceRequest.FromString(body)
-        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0)
+        _, samples, rest = self.split(body)
         batch = self.ofu.process(self.attribution.process(  # type: ignore[attr-defined]
             Batch(samples=samples, passthrough=list(rest))))
-        payload = self.encode(batch, request)
+        payload = metrics_payload(batch.points, batch.passthrough)
         problems = []
         if payload is None:
             return ["the pipeline produced nothing"]
@@ -176,6 +176,9 @@ class Pipeline:
         if actual != payload[1]:
             problems.append(f"encoded request holds {actual} data points but {payload[1]} were produced "
                             f"({payload[1] - actual} lost in encoding)")
+        expected = len(batch.points) + sum(count_data_points(r) for r in otlp.passthrough_messages(batch.passthrough))
+        if actual != expected:
+            problems.append(f"encoded request holds {actual} data points, expected {expected}")
         ofu_points = sum(1 for p in batch.points if p.name == "gpu.ofu")
         if ofu_points != len(samples):
             problems.append(f"{len(samples)} GPU samples joined but {ofu_points} gpu.ofu points")
@@ -185,13 +188,13 @@ class Pipeline:
         t0 = time.perf_counter()
         request = ExportMetricsServiceRequest.FromString(body)
         t1 = time.perf_counter()
-        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0)
+        samples, rest = otlp_join.split_request(request, window_s=30.0, tolerance_s=5.0, wire=body)
         t2 = time.perf_counter()
         batch = self.attribution.process(Batch(samples=samples, passthrough=list(rest)))  # type: ignore[attr-defined]
         t3 = time.perf_counter()
         batch = self.ofu.process(batch)  # type: ignore[attr-defined]
         t4 = time.perf_counter()
-        payload = self.encode(batch, request)
+        payload = metrics_payload(batch.points, batch.passthrough)
         t5 = time.perf_counter()
         for stage, dt in zip(self.stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             self.stages[stage] += dt
@@ -207,9 +210,9 @@ def floor(body: bytes) -> float:
     return time.perf_counter() - t0
 
 
-def measure(gpus: int, reps: int, seed: int, encoder: str = "exporter") -> dict:
+def measure(gpus: int, reps: int, seed: int) -> dict:
     """Per request: ``reps`` alternating floor/pipeline runs, the median of each."""
-    pipeline = Pipeline.build(encoder)
+    pipeline = Pipeline.build()
     problems: list[str] = []
     points = requests_n = 0
     ofu_times: list[float] = []
@@ -219,7 +222,7 @@ def measure(gpus: int, reps: int, seed: int, encoder: str = "exporter") -> dict:
     for body, n in requests_for(gpus, seed):
         generate += time.perf_counter() - t_gen
         if requests_n == 0:
-            problems = Pipeline.build(encoder).check(body)
+            problems = Pipeline.build().check(body)
         f, o = [], []
         for _ in range(reps):
             f.append(floor(body))
@@ -238,12 +241,12 @@ def measure(gpus: int, reps: int, seed: int, encoder: str = "exporter") -> dict:
         "ofu_s_per_interval": ofu_total, "floor_s_per_interval": floor_total,
         "gpus_per_core_at_10s": gpus * INTERVAL_S / ofu_total, "keeps_up_at_10s": ofu_total < INTERVAL_S,
         "samples_joined": pipeline.samples // reps, "points_out": pipeline.points_out // reps,
-        "stage_share": stage_share, "generate_s": generate, "encoder": encoder, "output_problems": problems,
+        "stage_share": stage_share, "generate_s": generate, "output_problems": problems,
     }
 
 
-def profile(gpus: int, seed: int, encoder: str, top: int = 18) -> str:
-    pipeline = Pipeline.build(encoder)
+def profile(gpus: int, seed: int, top: int = 18) -> str:
+    pipeline = Pipeline.build()
     bodies = [b for b, _ in requests_for(gpus, seed)]
     prof = cProfile.Profile()
     prof.enable()
@@ -261,9 +264,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions per request (default 5, 1 above 10k GPUs)")
     parser.add_argument("--quick", action="store_true", help="N = 1,000 only, 1 repetition")
     parser.add_argument("--profile", action="store_true", help="also cProfile the pipeline on the first N")
-    parser.add_argument("--encoder", choices=["exporter", "direct", "concat"], default="exporter",
-                        help="exporter: the otlp exporter's encoding (default); direct/concat: alternatives "
-                        "(see Pipeline.encoder)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -271,13 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for n in sizes:
         reps = args.reps or (1 if args.quick or n > 10_000 else 5)
-        runs.append(measure(n, reps, args.seed, args.encoder))
+        runs.append(measure(n, reps, args.seed))
     headline = runs[-1]
     out = {"ofu_points_per_s": headline["ofu_points_per_s"], "floor_points_per_s": headline["floor_points_per_s"],
            "ratio": headline["ratio"], "gpus": headline["gpus"], "ratio_target_met": headline["ratio"] >= 0.5,
            "keeps_up_100k_at_10s": next((r["keeps_up_at_10s"] for r in runs if r["gpus"] >= 100_000), None),
            "output_ok": not any(r["output_problems"] for r in runs), "runs": runs}
-    prof_text = profile(sizes[0], args.seed, args.encoder) if args.profile else ""
+    prof_text = profile(sizes[0], args.seed) if args.profile else ""
     if args.json:
         if prof_text:
             out["profile"] = prof_text
@@ -293,8 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ratio    : {r['ratio']:.3f}   one core at 10 s: {r['gpus_per_core_at_10s']:,.0f} GPUs "
               f"({'keeps up' if r['keeps_up_at_10s'] else 'does NOT keep up'} with N)")
         print("  stages   : " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["stage_share"].items()))
-        print(f"  joined {r['samples_joined']:,} GPU samples, {r['points_out']:,} points out "
-              f"(encoder: {r['encoder']})")
+        print(f"  joined {r['samples_joined']:,} GPU samples, {r['points_out']:,} points out")
         for problem in r["output_problems"]:
             print(f"  OUTPUT PROBLEM: {problem}")
     print(f"\ntarget ratio >= 0.5: {'met' if out['ratio_target_met'] else 'MISSED'} ({out['ratio']:.3f})")

@@ -32,7 +32,11 @@ Attributes = tuple[tuple[str, Any], ...]
 
 def attrs(mapping: dict[str, Any]) -> Attributes:
     """A hashable, order-independent attribute set (None values are left out)."""
-    return tuple(sorted((k, v) for k, v in mapping.items() if v is not None))
+    items = sorted(mapping.items())  # keys are unique: only keys are compared
+    for _, value in items:
+        if value is None:
+            return tuple([item for item in items if item[1] is not None])
+    return tuple(items)
 
 
 @dataclass(slots=True)
@@ -59,10 +63,8 @@ class GpuSample:
     attributes: dict[str, Any] = field(default_factory=dict)  # extra point attributes
 
     def resource_attributes(self) -> Attributes:
-        base = {HOST_NAME: self.host, HW_ID: self.uuid, HW_MODEL: self.model, HW_VENDOR: "nvidia",
-                GPU_INDEX: str(self.gpu_index)}
-        base.update(self.resource)
-        return attrs(base)
+        return attrs({HOST_NAME: self.host, HW_ID: self.uuid, HW_MODEL: self.model, HW_VENDOR: "nvidia",
+                      GPU_INDEX: str(self.gpu_index), **self.resource})
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ sampling noise a single point sample carries (:func:`mean_clock`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,10 +39,17 @@ def reference_clock(model: str | None, precision: str, reported_max_mhz: float |
     if overrides and model and model in overrides:
         return ReferenceClock(overrides[model], FREF_CONFIG, spec)
     if spec is not None:
-        return ReferenceClock(spec.ref_clock_mhz(precision), FREF_SPEC, spec)
+        return _spec_reference(spec.key, precision)
     if reported_max_mhz:
         return ReferenceClock(reported_max_mhz, FREF_MAX_CLOCK, None)
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec_reference(spec_key: str, precision: str) -> ReferenceClock:
+    """The spec table's f_ref, one (immutable) object per GPU model and precision: asked once per sample."""
+    spec = specs.SPECS_BY_KEY[spec_key]
+    return ReferenceClock(spec.ref_clock_mhz(precision), FREF_SPEC, spec)
 
 
 def ofu_raw(tpa: float, sm_clock_mhz: float, fref_mhz: float) -> float:

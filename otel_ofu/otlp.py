@@ -11,8 +11,11 @@ per line, lowerCamelCase keys, 64-bit integers as strings, enums as integers.
 
 from __future__ import annotations
 
+import functools
 import json
+import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -23,7 +26,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import __version__
-from otel_ofu.metrics import METRICS
+from otel_ofu.metrics import METRICS, MetricInfo
 from otel_ofu.model import Attributes, Event, MetricPoint
 
 SCOPE_NAME = "otel-ofu"
@@ -57,34 +60,245 @@ def attributes_of(key_values: Iterable[KeyValue]) -> Attributes:
     return tuple(sorted((kv.key, from_any_value(kv.value)) for kv in key_values))
 
 
+# --- Points -> serialized OTLP, written straight to the wire format ---------------------------
+#
+# Why bytes and not protobuf objects: building a KeyValue per attribute per point costs more
+# than the rest of the pipeline (benchmarks/throughput.py). A resource or attribute set
+# repeats across a GPU's points, a job's GPUs and every interval, so each (key, value) pair
+# is encoded once (bounded cache) and the messages around it are concatenated. Fields are
+# written in field-number order, as protobuf's own serializer does; tests compare the result
+# with the message-built request.
+
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_TIME_VALUE = struct.Struct("<BQBd")  # NumberDataPoint time_unix_nano and as_double, with their tags
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_PAIR_CACHE_SIZE = 16384  # distinct (key, value) attribute pairs kept encoded
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SHORT = 1 << 12
+_VARINTS = tuple(_varint(n) for n in range(_SHORT))  # every length below 4 KiB (a GPU's metrics), encoded
+
+
+def _len_field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag byte(s), the payload length, the payload."""
+    n = len(payload)
+    return tag + (_VARINTS[n] if n < _SHORT else _varint(n)) + payload
+
+
+def _any_value_bytes(value: Any) -> bytes:
+    """An AnyValue, as :func:`_any_value` builds it (a oneof: its default value is still written)."""
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"Value out of range: {value}")
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+    if isinstance(value, float):
+        return b"\x21" + _F64.pack(value)
+    return _len_field(b"\x0a", str(value).encode())
+
+
+def _key_value_field(tag: bytes, key: str, value: Any) -> bytes:
+    """One KeyValue as a field under ``tag`` (1 in a Resource, 7 in a NumberDataPoint)."""
+    encoded_key = key.encode()
+    head = _len_field(b"\x0a", encoded_key) if encoded_key else b""
+    return _len_field(tag, head + _len_field(b"\x12", _any_value_bytes(value)))
+
+
+# ``typed``: True, 1 and 1.0 are equal keys but encode differently. Floats are not cached
+# (0.0 and -0.0 are equal keys too); attribute values are nearly always strings.
+_cached_key_value_field = functools.lru_cache(maxsize=_PAIR_CACHE_SIZE, typed=True)(_key_value_field)
+
+
+def _attributes_bytes(attributes: Attributes, tag: bytes) -> bytes:
+    """Repeated KeyValue fields under ``tag``: what ``attributes.extend(_key_values(...))`` writes."""
+    try:
+        return b"".join([_key_value_field(tag, k, v) if isinstance(v, float) else _cached_key_value_field(tag, k, v)
+                         for k, v in attributes])
+    except TypeError:  # an unhashable value: encoded, just not cached
+        return b"".join([_key_value_field(tag, k, v) for k, v in attributes])
+
+
+_METRIC_HEADS: dict[tuple[str, str], tuple[MetricInfo | None, bytes]] = {}
+
+
+def _metric_head(name: str, unit: str) -> bytes:
+    """A Metric's name, description and unit fields (everything before its data), built once per metric."""
+    info = METRICS.get(name)
+    cached = _METRIC_HEADS.get((name, unit))
+    if cached is not None and cached[0] is info:
+        return cached[1]
+    head = _len_field(b"\x0a", name.encode())
+    description = info.description if info else ""
+    if description:
+        head += _len_field(b"\x12", description.encode())
+    unit_text = info.unit if info else unit
+    if unit_text:
+        head += _len_field(b"\x1a", unit_text.encode())
+    if len(_METRIC_HEADS) < 4096:  # bounded: names are few, units fewer
+        _METRIC_HEADS[(name, unit)] = (info, head)
+    return head
+
+
+@functools.lru_cache(maxsize=1)
+def _scope_bytes(version: str) -> bytes:
+    """ScopeMetrics.scope: the otel-ofu instrumentation scope."""
+    return _len_field(b"\x0a", _len_field(b"\x0a", SCOPE_NAME.encode()) + _len_field(b"\x12", version.encode()))
+
+
+_SUM_TAIL = b"\x10" + bytes((CUMULATIVE,)) + b"\x18\x01"  # aggregation_temporality, is_monotonic
+
+
+def _data_point(point: MetricPoint, attributes: bytes) -> bytes:
+    """One NumberDataPoint: start time (when set), time, as_double, attributes."""
+    start, t = point.start_time_unix_nano, point.time_unix_nano
+    if t and not start:  # the common case, in one pack
+        return _TIME_VALUE.pack(0x19, t, 0x21, float(point.value)) + attributes
+    body = (b"\x11" + _U64.pack(start)) if start else b""
+    if t:
+        body += b"\x19" + _U64.pack(t)
+    return body + b"\x21" + _F64.pack(float(point.value)) + attributes
+
+
+_GAUGE_PREFIXES: dict[tuple[str, str, int], tuple[MetricInfo | None, bytes]] = {}
+
+
+def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
+    """Everything of a one-point gauge Metric field before its point's time, value and attributes.
+
+    It depends only on the metric and the size of the point's attributes, so each GPU's
+    points reuse it: one lookup instead of three length-prefixed wrappers per point.
+    """
+    info = METRICS.get(name)
+    cached = _GAUGE_PREFIXES.get((name, unit, attributes_size))
+    if cached is not None and cached[0] is info:
+        return cached[1]
+    head = _metric_head(name, unit)
+    point_size = _TIME_VALUE.size + attributes_size
+    point_field = b"\x0a" + _varint(point_size)
+    gauge_field = b"\x2a" + _varint(len(point_field) + point_size)
+    metric_size = len(head) + len(gauge_field) + len(point_field) + point_size
+    prefix = b"\x12" + _varint(metric_size) + head + gauge_field + point_field
+    if len(_GAUGE_PREFIXES) < 4096:
+        _GAUGE_PREFIXES[(name, unit, attributes_size)] = (info, prefix)
+    return prefix
+
+
+def encode_request(points: Iterable[MetricPoint]) -> bytes:
+    """:func:`to_request`'s message, serialized: one ResourceMetrics per resource, a Metric per name."""
+    by_resource: dict[Attributes, dict[str, list[MetricPoint]]] = {}
+    last_resource: Attributes | None = None
+    metrics: dict[str, list[MetricPoint]] = {}
+    for point in points:
+        resource = point.resource
+        if resource is not last_resource:  # a sample's points are adjacent and share one tuple: hash it once
+            metrics = by_resource.setdefault(resource, {})
+            last_resource = resource
+        group = metrics.get(point.name)
+        if group is None:
+            metrics[point.name] = [point]
+        else:
+            group.append(point)
+    scope = _scope_bytes(__version__)
+    point_attributes: dict[int, tuple[Attributes, bytes]] = {}  # id(attributes) -> encoded, for this call
+    prefixes: dict[tuple[str, str, int], bytes] = {}  # _gauge_prefix, for this call
+    pack = _TIME_VALUE.pack
+    out = []
+    for resource, metrics in by_resource.items():
+        parts = [scope]
+        for name, pts in metrics.items():
+            encoded = []
+            for p in pts:
+                attributes = p.attributes
+                cached = point_attributes.get(id(attributes))
+                if cached is None or cached[0] is not attributes:
+                    cached = point_attributes[id(attributes)] = (attributes, _attributes_bytes(attributes, b"\x3a"))
+                encoded.append(cached[1])
+            first = pts[0]
+            if len(pts) == 1 and first.time_unix_nano and not first.start_time_unix_nano and not first.monotonic:
+                # The usual case (one point per GPU and metric in a batch): a cached prefix.
+                key = (name, first.unit, len(encoded[0]))
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    prefix = prefixes[key] = _gauge_prefix(*key)
+                parts.append(prefix + pack(0x19, first.time_unix_nano, 0x21, float(first.value)) + encoded[0])
+                continue
+            data = b"".join([_len_field(b"\x0a", _data_point(p, a)) for p, a in zip(pts, encoded)])
+            if first.monotonic:
+                data = _len_field(b"\x3a", data + _SUM_TAIL)
+            else:
+                data = _len_field(b"\x2a", data)
+            parts.append(_len_field(b"\x12", _metric_head(name, first.unit) + data))
+        rm = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a")) + _len_field(b"\x12", b"".join(parts))
+        out.append(_len_field(b"\x0a", rm))
+    return b"".join(out)
+
+
 def to_request(points: Iterable[MetricPoint]) -> ExportMetricsServiceRequest:
     """Build one export request; points of one resource and name share a Metric."""
-    by_resource: dict[Attributes, dict[str, list[MetricPoint]]] = {}
-    for point in points:
-        by_resource.setdefault(point.resource, {}).setdefault(point.name, []).append(point)
-    request = ExportMetricsServiceRequest()
-    for resource, metrics in by_resource.items():
-        rm = request.resource_metrics.add()
-        rm.resource.attributes.extend(_key_values(resource))
-        sm = rm.scope_metrics.add()
-        sm.scope.name = SCOPE_NAME
-        sm.scope.version = __version__
-        for name, pts in metrics.items():
-            info = METRICS.get(name)
-            metric = sm.metrics.add(name=name, unit=info.unit if info else pts[0].unit,
-                                    description=info.description if info else "")
-            if pts[0].monotonic:
-                metric.sum.aggregation_temporality = CUMULATIVE
-                metric.sum.is_monotonic = True
-                container = metric.sum.data_points
-            else:
-                container = metric.gauge.data_points
-            for p in pts:
-                dp = container.add(time_unix_nano=p.time_unix_nano, as_double=float(p.value))
-                if p.start_time_unix_nano:
-                    dp.start_time_unix_nano = p.start_time_unix_nano
-                dp.attributes.extend(_key_values(p.attributes))
-    return request
+    return ExportMetricsServiceRequest.FromString(encode_request(points))
+
+
+def count_data_points(resource_metrics: metrics_pb2.ResourceMetrics) -> int:
+    """Gauge, sum, histogram and summary data points of one ResourceMetrics."""
+    count = 0
+    for scope_metrics in resource_metrics.scope_metrics:
+        for metric in scope_metrics.metrics:
+            kind = metric.WhichOneof("data")
+            if kind:
+                count += len(getattr(metric, kind).data_points)
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class WireResourceMetrics:
+    """A pass-through ResourceMetrics together with its serialized form, as a request field.
+
+    Why: re-serializing what a receiver forwards untouched costs about as much as decoding it.
+    The otlp receiver keeps the bytes it received (the join's inputs cut out, see
+    :func:`otel_ofu.otlp_join.split_request`), so exporters that send protobuf append them
+    as they are; the others read ``message``.
+    """
+
+    message: metrics_pb2.ResourceMetrics
+    field: bytes  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
+    points: int  # data points in it
+
+
+def passthrough_messages(passthrough: Iterable[object]) -> list[metrics_pb2.ResourceMetrics]:
+    """The OTLP ResourceMetrics among a batch's pass-through objects (kept in their wire form or not)."""
+    out = []
+    for item in passthrough:
+        if isinstance(item, WireResourceMetrics):
+            out.append(item.message)
+        elif isinstance(item, metrics_pb2.ResourceMetrics):
+            out.append(item)
+    return out
+
+
+def forwarded_resource_metrics(passthrough: Iterable[object]) -> list[tuple[bytes, int]]:
+    """Pass-through ResourceMetrics as request fields (tag, length, message) and their point counts.
+
+    Appended to a serialized request they add those ResourceMetrics to it; other pass-through
+    objects are not OTLP metrics and are skipped.
+    """
+    out = []
+    for item in passthrough:
+        if isinstance(item, WireResourceMetrics):
+            out.append((item.field, item.points))
+        elif isinstance(item, metrics_pb2.ResourceMetrics):
+            out.append((_len_field(b"\x0a", item.SerializeToString()), count_data_points(item)))
+    return out
 
 
 def from_request(request: ExportMetricsServiceRequest) -> Iterator[MetricPoint]:

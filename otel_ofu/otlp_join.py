@@ -10,8 +10,9 @@ Two shapes of DCGM data arrive over OTLP (REFERENCE.md sections 6 and 7):
   resource.
 
 :func:`split_request` is pure (no I/O) and is what the ``otlp`` receiver and the throughput
-benchmark call. Its hot path touches only the TPA and clock data points in Python; every
-other metric stays a protobuf object and is passed through without per-point work.
+benchmark call. Its hot path touches only the TPA and clock data points in Python, read from
+their serialized bytes; every other metric is passed through without per-point work, as the
+bytes it arrived in when the caller hands those over (``wire``).
 
 Join rule: a GPU entity (host, index, UUID, MIG instance, pod) gives one sample per TPA data
 point, at the TPA point's time. The clock points of the same entity whose timestamps lie
@@ -26,6 +27,7 @@ it with ``send_batch_max_size``). A TPA point without a clock still makes a samp
 from __future__ import annotations
 
 import bisect
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +36,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu import dcgm_fields
 from otel_ofu.model import HOST_NAME, GpuSample
-from otel_ofu.otlp import from_any_value
+from otel_ofu.otlp import WireResourceMetrics, from_any_value
 from otel_ofu.values import clean_clock
 
 SOURCE = "otlp"
@@ -114,7 +116,7 @@ _NEW: Any = object()
 class _Resource:
     """One ResourceMetrics' attributes, and what every point under it shares, computed once."""
 
-    __slots__ = ("attributes", "labels", "fallback_host", "extra", "key")
+    __slots__ = ("attributes", "labels", "fallback_host", "extra", "key", "by_attribute_bytes")
 
     def __init__(self, rm: ResourceMetrics):
         self.attributes = {kv.key: from_any_value(kv.value) for kv in rm.resource.attributes}
@@ -124,6 +126,81 @@ class _Resource:
         self.extra = {k: v for k, v in self.attributes.items()
                       if k not in SCRAPE_TARGET_ATTRIBUTES and k not in dcgm_fields.EXPORTER_LABELS and k != HOST_NAME}
         self.key = (frozenset(self.labels.items()), self.fallback_host)
+        # A data point's serialized attributes -> its entity (see _Joiner.prometheus_points).
+        self.by_attribute_bytes: dict[bytes, _Entity | None] = {}
+
+
+_FIXED64_TAGS = frozenset({0x11, 0x19, 0x21, 0x31})  # NumberDataPoint start time, time, as_double, as_int
+_VALUE_TAGS = frozenset({0x21, 0x31})  # NumberDataPoint as_double, as_int
+_ATTRIBUTES_TAG = 0x3A  # NumberDataPoint.attributes, field 7
+_TIME_DOUBLE = struct.Struct("<BQBd")  # time_unix_nano then as_double, with their tags
+_TIME_INT = struct.Struct("<BQBq")  # time_unix_nano then as_int
+
+
+_KEY_VALUE_CACHE_SIZE = 32768  # distinct serialized label KeyValues kept decoded (bounded memory)
+_key_values: dict[bytes, tuple[str, str]] = {}
+
+
+def _string_key_value(data: bytes) -> tuple[str, str] | None:
+    """(key, string value) of one serialized KeyValue field, if it is exactly that and short."""
+    # 0x3a size | 0x0a key_size key | 0x12 value_size | 0x0a string_size string, every size < 128
+    n = len(data)
+    if n < 8 or data[1] != n - 2 or data[2] != 0x0A or not 0 < data[3] < 0x80:
+        return None
+    key_end = 4 + data[3]
+    if key_end + 4 > n or data[key_end] != 0x12 or data[key_end + 1] != n - key_end - 2:
+        return None  # the value (an AnyValue) must run to the end
+    if data[key_end + 2] != 0x0A or data[key_end + 3] != n - key_end - 4:
+        return None  # and hold nothing but its string_value
+    return data[4:key_end].decode(), data[key_end + 4:].decode()
+
+
+def _string_attributes(data: bytes) -> list[tuple[str, str]] | None:
+    """Each attribute's (key, string value) from a point's serialized attributes, or None.
+
+    Why: reading labels through protobuf objects costs about 1 us each, and most label
+    values (model, host, pod, driver, index) repeat across GPUs and requests; each distinct
+    serialized KeyValue is decoded once. Anything but plain short string attributes (other
+    value types, long values, trailing fields) gives None: the caller reads protobuf instead.
+    """
+    out = []
+    cache = _key_values
+    i, n = 0, len(data)
+    while i < n:
+        size = data[i + 1] if i + 1 < n else 0x80
+        if data[i] != _ATTRIBUTES_TAG or size >= 0x80:
+            return None
+        end = i + 2 + size
+        chunk = data[i:end]
+        pair = cache.get(chunk)
+        if pair is None:
+            pair = _string_key_value(chunk)
+            if pair is None:
+                return None
+            if len(cache) >= _KEY_VALUE_CACHE_SIZE:
+                cache.clear()
+            cache[chunk] = pair
+        out.append(pair)
+        i = end
+    return out
+
+
+def _attribute_bytes(point: bytes) -> bytes:
+    """The part of a serialized NumberDataPoint from its first attribute on (the whole point if unusual).
+
+    Protobuf writes fields in number order, so that part holds every attribute and, after
+    them, only the flags: two points with the same bytes there have the same attributes.
+    """
+    i, n = 0, len(point)
+    while i < n:
+        tag = point[i]
+        if tag in _FIXED64_TAGS:
+            i += 9
+        elif tag == _ATTRIBUTES_TAG:
+            return point[i:]
+        else:
+            break
+    return point
 
 
 def _prometheus_entity(labels: dict[str, str], resource: _Resource) -> _Entity | None:
@@ -141,16 +218,71 @@ class _Joiner:
     def __init__(self) -> None:
         self.entities: dict[tuple, _Entity | None] = {}
 
-    def prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> None:
+    def prometheus_points(self, resource: _Resource, data: Any, kind: str, unit: str) -> None:
+        """One input metric's data points (``data``: its Gauge or Sum), each to its GPU entity.
+
+        Why from bytes: protobuf objects cost about a microsecond per field read and per
+        label. The Gauge/Sum is serialized once (C) and each point read from the bytes:
+        time, value and the bytes of its attributes, which identify its GPU (the TPA and
+        clock points of one GPU carry identical attributes); labels are decoded once per
+        distinct attribute set and resource. A point not laid out as protobuf writes a plain
+        one (start time, exemplars, no time or value) is read through protobuf instead.
+        """
+        seen = resource.by_attribute_bytes
+        points = data.data_points
+        wire = data.SerializeToString()
+        end_of_data = len(wire)
+        i = index = 0
+        while i < end_of_data and wire[i] == 0x0A:  # data_points come first; a Sum's settings follow
+            size = wire[i + 1]
+            start = i + 2
+            if size >= 0x80:  # a point of 128 bytes to 16 KiB (most): two bytes
+                second = wire[i + 2]
+                size, start = (size & 0x7F) | (second << 7), i + 3
+                if second >= 0x80:
+                    size, start = _varint_at(wire, i + 1)
+            end = start + size
+            i, index = end, index + 1
+            if end - start < 18 or wire[start] != 0x19 or wire[start + 9] not in _VALUE_TAGS or (
+                    end > start + 18 and wire[start + 18] != _ATTRIBUTES_TAG):
+                self._prometheus_point(resource, points[index - 1], kind, unit)
+                continue
+            _, t, value_tag, value = (_TIME_DOUBLE if wire[start + 9] == 0x21 else _TIME_INT).unpack_from(wire, start)
+            attribute_bytes = wire[start + 18:end]
+            entity = seen.get(attribute_bytes, _NEW)
+            if entity is _NEW:
+                pairs = _string_attributes(attribute_bytes)
+                if pairs is None:  # other shapes (or a flags field): the protobuf path decides
+                    self._prometheus_point(resource, points[index - 1], kind, unit)
+                    continue
+                entity = seen[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
+            if entity is not None:  # None: not a GPU series (e.g. a per-host field), nothing to join
+                getattr(entity, kind).append((t, _scale(value, unit, kind)))
+        for dp in points[index:]:  # anything the loop above did not reach (other fields first)
+            self._prometheus_point(resource, dp, kind, unit)
+
+    def _prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> None:
+        """One data point read through protobuf (staleness markers skipped)."""
+        if dp.flags & _FLAG_NO_RECORDED_VALUE:
+            return
+        attribute_bytes = _attribute_bytes(dp.SerializeToString())
+        entity = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
+        if entity is _NEW:
+            pairs = _string_attributes(attribute_bytes)
+            if pairs is None:
+                pairs = [(kv.key, kv.value.string_value) for kv in dp.attributes]
+            entity = resource.by_attribute_bytes[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
+        if entity is not None:
+            getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+
+    def _prometheus_entity_of(self, resource: _Resource, pairs: list[tuple[str, str]]) -> _Entity | None:
         # The entity key is the point's dcgm-exporter labels (the same on every metric of one
-        # GPU), cheap to build; the identity is worked out once per entity.
-        key = (frozenset([(kv.key, kv.value.string_value) for kv in dp.attributes if kv.key in _KEY_LABELS]),
-               resource.key)
+        # GPU); the identity is worked out once per entity.
+        key = (frozenset([pair for pair in pairs if pair[0] in _KEY_LABELS]), resource.key)
         entity = self.entities.get(key, _NEW)
         if entity is _NEW:
             entity = self.entities[key] = _prometheus_entity({**resource.labels, **dict(key[0])}, resource)
-        if entity is not None:  # None: not a GPU series (e.g. a per-host field), nothing to join
-            getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        return entity
 
     def dcgmreceiver_point(self, context: _Resource, dp: Any, kind: str, unit: str) -> None:
         resource = context.attributes
@@ -170,14 +302,29 @@ class _Joiner:
 def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
     if not entity.tpa:
         return []
-    tpa = sorted(entity.tpa, key=lambda p: p[0])
-    times = [t for t, _ in tpa]
-    clocks: list[list[object]] = [[] for _ in tpa]
-    for t, value in entity.clock:
-        i = bisect.bisect_left(times, t)
-        best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
-        if abs(times[best] - t) <= tolerance_ns:
-            clocks[best].append(value)
+    if len(entity.tpa) == 1 and len(entity.clock) == 1:  # a scrape: one TPA, one clock
+        (t, tpa_value), (clock_t, raw) = entity.tpa[0], entity.clock[0]
+        clock: object = None
+        count = 0
+        if abs(clock_t - t) <= tolerance_ns:
+            valid = clean_clock(raw)[0]
+            clock, count = (raw, 0) if valid is None else (valid, 1)
+        return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                          count, entity.max_clock[-1][1] if entity.max_clock else None, source=SOURCE,
+                          job_id=entity.job_id, resource=entity.resource)]
+    if len(entity.tpa) == 1:  # one window per request: every clock near it is its own
+        t = entity.tpa[0][0]
+        tpa = entity.tpa
+        clocks = [[value for ct, value in entity.clock if abs(ct - t) <= tolerance_ns]]
+    else:
+        tpa = sorted(entity.tpa, key=lambda p: p[0])
+        times = [t for t, _ in tpa]
+        clocks = [[] for _ in tpa]
+        for t, value in entity.clock:
+            i = bisect.bisect_left(times, t)
+            best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
+            if abs(times[best] - t) <= tolerance_ns:
+                clocks[best].append(value)
     max_clock = entity.max_clock[-1][1] if entity.max_clock else None
     out = []
     for (t, tpa_value), raw_clocks in zip(tpa, clocks):
@@ -186,41 +333,48 @@ def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSam
             clock, count = sum(valid) / len(valid), len(valid)
         else:  # keep the raw reading (blank, 0, NaN) so the ofu processor names the reason
             clock, count = (raw_clocks[0] if raw_clocks else None), 0
-        fields = {dcgm_fields.PIPE_TENSOR_ACTIVE: tpa_value, dcgm_fields.SM_CLOCK: clock,
-                  dcgm_fields.MAX_SM_CLOCK: max_clock}
-        out.append(dcgm_fields.sample_from_fields(
-            fields, time_unix_nano=t, window_s=window_s, host=entity.host, gpu_index=entity.gpu_index,
-            uuid=entity.uuid, model=entity.model, source=SOURCE, sm_clock_samples=count, job_id=entity.job_id,
-            resource=dict(entity.resource)))
+        # Each sample gets its own resource dict (the entity's own when it makes only one).
+        resource = entity.resource if len(tpa) == 1 else dict(entity.resource)
+        out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                             count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
     return out
 
 
-def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool) -> bool:
+def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _Edits | None = None) -> bool:
     """Feed rm's input points to the joiner; with keep_rest, delete them from rm in place.
 
-    Returns whether anything is left in rm to pass through.
+    Returns whether anything is left in rm to pass through. ``edits``, when given, records
+    what was deleted or changed, by the original indices, for :func:`_trimmed_wire`, and
+    counts the data points left (while the metrics are at hand).
     """
     resource: _Resource | None = None
+    count = edits is not None
     for s_index in range(len(rm.scope_metrics) - 1, -1, -1):
         metrics = rm.scope_metrics[s_index].metrics
         for m_index in range(len(metrics) - 1, -1, -1):
             metric = metrics[m_index]
             name = metric.name
             if name not in INPUT_METRICS:
+                if count:
+                    kind_of_data = metric.WhichOneof("data")
+                    if kind_of_data:
+                        edits.points += len(getattr(metric, kind_of_data).data_points)  # type: ignore[union-attr]
                 continue
             kind_of_data = metric.WhichOneof("data")
             if kind_of_data not in ("gauge", "sum"):
+                if count and kind_of_data:
+                    edits.points += len(getattr(metric, kind_of_data).data_points)  # type: ignore[union-attr]
                 continue
             if resource is None:
                 resource = _Resource(rm)
-            points = getattr(metric, kind_of_data).data_points
+            data = getattr(metric, kind_of_data)
+            points = data.data_points
             if name in _PROMETHEUS_INPUTS:
-                kind = _PROMETHEUS_INPUTS[name]
-                for dp in points:
-                    if not dp.flags & _FLAG_NO_RECORDED_VALUE:
-                        joiner.prometheus_point(resource, dp, kind, metric.unit)
+                joiner.prometheus_points(resource, data, _PROMETHEUS_INPUTS[name], metric.unit)
                 if keep_rest:
                     del metrics[m_index]
+                    if edits is not None:
+                        edits.metrics.setdefault(s_index, {})[m_index] = None
                 continue
             kind = _DCGMRECEIVER_INPUTS[name]
             other_pipes = []
@@ -238,36 +392,204 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool) -> bool:
                     for p_index in range(len(points) - 1, -1, -1):
                         if p_index not in keep:
                             del points[p_index]
+                    if edits is not None:
+                        edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
+                        edits.points += len(points)
                 else:
                     del metrics[m_index]
+                    if edits is not None:
+                        edits.metrics.setdefault(s_index, {})[m_index] = None
         if keep_rest and not metrics:
             del rm.scope_metrics[s_index]
+            if edits is not None:
+                edits.scopes.add(s_index)
     return len(rm.scope_metrics) > 0
 
 
+# --- the pass-through in its wire form -------------------------------------------------------
+#
+# Re-serializing the metrics that pass through costs about as much as decoding them, for
+# nothing: they leave as they came. So the receiver keeps the request's bytes, and each
+# forwarded ResourceMetrics is cut from them, with the join's input metrics left out. The
+# request was parsed from these bytes just before, so they are well-formed; anything this
+# reader does not expect (a group, a count that does not match the parsed message) makes
+# it fall back to serializing the message.
+
+
+@dataclass(slots=True)
+class _Edits:
+    """What _take_inputs changed in one ResourceMetrics, by original index."""
+
+    scopes: set[int] = field(default_factory=set)  # scope_metrics deleted (left empty)
+    metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
+    points: int = 0  # data points left, as otlp.count_data_points counts them
+
+    def changed(self) -> bool:
+        return bool(self.scopes or self.metrics)
+
+
+class _WireError(ValueError):
+    """The bytes are not laid out as this reader expects."""
+
+
+def _varint_at(data: bytes, i: int) -> tuple[int, int]:
+    """The varint starting at ``data[i]`` and the index after it."""
+    byte = data[i]
+    if byte < 0x80:
+        return byte, i + 1
+    value, shift = byte & 0x7F, 7
+    while True:
+        i += 1
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+
+
+def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """(field number, field start, payload start, field end) of each field of the message in data[start:end]."""
+    out = []
+    i = start
+    while i < end:
+        tag = data[i]
+        j = i + 1
+        if tag >= 0x80:
+            tag, j = _varint_at(data, i)
+        wire_type = tag & 7
+        if wire_type == 2:
+            length = data[j]
+            if length < 0x80:
+                k = j + 1 + length
+                j += 1
+            else:
+                length, j = _varint_at(data, j)
+                k = j + length
+        elif wire_type == 0:
+            k = _varint_at(data, j)[1]
+        elif wire_type == 1:
+            k = j + 8
+        elif wire_type == 5:
+            k = j + 4
+        else:
+            raise _WireError(f"wire type {wire_type}")
+        if k > end:
+            raise _WireError("field runs past its message")
+        out.append((tag >> 3, i, j, k))
+        i = k
+    return out
+
+
+def _len_prefix(payload_length: int) -> bytes:
+    out = bytearray()
+    while payload_length >= 0x80:
+        out.append((payload_length & 0x7F) | 0x80)
+        payload_length >>= 7
+    out.append(payload_length)
+    return bytes(out)
+
+
+def _trimmed_scope(data: bytes, start: int, end: int, changed: dict[int, bytes | None]) -> bytes:
+    """A ScopeMetrics' bytes with the metrics in ``changed`` left out (None) or replaced."""
+    parts = []
+    run = start  # the kept bytes not yet copied begin here
+    m_index = -1
+    for number, f_start, _p_start, f_end in _fields(data, start, end):
+        if number != 2:  # ScopeMetrics.metrics
+            continue
+        m_index += 1
+        if m_index in changed:
+            parts.append(data[run:f_start])
+            replacement = changed[m_index]
+            if replacement is not None:
+                parts.append(b"\x12" + _len_prefix(len(replacement)) + replacement)
+            run = f_end
+    parts.append(data[run:end])
+    return b"".join(parts)
+
+
+def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
+    """A ResourceMetrics' bytes (data[start:end]) with the changes of ``edits`` applied."""
+    parts = []
+    s_index = -1
+    for number, f_start, p_start, f_end in _fields(data, start, end):
+        if number == 2:  # ResourceMetrics.scope_metrics
+            s_index += 1
+            if s_index in edits.scopes:
+                continue
+            changed = edits.metrics.get(s_index)
+            if changed:
+                scope = _trimmed_scope(data, p_start, f_end, changed)
+                parts.append(b"\x12" + _len_prefix(len(scope)) + scope)
+                continue
+        parts.append(data[f_start:f_end])
+    return b"".join(parts)
+
+
+def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMetrics, _Edits]]) -> list[Any]:
+    """The forwarded ResourceMetrics with their bytes cut from the received request (``total`` in it)."""
+    try:
+        ranges = [(f_start, p_start, f_end) for number, f_start, p_start, f_end in _fields(wire, 0, len(wire))
+                  if number == 1]  # ExportMetricsServiceRequest.resource_metrics
+    except (_WireError, IndexError):
+        ranges = []
+    if len(ranges) != total:  # not the bytes this request was parsed from
+        ranges = []
+    out: list[Any] = []
+    for index, rm, edits in kept:
+        field_bytes = None
+        if index < len(ranges):
+            f_start, p_start, f_end = ranges[index]
+            try:
+                if not edits.changed():
+                    field_bytes = wire[f_start:f_end]
+                else:
+                    payload = _trimmed_wire(wire, p_start, f_end, edits)
+                    field_bytes = b"\x0a" + _len_prefix(len(payload)) + payload
+            except (_WireError, IndexError):
+                field_bytes = None
+        if field_bytes is None:  # unexpected layout: serialize the message instead
+            payload = rm.SerializeToString()
+            field_bytes = b"\x0a" + _len_prefix(len(payload)) + payload
+        out.append(WireResourceMetrics(rm, field_bytes, edits.points))
+    return out
+
+
 def split_request(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,
-                  passthrough: bool = True) -> tuple[list[GpuSample], list[ResourceMetrics]]:
+                  passthrough: bool = True, wire: bytes | None = None) -> tuple[list[GpuSample], list[Any]]:
     """GPU samples joined from a request's TPA/clock points, and what remains to pass through.
 
     The request is consumed: its input metrics are deleted in place and the remaining
     ResourceMetrics are returned as they are (not copied). With ``passthrough=False`` the
     request is left alone and the second list is empty. ``window_s`` is the TPA averaging
     window the source used (dcgm-exporter's collect interval), recorded on each sample.
+    ``wire``: the bytes the request was parsed from; the pass-through is then returned as
+    :class:`otel_ofu.otlp.WireResourceMetrics`, cut from those bytes (no re-serialization).
     """
     joiner = _Joiner()
-    rest: list[ResourceMetrics] = []
-    for rm in request.resource_metrics:
-        if passthrough:
+    rest: list[Any] = []
+    kept: list[tuple[int, ResourceMetrics, _Edits]] = []
+    for index, rm in enumerate(request.resource_metrics):
+        if not passthrough:
+            _take_inputs(rm, joiner, keep_rest=False)
+        elif wire is None:
             if _take_inputs(rm, joiner, keep_rest=True):
                 rest.append(rm)
         else:
-            _take_inputs(rm, joiner, keep_rest=False)
+            edits = _Edits()
+            if _take_inputs(rm, joiner, keep_rest=True, edits=edits):
+                kept.append((index, rm, edits))
+    if kept:
+        rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in _samples(entity, window_s, tolerance_ns)]
     return samples, rest
 
 
-def split_bytes(body: bytes, **kwargs: Any) -> tuple[list[GpuSample], list[ResourceMetrics]]:
-    """:func:`split_request` on a serialized ExportMetricsServiceRequest (raises DecodeError)."""
-    return split_request(ExportMetricsServiceRequest.FromString(body), **kwargs)
+def split_bytes(body: bytes, **kwargs: Any) -> tuple[list[GpuSample], list[Any]]:
+    """:func:`split_request` on a serialized ExportMetricsServiceRequest (raises DecodeError).
+
+    The pass-through keeps its wire form (:class:`otel_ofu.otlp.WireResourceMetrics`).
+    """
+    return split_request(ExportMetricsServiceRequest.FromString(body), wire=body, **kwargs)

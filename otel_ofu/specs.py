@@ -11,6 +11,7 @@ TF32 is half of FP16, FP8 and INT8 twice, FP4 four times (Blackwell only).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -38,8 +39,9 @@ _PRECISION_ALIASES = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def normalize_precision(value: str | None) -> str:
-    """Map a precision spelling to a table key, or ``"unknown"``."""
+    """Map a precision spelling to a table key, or ``"unknown"`` (cached: asked once or twice per sample)."""
     if not value:
         return UNKNOWN_PRECISION
     return _PRECISION_ALIASES.get(value.strip().lower().replace("-", "").replace("_", ""), UNKNOWN_PRECISION)
@@ -140,8 +142,13 @@ def normalize_model(model: str) -> str:
     return " ".join(re.sub(r"[^0-9a-z]+", " ", model.lower()).split())
 
 
+@functools.lru_cache(maxsize=256)
 def find_spec(model: str | None) -> GpuSpec | None:
-    """The spec for a model string as DCGM, NVML or dcgm-exporter print it, or None."""
+    """The spec for a model string as DCGM, NVML or dcgm-exporter print it, or None.
+
+    Cached: every window asks again for the same few model strings, and the table is fixed
+    (specs are frozen). Bounded, since the model string can come from any OTLP sender.
+    """
     if not model:
         return None
     normalized = normalize_model(model)

@@ -113,11 +113,11 @@ def correction_factor(architecture: str | None, precision: str,
 
     ``overrides`` keys are ``"arch/precision"``, ``"arch"`` or ``"*"``, most specific first.
     """
-    overrides = overrides or {}
     arch = architecture or "unknown"
-    for key in (f"{arch}/{precision}", arch, "*"):
-        if key in overrides:
-            return overrides[key]
+    if overrides:
+        for key in (f"{arch}/{precision}", arch, "*"):
+            if key in overrides:
+                return overrides[key]
     table = DEFAULT_CORRECTIONS.get(arch)
     if table is None:
         return 1.0

@@ -67,6 +67,20 @@ def clean(value: object, field_type: str | None = None) -> tuple[float | None, N
     sentinels. Range checks specific to a field (TPA <= 1, clock > 0) are in the callers
     below, so this function alone never rejects a legitimate value.
     """
+    if type(value) is float:  # the common case, checked in the order of the general path below
+        if value != value:
+            return None, NoValue.NAN
+        if value >= DCGM_INT32_BLANK:  # the smallest sentinel: also +inf
+            if math.isinf(value):
+                return None, NoValue.OUT_OF_RANGE
+            reason = blank_reason(value, field_type)
+            if reason is not None:
+                return None, reason
+        elif value < 0:
+            if math.isinf(value):
+                return None, NoValue.OUT_OF_RANGE
+            return None, NoValue.NEGATIVE
+        return value, None
     if value is None:
         return None, NoValue.MISSING
     if isinstance(value, bool):

@@ -26,7 +26,7 @@ from otel_ofu.config import FieldError, build_config
 from otel_ofu.delivery.sender import DROPPED, RETRIED, SENT
 from otel_ofu.exporters import otlp as otlp_exporter
 from otel_ofu.exporters.otlp_config import OtlpExporterConfig, OtlpHttpExporterConfig, resolve
-from otel_ofu.exporters.otlp_encoding import metrics_payload, to_metrics_data
+from otel_ofu.exporters.otlp_encoding import metrics_payload
 from otel_ofu.exporters.otlp_transport import parse_retry_after
 from otel_ofu.metrics import METRICS
 from otel_ofu.model import Batch, Event, MetricPoint, attrs
@@ -95,14 +95,13 @@ def test_every_point_arrives_with_its_own_resource_and_timestamp(backend, make_e
                                               else "otlphttp/test", signal="metrics") == len(expected)
 
 
-def test_sdk_data_groups_all_metrics_of_a_resource(tmp_path):
+def test_payload_groups_all_metrics_of_a_resource(tmp_path):
     points = gpu_points(gpus=3, windows=2)
-    data = to_metrics_data(points)
-    assert len(data.resource_metrics) == 3
-    assert sorted(len(rm.scope_metrics[0].metrics) for rm in data.resource_metrics) == [5, 5, 5]
     payload, count = metrics_payload(points)
     assert count == len(points)
     request = otlp.ExportMetricsServiceRequest.FromString(payload)
+    assert len(request.resource_metrics) == 3
+    assert sorted(len(rm.scope_metrics[0].metrics) for rm in request.resource_metrics) == [5, 5, 5]
     assert triples(otlp.from_request(request)) == triples(points)
 
 

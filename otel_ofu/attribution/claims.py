@@ -46,6 +46,8 @@ def merge(claims: list[Claim]) -> list[Claim]:
     """Merge claims naming the same job: an hpc_job id joins the Slurm job with that id; a
     UID-only pod joins the named pod with that UID, or the only named pod without a UID when
     exactly one of each is on the GPU."""
+    if len(claims) < 2:  # nothing to merge (each claim a caller passes is its own object)
+        return list(claims)
     by_key: dict[tuple[str, ...], Claim] = {}
     for claim in claims:
         if claim.key in by_key:

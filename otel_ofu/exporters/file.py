@@ -11,8 +11,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
-
 from otel_ofu import otlp
 from otel_ofu.component import Context, Exporter, Factory
 from otel_ofu.config import require
@@ -44,7 +42,7 @@ class FileExporter(Exporter):
     def export(self, batch: Batch) -> None:
         lines = []
         request = otlp.to_request(batch.points)
-        request.resource_metrics.extend(r for r in batch.passthrough if isinstance(r, ResourceMetrics))
+        request.resource_metrics.extend(otlp.passthrough_messages(batch.passthrough))
         if request.resource_metrics:
             lines.append(otlp.to_json_line(request))
         if batch.events:  # as the Collector's file exporter: each signal's requests on their own lines

@@ -307,13 +307,11 @@ def _job_instance(resource: dict[str, Any]) -> dict[str, str]:
 
 def _passthrough_points(resource_metrics: Iterable[Any], warn: Callable[..., None]) -> Iterator[MetricPoint]:
     """Gauges and cumulative sums of passed-through OTLP ResourceMetrics as points."""
-    from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_DELTA, ResourceMetrics
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_DELTA
 
-    from otel_ofu.otlp import attributes_of
+    from otel_ofu.otlp import attributes_of, passthrough_messages
 
-    for rm in resource_metrics:
-        if not isinstance(rm, ResourceMetrics):
-            continue
+    for rm in passthrough_messages(resource_metrics):
         resource = attributes_of(rm.resource.attributes)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:

@@ -38,11 +38,23 @@ from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
 from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
-from otel_ofu.attribution.rules import evaluate
+from otel_ofu.attribution.rules import RuleResult, evaluate
 from otel_ofu.attribution.slurm import ENV_KEYS, slurm_attributes
 from otel_ofu.component import Context, Factory, Processor
 from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import HW_ID, JOB_ID, NO_JOB, Batch, GpuSample, MetricPoint, attrs
+from otel_ofu.model import (
+    GPU_INDEX,
+    HOST_NAME,
+    HW_ID,
+    HW_MODEL,
+    HW_VENDOR,
+    JOB_ID,
+    NO_JOB,
+    Batch,
+    GpuSample,
+    MetricPoint,
+    attrs,
+)
 
 OVERFLOW_METRIC = register(MetricInfo(
     "otel_ofu.attribution.overflow", "{sample}", "sum",
@@ -80,6 +92,8 @@ class AttributionProcessor(Processor):
         self._sample_pids: dict[str, tuple[list[int], float]] = {}
         self._procs: dict[int, ProcessInfo | None] = {}
         self._env_keys = (*ENV_KEYS, config.precision_env)
+        key = config.precision_key  # the pod annotation, pod label and attribute naming a job's precision
+        self._precision_names = (K8S_POD_ANNOTATION_PREFIX + key, K8S_POD_LABEL_PREFIX + key, key) if key else ()
         self._limiter = JobLimiter(config.max_jobs, int(config.job_idle_timeout * 1e9), config.overflow_job_id)
         self._last_overflow_ns: int | None = None
         self._stop = threading.Event()
@@ -198,8 +212,11 @@ class AttributionProcessor(Processor):
         pids = self._pids(uuid, resource, attributes)
         claims, loose_precisions = self._claims(uuid, resource, pids)
         claim_resource = _merged_resource(claims)
-        view = {**dict(sample.resource_attributes()), **claim_resource, **attributes}
-        rule = evaluate(cfg.rules, uuid, sample.host, view)
+        # What rules and precision labels look at: the sample's resource attributes, then the
+        # claims' attributes, then the point attributes (later ones win). Built as a dict only
+        # for rules; the precision labels read the same layers directly (no merge per sample).
+        layers = (attributes, claim_resource, sample.resource)
+        rule = evaluate(cfg.rules, uuid, sample.host, _view(layers, sample)) if cfg.rules else _NO_RULE
 
         existing = sample.job_id if sample.job_id not in UNSET_JOBS and sample.job_id is not None else None
         job = source = None
@@ -208,6 +225,9 @@ class AttributionProcessor(Processor):
             job, source = rule.job_id, "rule"
         elif existing and not cfg.override:
             job, source = existing, "sample"
+        elif len(claims) == 1:  # the usual case: one job holds the GPU
+            job, from_claims = self._job_id(claims[0]), True
+            source = "+".join(sorted(set(claims[0].source.split("+"))))
         elif claims:
             ids = sorted({self._job_id(c) for c in claims})
             job, from_claims = SHARED_SEPARATOR.join(ids), True
@@ -224,7 +244,7 @@ class AttributionProcessor(Processor):
                 if cfg.override or key not in resource:
                     resource[key] = value
 
-        metadata = {p for c in claims for p in c.precisions} | loose_precisions | self._label_precisions(view)
+        metadata = {p for c in claims for p in c.precisions} | loose_precisions | self._label_precisions(layers, sample)
         sample.precision = self._precision(sample.precision, metadata, rule.precision, rule.precision_override)
 
         overflow = None
@@ -292,7 +312,9 @@ class AttributionProcessor(Processor):
             hpc = resource.get(HPC_JOB_ID)
             if hpc:
                 claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
-        claims += _pod_claims(self._kube.value.get(uuid, ()))
+        holders = self._kube.value.get(uuid)
+        if holders:
+            claims += _pod_claims(holders)
         loose: set[str] = set()
         for pid in pids:
             info = self._process(pid)
@@ -325,13 +347,10 @@ class AttributionProcessor(Processor):
                 return f"k8s:{namespace}/{label}"
         return f"k8s:{namespace}/{pod}"
 
-    def _label_precisions(self, view: dict[str, Any]) -> set[str]:
-        key = self.config.precision_key
-        if not key:
-            return set()
+    def _label_precisions(self, layers: tuple[dict[str, Any], ...], sample: GpuSample) -> set[str]:
         out = set()
-        for name in (K8S_POD_ANNOTATION_PREFIX + key, K8S_POD_LABEL_PREFIX + key, key):
-            precision = specs.normalize_precision(_str(view.get(name)))
+        for name in self._precision_names:
+            precision = specs.normalize_precision(_str(_lookup(layers, sample, name)))
             if precision != specs.UNKNOWN_PRECISION:
                 out.add(precision)
         return out
@@ -349,6 +368,37 @@ def _renamed(point: MetricPoint, renamed: dict[tuple[str, str], str]) -> MetricP
 
 def _str(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+_NO_RULE = RuleResult()
+
+
+_BASE_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX})
+
+
+def _base_attributes(sample: GpuSample) -> dict[str, Any]:
+    """The resource attributes every GPU sample has (see GpuSample.resource_attributes)."""
+    return {HOST_NAME: sample.host, HW_ID: sample.uuid, HW_MODEL: sample.model, HW_VENDOR: "nvidia",
+            GPU_INDEX: str(sample.gpu_index)}
+
+
+def _lookup(layers: tuple[dict[str, Any], ...], sample: GpuSample, name: str) -> Any:
+    """``_view(layers, sample).get(name)`` without building the view: the first layer that has it."""
+    for layer in layers:
+        if name in layer:
+            return layer[name]
+    return _base_attributes(sample)[name] if name in _BASE_KEYS else None
+
+
+def _view(layers: tuple[dict[str, Any], ...], sample: GpuSample) -> dict[str, Any]:
+    """The layers as one dict, the first layer winning, over the sample's own attributes.
+
+    As rules saw it before: the sample's resource attributes (None values left out), then
+    the claims' attributes, then the point attributes.
+    """
+    attributes, claim_resource, resource = layers
+    own = {k: v for k, v in {**_base_attributes(sample), **resource}.items() if v is not None}
+    return {**own, **claim_resource, **attributes}
 
 
 def _pod_claims(holders: Iterable[PodContainer]) -> list[Claim]:
@@ -369,6 +419,8 @@ def _pod_claims(holders: Iterable[PodContainer]) -> list[Claim]:
 
 def _merged_resource(claims: list[Claim]) -> dict[str, str]:
     """Attributes of all claims; where jobs differ, their values sorted and comma-joined."""
+    if len(claims) == 1:
+        return {key: str(value) for key, value in claims[0].resource.items()}
     values: dict[str, set[str]] = {}
     for claim in claims:
         for key, value in claim.resource.items():

@@ -29,6 +29,7 @@ from otel_ofu.tiles import ARCH_TILES
 from otel_ofu.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
 
 UNKNOWN_JOB = "unknown"
+_ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 
 
 @dataclass
@@ -68,6 +69,7 @@ class OfuProcessor(Processor):
         super().__init__(config, context)
         self._warned_models: set[str] = set()
         self._dropped: dict[tuple[Attributes, str], int] = {}
+        self._attributes_cache: dict[tuple, tuple[Attributes, dict[str, Attributes]]] = {}
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -80,7 +82,6 @@ class OfuProcessor(Processor):
         precision = specs.normalize_precision(sample.precision)
         job = sample.job_id or UNKNOWN_JOB
         resource = sample.resource_attributes()
-        base = {JOB_ID: job, PRECISION: precision, **sample.attributes}
         t = sample.time_unix_nano
         out: list[MetricPoint] = []
 
@@ -89,13 +90,17 @@ class OfuProcessor(Processor):
             tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
             correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
         )
+        point_attrs, ofu_attrs_by_fref = self._point_attributes(job, precision, sample.attributes)
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
                 self._warned_models.add(sample.model)
                 self.log.warning("GPU model %r is not in the spec table: using its reported max SM clock (%.0f MHz) "
                                  "as f_ref; points carry %s=%s. Add it under reference_clocks to fix.",
                                  sample.model, result.fref_mhz, FREF_SOURCE, FREF_MAX_CLOCK)
-            ofu_attrs = attrs({**base, FREF_SOURCE: result.fref_source})
+            ofu_attrs = ofu_attrs_by_fref.get(result.fref_source)
+            if ofu_attrs is None:
+                ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
+                    {JOB_ID: job, PRECISION: precision, **sample.attributes, FREF_SOURCE: result.fref_source})
             out += [
                 MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs),
                 MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs),
@@ -108,8 +113,35 @@ class OfuProcessor(Processor):
             out.append(self._drop(sample, result, resource, t))
 
         if cfg.emit_inputs:
-            out += self._input_points(sample, resource, attrs(base), t)
+            out += self._input_points(sample, resource, point_attrs, t, result)
         return out
+
+    def _point_attributes(self, job: str, precision: str,
+                          extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
+        """The inputs' point attributes and the OFU points' (by f_ref source), shared by a job's GPUs.
+
+        Why: every GPU of a job carries the same attribute sets; one tuple object for all of
+        them is sorted once and lets the exporter encode it once per batch. Cached only when
+        every value is a string: 1, 1.0 and True are equal keys that encode differently.
+        """
+        items = tuple(extra.items())
+        key = None
+        for _, value in items:
+            if type(value) is not str:
+                break
+        else:
+            if type(job) is str:
+                key = (job, precision, items)
+        if key is not None:
+            cached = self._attributes_cache.get(key)
+            if cached is not None:
+                return cached
+        entry: tuple[Attributes, dict[str, Attributes]] = (attrs({JOB_ID: job, PRECISION: precision, **extra}), {})
+        if key is not None:
+            if len(self._attributes_cache) >= _ATTRIBUTES_CACHE_SIZE:
+                self._attributes_cache.clear()  # jobs come and go: start over rather than grow
+            self._attributes_cache[key] = entry
+        return entry
 
     def _drop(self, sample: GpuSample, reason: NoValue, resource: Attributes, t: int) -> MetricPoint:
         key = (resource, reason.value)
@@ -119,20 +151,35 @@ class OfuProcessor(Processor):
         return MetricPoint("gpu.ofu.dropped", count, t, resource, attrs({DROP_REASON: reason.value}), "{window}",
                            monotonic=True)
 
-    def _input_points(self, sample: GpuSample, resource: Attributes, point_attrs: Attributes,
-                      t: int) -> list[MetricPoint]:
+    def _input_points(self, sample: GpuSample, resource: Attributes, point_attrs: Attributes, t: int,
+                      result: OfuResult | NoValue) -> list[MetricPoint]:
         out = []
-        readings = (
-            ("gpu.tensor.activity", clean_ratio(sample.tensor_active, self.config.tpa_tolerance), 1.0, "1"),
-            ("gpu.sm.clock.frequency", clean_clock(sample.sm_clock_mhz), 1e6, "Hz"),
-            ("gpu.sm.clock.max", clean_clock(sample.max_sm_clock_mhz), 1e6, "Hz"),
-            ("gpu.power.usage", clean(sample.power_w), 1.0, "W"),
-            ("gpu.clock.event_reasons", clean(sample.clock_event_reasons), 1.0, "1"),
-            ("gpu.sm.activity", clean_ratio(sample.sm_active, self.config.tpa_tolerance), 1.0, "1"),
-        )
-        for name, (value, _reason), scale, unit in readings:
+        tolerance = self.config.tpa_tolerance
+        if isinstance(result, OfuResult):  # TPA and clock already cleaned by compute_ofu, the same way
+            tpa, clock = result.tpa, result.sm_clock_mhz
+        else:
+            tpa, clock = clean_ratio(sample.tensor_active, tolerance)[0], clean_clock(sample.sm_clock_mhz)[0]
+        if tpa is not None:
+            out.append(MetricPoint("gpu.tensor.activity", tpa * 1.0, t, resource, point_attrs, "1"))
+        if clock is not None:
+            out.append(MetricPoint("gpu.sm.clock.frequency", clock * 1e6, t, resource, point_attrs, "Hz"))
+        # The other inputs are often absent (None, which cleans to no value): skip them early.
+        if sample.max_sm_clock_mhz is not None:
+            value = clean_clock(sample.max_sm_clock_mhz)[0]
             if value is not None:
-                out.append(MetricPoint(name, value * scale, t, resource, point_attrs, unit))
+                out.append(MetricPoint("gpu.sm.clock.max", value * 1e6, t, resource, point_attrs, "Hz"))
+        if sample.power_w is not None:
+            value = clean(sample.power_w)[0]
+            if value is not None:
+                out.append(MetricPoint("gpu.power.usage", value * 1.0, t, resource, point_attrs, "W"))
+        if sample.clock_event_reasons is not None:
+            value = clean(sample.clock_event_reasons)[0]
+            if value is not None:
+                out.append(MetricPoint("gpu.clock.event_reasons", value * 1.0, t, resource, point_attrs, "1"))
+        if sample.sm_active is not None:
+            value = clean_ratio(sample.sm_active, tolerance)[0]
+            if value is not None:
+                out.append(MetricPoint("gpu.sm.activity", value * 1.0, t, resource, point_attrs, "1"))
         return out
 
 

@@ -209,12 +209,15 @@ class OtlpReceiver(Receiver):
         scheme, _, credentials = (header or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._token.encode())
 
-    def accept(self, request: Any, protocol: str) -> None:
-        """Join, hand to the pipeline and count one decoded ExportMetricsServiceRequest."""
+    def accept(self, request: Any, protocol: str, wire: bytes | None = None) -> None:
+        """Join, hand to the pipeline and count one decoded ExportMetricsServiceRequest.
+
+        ``wire``: the protobuf bytes it was parsed from, which the pass-through keeps.
+        """
         try:
             samples, rest = otlp_join.split_request(request, window_s=float(self.config.window),
                                                     tolerance_s=float(self.config.join_tolerance),
-                                                    passthrough=self.config.passthrough)
+                                                    passthrough=self.config.passthrough, wire=wire)
             if samples or rest:
                 self.consumer(Batch(samples=samples, passthrough=list(rest)))
         except Exception as exc:
@@ -298,7 +301,7 @@ class OtlpReceiver(Receiver):
             self.count("grpc", "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportMetricsServiceRequest: {exc}")
         try:
-            self.accept(request, "grpc")
+            self.accept(request, "grpc", body)
         except RequestRefused as exc:
             self.count("grpc", exc.outcome)
             context.abort(grpc.StatusCode.INTERNAL, str(exc))
@@ -444,7 +447,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
         except ValueError as exc:
             return self._refuse(400, "malformed", str(exc), reply_as, body_read=True)
         try:
-            receiver.accept(request, "http")
+            receiver.accept(request, "http", body if media == PROTOBUF else None)
         except RequestRefused as exc:
             return self._refuse(500, exc.outcome, str(exc), reply_as, body_read=True)
         self._send(200, _response_body(reply_as), reply_as)

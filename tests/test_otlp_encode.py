@@ -1,0 +1,107 @@
+"""otlp.encode_request (points written straight to the wire format) against protobuf's own encoder."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from otel_ofu import __version__, otlp
+from otel_ofu.metrics import METRICS
+from otel_ofu.model import MetricPoint, attrs
+
+T0 = 1_767_225_600_000_000_000
+
+
+def _any(value: object) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    return AnyValue(string_value=str(value))
+
+
+def reference(points: list[MetricPoint]) -> ExportMetricsServiceRequest:
+    """The request built message by message with protobuf (the encoder this one replaced)."""
+    by_resource: dict = {}
+    for point in points:
+        by_resource.setdefault(point.resource, {}).setdefault(point.name, []).append(point)
+    request = ExportMetricsServiceRequest()
+    for resource, metrics in by_resource.items():
+        rm = request.resource_metrics.add()
+        rm.resource.attributes.extend([KeyValue(key=k, value=_any(v)) for k, v in resource])
+        sm = rm.scope_metrics.add()
+        sm.scope.name = otlp.SCOPE_NAME
+        sm.scope.version = __version__
+        for name, pts in metrics.items():
+            info = METRICS.get(name)
+            metric = sm.metrics.add(name=name, unit=info.unit if info else pts[0].unit,
+                                    description=info.description if info else "")
+            if pts[0].monotonic:
+                metric.sum.aggregation_temporality = otlp.CUMULATIVE
+                metric.sum.is_monotonic = True
+                container = metric.sum.data_points
+            else:
+                container = metric.gauge.data_points
+            for p in pts:
+                dp = container.add(time_unix_nano=p.time_unix_nano, as_double=float(p.value))
+                if p.start_time_unix_nano:
+                    dp.start_time_unix_nano = p.start_time_unix_nano
+                dp.attributes.extend([KeyValue(key=k, value=_any(v)) for k, v in p.attributes])
+    return request
+
+
+def varied_points() -> list[MetricPoint]:
+    gpu = attrs({"host.name": "node-1", "hw.id": "GPU-1", "gpu.index": "0", "hw.vendor": "nvidia"})
+    other = attrs({"host.name": "nöde-2 ✓", "gpu.index": 3, "flag": True, "off": False, "ratio": 0.5,
+                   "neg": -7, "big": 2**62, "zero": 0, "empty": "", "x" * 300: "y" * 5000})
+    job = attrs({"ofu.job.id": "k8s:ns/pod", "ofu.precision": "bf16"})
+    odd = attrs({"one": 1, "one_f": 1.0, "true": True, "": "no key", "nan": math.nan, "list": "[1, 2]",
+                 "zero": 0.0, "minus_zero": -0.0, "zero_i": 0, "false": False})
+    return [
+        MetricPoint("gpu.ofu", 0.41, T0, gpu, job),
+        MetricPoint("gpu.ofu.raw", 0.42, T0, gpu, job),
+        MetricPoint("gpu.ofu", 0.0, T0 + 10, gpu, job),
+        MetricPoint("gpu.sm.clock.frequency", 1.8e9, T0, other, odd, "Hz"),
+        MetricPoint("gpu.ofu.dropped", 3, T0, other, attrs({"ofu.drop.reason": "blank"}), "{window}",
+                    monotonic=True, start_time_unix_nano=T0 - 10),
+        MetricPoint("not.registered", -1.5, 0, (), (), "By"),
+        MetricPoint("no.unit", math.inf, T0, gpu, (), ""),
+        MetricPoint("gpu.ofu", 0.5, T0, attrs({"host.name": "node-1", "hw.id": "GPU-1", "gpu.index": "0",
+                                               "hw.vendor": "nvidia"}), job),  # an equal resource: grouped
+    ]
+
+
+def test_encoded_request_equals_the_message_built_one():
+    points = varied_points()
+    encoded = otlp.encode_request(points)
+    expected = reference(points)
+    assert ExportMetricsServiceRequest.FromString(encoded) == expected
+    assert encoded == expected.SerializeToString()  # field order too: byte for byte
+    assert otlp.to_request(points) == expected
+    assert len(expected.resource_metrics) == 3
+
+
+@pytest.mark.parametrize("n", [0, 1, 200])
+def test_sizes_and_repeats(n):
+    points = [MetricPoint("gpu.ofu", i / 7, T0 + i, attrs({"hw.id": f"GPU-{i % 3}"}), attrs({"i": i}))
+              for i in range(n)]
+    for _ in range(2):  # the second time from the caches
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
+
+
+def test_equal_values_of_other_types_are_not_confused_by_the_caches():
+    for first, second in ((1, True), (True, 1.0), (0.0, -0.0), (-0.0, 0), (False, 0)):
+        points = [MetricPoint("gpu.ofu", 1.0, T0, attrs({"v": first}), attrs({"v": first})),
+                  MetricPoint("gpu.ofu", 1.0, T0, attrs({"w": 1}), attrs({"v": second}))]
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
+
+
+def test_int64_range_is_checked_like_protobuf():
+    point = MetricPoint("gpu.ofu", 1.0, T0, attrs({"too.big": 2**63}))
+    with pytest.raises(ValueError):
+        otlp.encode_request([point])
