@@ -76,7 +76,8 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PAIR_CACHE_SIZE = 16384  # distinct (key, value) attribute pairs kept encoded
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint encoding of a non-negative int (lengths, tags, uint64)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -86,13 +87,13 @@ def _varint(n: int) -> bytes:
 
 
 _SHORT = 1 << 12
-_VARINTS = tuple(_varint(n) for n in range(_SHORT))  # every length below 4 KiB (a GPU's metrics), encoded
+_VARINTS = tuple(varint(n) for n in range(_SHORT))  # every length below 4 KiB (a GPU's metrics), encoded
 
 
 def _len_field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag byte(s), the payload length, the payload."""
     n = len(payload)
-    return tag + (_VARINTS[n] if n < _SHORT else _varint(n)) + payload
+    return tag + (_VARINTS[n] if n < _SHORT else varint(n)) + payload
 
 
 def _any_value_bytes(value: Any) -> bytes:
@@ -102,7 +103,7 @@ def _any_value_bytes(value: Any) -> bytes:
     if isinstance(value, int):
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise ValueError(f"Value out of range: {value}")
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+        return b"\x18" + varint(value & 0xFFFFFFFFFFFFFFFF)
     if isinstance(value, float):
         return b"\x21" + _F64.pack(value)
     return _len_field(b"\x0a", str(value).encode())
@@ -185,10 +186,10 @@ def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
         return cached[1]
     head = _metric_head(name, unit)
     point_size = _TIME_VALUE.size + attributes_size
-    point_field = b"\x0a" + _varint(point_size)
-    gauge_field = b"\x2a" + _varint(len(point_field) + point_size)
+    point_field = b"\x0a" + varint(point_size)
+    gauge_field = b"\x2a" + varint(len(point_field) + point_size)
     metric_size = len(head) + len(gauge_field) + len(point_field) + point_size
-    prefix = b"\x12" + _varint(metric_size) + head + gauge_field + point_field
+    prefix = b"\x12" + varint(metric_size) + head + gauge_field + point_field
     if len(_GAUGE_PREFIXES) < 4096:
         _GAUGE_PREFIXES[(name, unit, attributes_size)] = (info, prefix)
     return prefix

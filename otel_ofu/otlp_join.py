@@ -36,7 +36,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu import dcgm_fields
 from otel_ofu.model import HOST_NAME, GpuSample
-from otel_ofu.otlp import WireResourceMetrics, from_any_value
+from otel_ofu.otlp import WireResourceMetrics, from_any_value, varint
 from otel_ofu.values import clean_clock
 
 SOURCE = "otlp"
@@ -480,15 +480,6 @@ def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]
     return out
 
 
-def _len_prefix(payload_length: int) -> bytes:
-    out = bytearray()
-    while payload_length >= 0x80:
-        out.append((payload_length & 0x7F) | 0x80)
-        payload_length >>= 7
-    out.append(payload_length)
-    return bytes(out)
-
-
 def _trimmed_scope(data: bytes, start: int, end: int, changed: dict[int, bytes | None]) -> bytes:
     """A ScopeMetrics' bytes with the metrics in ``changed`` left out (None) or replaced."""
     parts = []
@@ -502,7 +493,7 @@ def _trimmed_scope(data: bytes, start: int, end: int, changed: dict[int, bytes |
             parts.append(data[run:f_start])
             replacement = changed[m_index]
             if replacement is not None:
-                parts.append(b"\x12" + _len_prefix(len(replacement)) + replacement)
+                parts.append(b"\x12" + varint(len(replacement)) + replacement)
             run = f_end
     parts.append(data[run:end])
     return b"".join(parts)
@@ -520,7 +511,7 @@ def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
             changed = edits.metrics.get(s_index)
             if changed:
                 scope = _trimmed_scope(data, p_start, f_end, changed)
-                parts.append(b"\x12" + _len_prefix(len(scope)) + scope)
+                parts.append(b"\x12" + varint(len(scope)) + scope)
                 continue
         parts.append(data[f_start:f_end])
     return b"".join(parts)
@@ -545,12 +536,12 @@ def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMet
                     field_bytes = wire[f_start:f_end]
                 else:
                     payload = _trimmed_wire(wire, p_start, f_end, edits)
-                    field_bytes = b"\x0a" + _len_prefix(len(payload)) + payload
+                    field_bytes = b"\x0a" + varint(len(payload)) + payload
             except (_WireError, IndexError):
                 field_bytes = None
         if field_bytes is None:  # unexpected layout: serialize the message instead
             payload = rm.SerializeToString()
-            field_bytes = b"\x0a" + _len_prefix(len(payload)) + payload
+            field_bytes = b"\x0a" + varint(len(payload)) + payload
         out.append(WireResourceMetrics(rm, field_bytes, edits.points))
     return out
 
