@@ -30,8 +30,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from otel_ofu import sim, specs, tiles
-from otel_ofu.ofu import OfuResult, compute_ofu
+from otel_ofu.core import specs, tiles
+from otel_ofu.core.ofu import OfuResult, compute_ofu
+from otel_ofu.sim import fleet as sim
 
 # (model string, precisions): one GPU per architecture the tile table knows.
 MODELS: tuple[tuple[str, tuple[str, ...]], ...] = (

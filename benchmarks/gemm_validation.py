@@ -4,7 +4,7 @@ Why: the tile correction (``otel_ofu.tiles``) rests on an assumed pipe excess; o
 GPU can check it. For each dtype (bf16, fp16, tf32, fp8 where the GPU has it) and GEMM shape
 (aligned and ragged) this runs back-to-back GEMMs for several OFU windows and compares
 
-- MFU = 2MNK x iterations / CUDA-event time / peak(dtype) (``otel_ofu.specs``), with
+- MFU = 2MNK x iterations / CUDA-event time / peak(dtype) (``otel_ofu.core.specs``), with
 - OFU read meanwhile: through the ``nvml`` receiver (GPM), through NVML GPM directly
   (ANY_TENSOR_UTIL per window, SM clock every 100 ms: also gives the one-sample "point"
   clock column), and through the ``dcgm`` receiver (or the DCGM bindings' DcgmReader) when
@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu import sim, specs, tiles
-from otel_ofu.config import build_config
-from otel_ofu.ofu import OfuResult, compute_ofu
+from otel_ofu.core import specs, tiles
+from otel_ofu.core.ofu import OfuResult, compute_ofu
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.sim import fleet as sim
 
 ALIGNED: tuple[tuple[int, int, int], ...] = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 8192, 4096),
                                              (8192, 28672, 8192))
@@ -358,7 +359,7 @@ class ReceiverSampler:
     def __init__(self, receiver_type: str, index: int, window_s: float):
         import importlib
 
-        from otel_ofu.component import Context
+        from otel_ofu.pipeline.component import Context
 
         module = importlib.import_module(f"otel_ofu.receivers.{receiver_type}")  # absent -> caller falls back
         factory = module.FACTORY

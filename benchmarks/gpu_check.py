@@ -5,7 +5,7 @@
 A square GEMM loop runs on GPU 0 (torch, imported lazily) while the ``nvml`` receiver reads
 GPM tensor activity and SM clocks on its own thread; each receiver window is printed with
 TPA, the mean SM clock, OFU (raw and tile-corrected) and the GEMM's MFU over the same window:
-2*M*N*K per GEMM / CUDA-event time / the dense peak for the dtype from otel_ofu.specs.
+2*M*N*K per GEMM / CUDA-event time / the dense peak for the dtype from otel_ofu.core.specs.
 Expect OFU a little above MFU (REFERENCE.md section 1: 1-3 pp raw, <= 2 pp corrected).
 
 Without torch, CUDA or a GPU it says so and exits 0; on a GPU without GPM (before Hopper) it
@@ -20,13 +20,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from otel_ofu import specs
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
-from otel_ofu.model import Batch
+from otel_ofu.core import specs
+from otel_ofu.core.model import Batch
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.nvml import NvmlReceiver, NvmlReceiverConfig
-from otel_ofu.telemetry import Telemetry
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32"}
 

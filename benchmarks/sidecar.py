@@ -91,7 +91,7 @@ class Sink:
 def otlp_exporter_registered() -> tuple[bool, str]:
     """Whether the ``otlp`` exporter exists in this tree (another change adds it)."""
     try:
-        from otel_ofu import registry
+        from otel_ofu.pipeline import registry
 
         return "otlp" in registry.factories()["exporters"], ""
     except Exception as exc:  # noqa: BLE001 - a tree mid-change: fall back and say why

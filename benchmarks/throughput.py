@@ -41,11 +41,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, ResourceMetrics
 
-from otel_ofu import otlp, otlp_join
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
-from otel_ofu.exporters.otlp_encoding import count_data_points, metrics_payload
-from otel_ofu.model import Batch
+from otel_ofu.core.model import Batch
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import join as otlp_join
+from otel_ofu.otlp.payload import count_data_points, metrics_payload
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
 from otel_ofu.processors.attribution import FACTORY as ATTRIBUTION
 from otel_ofu.processors.ofu import FACTORY as OFU
 

@@ -1,3 +1,3 @@
-from otel_ofu.cli import main
+from otel_ofu.cli.main import main
 
 raise SystemExit(main())

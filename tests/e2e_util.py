@@ -19,8 +19,8 @@ from typing import TypeVar
 
 import pytest
 
-from otel_ofu import otlp
-from otel_ofu.model import MetricPoint
+from otel_ofu.core.model import MetricPoint
+from otel_ofu.otlp import codec as otlp
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -25,8 +25,8 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-from otel_ofu import otlp
-from otel_ofu.model import MetricPoint, attrs
+from otel_ofu.core.model import MetricPoint, attrs
+from otel_ofu.otlp import codec as otlp
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 GPU_METRICS = ("gpu.ofu", "gpu.ofu.raw", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.power.usage")

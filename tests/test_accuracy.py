@@ -8,8 +8,8 @@ point sample, whose noise alone reaches 1 pp on A100s). The README states this f
 
 import pytest
 
-from otel_ofu.config import build_config
-from otel_ofu.ofu import OfuResult, compute_ofu
+from otel_ofu.core.ofu import OfuResult, compute_ofu
+from otel_ofu.pipeline.config import build_config
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet
 
 JOBS = [

@@ -19,12 +19,12 @@ from otel_ofu.attribution.nvml import NvmlPids
 from otel_ofu.attribution.procfs import parse_cgroup, parse_pids, read_process
 from otel_ofu.attribution.proto import podresources_v1_pb2 as pb
 from otel_ofu.attribution.proto import podresources_v1_pb2_grpc as pb_grpc
-from otel_ofu.component import Context
-from otel_ofu.config import ConfigError, FieldError, build_config
-from otel_ofu.model import Batch, GpuSample, MetricPoint, attrs
+from otel_ofu.core.model import Batch, GpuSample, MetricPoint, attrs
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import ConfigError, FieldError, build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.attribution import AttributionProcessor, AttributionProcessorConfig
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
-from otel_ofu.telemetry import Telemetry
 
 PROC = Path(__file__).parent / "data" / "proc"
 ROOT = Path(__file__).parent.parent
@@ -537,7 +537,7 @@ def test_end_to_end_attribution_then_ofu(kubelet):
 
 
 def test_sample_config_validates():
-    from otel_ofu.service import load_config
+    from otel_ofu.pipeline.service import load_config
 
     try:
         config = load_config(str(ROOT / "collector-config" / "attribution.yaml"))

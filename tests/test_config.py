@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu.config import ConfigError, Duration, FieldError, build_config, substitute_env
+from otel_ofu.pipeline.config import ConfigError, Duration, FieldError, build_config, substitute_env
+from otel_ofu.pipeline.service import load_config
 from otel_ofu.receivers.sim import SimReceiverConfig
-from otel_ofu.service import load_config
 
 DATA = Path(__file__).parent / "data" / "configs"
 ROOT = Path(__file__).parent.parent

@@ -14,15 +14,17 @@ from pathlib import Path
 import pytest
 from otlp_backends import T0, GrpcBackend, HttpBackend, free_port, gpu_points, triples, wait_until
 
-from otel_ofu import otlp
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
+from otel_ofu.core.model import Batch
 from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, Item, MemoryStore, SendResult, SqliteStore
 from otel_ofu.delivery.queue import QueueFull
 from otel_ofu.delivery.sender import DROPPED, QUEUE_SIZE, RETRIED, SENT
 from otel_ofu.exporters import otlp as otlp_exporter
-from otel_ofu.model import Batch
-from otel_ofu.telemetry import Telemetry
+from otel_ofu.exporters import otlphttp as otlphttp_exporter
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp.exporter import OtlpExporter
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,8 +231,8 @@ def test_failures_that_are_given_up_are_dropped_with_a_reason(first, options, re
 # --- real backends: outages, overflow, shutdown -------------------------------------------------
 
 
-def make(protocol: str, endpoint: str, telemetry: Telemetry, **queue) -> otlp_exporter.OtlpExporter:
-    factory = otlp_exporter.FACTORY if protocol == "grpc" else otlp_exporter.HTTP_FACTORY
+def make(protocol: str, endpoint: str, telemetry: Telemetry, **queue) -> OtlpExporter:
+    factory = otlp_exporter.FACTORY if protocol == "grpc" else otlphttp_exporter.FACTORY
     data = {"endpoint": endpoint, "compression": "none",
             "retry_on_failure": {"initial_interval": "20ms", "max_interval": "200ms", "max_elapsed_time": 0},
             "sending_queue": {"num_consumers": 4, **queue}}

@@ -7,7 +7,8 @@ import json
 import pynvml
 import pytest
 
-from otel_ofu import cli, doctor
+from otel_ofu.cli import doctor
+from otel_ofu.cli import main as cli
 from otel_ofu.gpu import dcgm_api, nvml_api
 from tests.fakes.clock import FakeClock
 from tests.fakes.dcgm import FakeDcgmEngine, FakeDcgmGpu
@@ -133,8 +134,8 @@ def test_run_without_config_uses_the_best_source_and_says_so(providers, capsys):
 
 
 def test_the_built_in_pipeline_validates_for_each_source():
-    from otel_ofu import registry
-    from otel_ofu.config import parse_service_config
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import parse_service_config
 
     for dcgm_usable, nvml_usable, receiver in ((True, True, "dcgm"), (False, True, "nvml")):
         report = doctor.Report("h", dcgm_usable=dcgm_usable, nvml_usable=nvml_usable)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from otel_ofu import otlp
+from otel_ofu.otlp import codec as otlp
 
 ROOT = Path(__file__).parent.parent
 

@@ -20,17 +20,18 @@ from otlp_backends import (
     wait_until,
 )
 
-from otel_ofu import otlp
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
+from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
 from otel_ofu.delivery.sender import DROPPED, RETRIED, SENT
 from otel_ofu.exporters import otlp as otlp_exporter
-from otel_ofu.exporters.otlp_config import OtlpExporterConfig, OtlpHttpExporterConfig, resolve
-from otel_ofu.exporters.otlp_encoding import metrics_payload
-from otel_ofu.exporters.otlp_transport import parse_retry_after
-from otel_ofu.metrics import METRICS
-from otel_ofu.model import Batch, Event, MetricPoint, attrs
-from otel_ofu.telemetry import Telemetry
+from otel_ofu.exporters import otlphttp as otlphttp_exporter
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp.exporter_config import OtlpExporterConfig, OtlpHttpExporterConfig, resolve
+from otel_ofu.otlp.payload import metrics_payload
+from otel_ofu.otlp.transport import parse_retry_after
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 def _merge(base: dict, extra: dict) -> dict:
@@ -45,7 +46,7 @@ def make_exporter():
     made = []
 
     def make(protocol: str, endpoint: str | None, telemetry: Telemetry | None = None, **config):
-        factory = otlp_exporter.FACTORY if protocol == "grpc" else otlp_exporter.HTTP_FACTORY
+        factory = otlp_exporter.FACTORY if protocol == "grpc" else otlphttp_exporter.FACTORY
         base: dict = {"retry_on_failure": {"initial_interval": "20ms", "max_interval": "200ms"},
                       "sending_queue": {"num_consumers": 2, "drain_timeout": "2s"}}
         if endpoint is not None:
@@ -319,7 +320,7 @@ def test_bad_settings_name_the_key(monkeypatch, cls, data, env, key):
 
 
 def test_sample_config_validates():
-    from otel_ofu.service import load_config
+    from otel_ofu.pipeline.service import load_config
 
     config = load_config(str(ROOT / "collector-config" / "sidecar-otlp.yaml"))
     otlp_cfg = config.components["exporters"]["otlp"]

@@ -8,8 +8,7 @@ import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_DELTA, ResourceMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
+from otel_ofu.core.model import Batch, MetricPoint
 from otel_ofu.exporters.prometheus import (
     PrometheusExporter,
     PrometheusExporterConfig,
@@ -17,7 +16,8 @@ from otel_ofu.exporters.prometheus import (
     prometheus_name,
     to_labels,
 )
-from otel_ofu.model import Batch, MetricPoint
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
 from tests.otlp_shapes import Gpu, dcgm_exporter_request

@@ -2,9 +2,9 @@
 
 import pytest
 
-from otel_ofu.config import FieldError, build_config
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit, gap_direction
 from otel_ofu.jobs.findings import CLOSE, FLOP_FORMULA_OVERCOUNT, MFU_GAP, OPEN, UNCOUNTED_PADDING_OR_RECOMPUTE
+from otel_ofu.pipeline.config import FieldError, build_config
 
 
 def feed(audit, pairs, start=300.0, step=60.0):

@@ -5,16 +5,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_ofu import otlp, registry
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
+from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.model import JOB_ID
 from otel_ofu.jobs.findings import FLOP_FORMULA_OVERCOUNT, MFU_GAP, REGRESSION, SUSTAINED_DROP
-from otel_ofu.metrics import METRICS
-from otel_ofu.model import JOB_ID
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.service import Service, load_config
 from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
-from otel_ofu.service import Service, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "collector-config" / "demo.yaml"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from otel_ofu.config import FieldError, build_config
 from otel_ofu.jobs.findings import CLOSE, OPEN, REGRESSION, SUSTAINED_DROP
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
+from otel_ofu.pipeline.config import FieldError, build_config
 
 MIN = 60.0
 

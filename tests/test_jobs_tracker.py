@@ -2,11 +2,11 @@
 
 import pytest
 
-from otel_ofu import specs
-from otel_ofu.config import FieldError, build_config
+from otel_ofu.core import specs
+from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
 from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN
 from otel_ofu.jobs.tracker import JobBook, JobsConfig
-from otel_ofu.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
+from otel_ofu.pipeline.config import FieldError, build_config
 
 H100 = "NVIDIA H100 80GB HBM3"
 T0 = 1_800_000_000  # a whole number of minutes: bins line up with the test's arithmetic

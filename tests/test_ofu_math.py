@@ -2,9 +2,9 @@
 
 import pytest
 
-from otel_ofu import ofu, tiles
-from otel_ofu.ofu import FREF_CONFIG, FREF_MAX_CLOCK, FREF_SPEC, OfuResult, compute_ofu
-from otel_ofu.values import DCGM_FP64_BLANK, NoValue
+from otel_ofu.core import ofu, tiles
+from otel_ofu.core.ofu import FREF_CONFIG, FREF_MAX_CLOCK, FREF_SPEC, OfuResult, compute_ofu
+from otel_ofu.core.values import DCGM_FP64_BLANK, NoValue
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -8,9 +8,10 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from otel_ofu import __version__, otlp
-from otel_ofu.metrics import METRICS
-from otel_ofu.model import MetricPoint, attrs
+from otel_ofu import __version__
+from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.model import MetricPoint, attrs
+from otel_ofu.otlp import codec as otlp
 
 T0 = 1_767_225_600_000_000_000
 

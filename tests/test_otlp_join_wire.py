@@ -14,8 +14,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
-from otel_ofu import otlp, otlp_join
-from otel_ofu.exporters.otlp_encoding import metrics_payload
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import join as otlp_join
+from otel_ofu.otlp.payload import metrics_payload
 from tests.otlp_shapes import Gpu, dcgm_exporter_request, dcgmreceiver_request
 
 T0 = 1_764_000_000_000_000_000

@@ -4,11 +4,11 @@ import logging
 
 import pytest
 
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
-from otel_ofu.model import Batch, GpuSample
+from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.core.values import DCGM_FP64_BLANK
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
-from otel_ofu.values import DCGM_FP64_BLANK
 
 
 def sample(**kw):
@@ -111,7 +111,7 @@ def test_bad_processor_configs_name_the_key(cfg, key):
 
 
 def test_points_already_in_the_batch_pass_through():
-    from otel_ofu.model import MetricPoint
+    from otel_ofu.core.model import MetricPoint
     extra = MetricPoint("training.mfu", 0.5, 1, (("ofu.job.id", "j"),))
     out = processor().process(Batch(samples=[sample()], points=[extra]))
     assert out.points[0] is extra

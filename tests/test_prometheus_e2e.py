@@ -12,9 +12,9 @@ import urllib.request
 
 import yaml
 
-from otel_ofu import registry
-from otel_ofu.config import load_document, parse_service_config
-from otel_ofu.service import Service
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.config import load_document, parse_service_config
+from otel_ofu.pipeline.service import Service
 from tests.e2e_util import ROOT, Process, free_ports, prometheus_binary, read_points, wait_for
 
 GPUS = 8  # collector-config/prometheus.yaml: one simulated node of eight GPUs

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu.component import Context
-from otel_ofu.config import ConfigError, FieldError, build_config
+from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch
 from otel_ofu.gpu import dcgm_api
-from otel_ofu.model import GPU_MIG_INSTANCE, Batch
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import ConfigError, FieldError, build_config
+from otel_ofu.pipeline.service import load_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm import FACTORY, DcgmReceiver, DcgmReceiverConfig
-from otel_ofu.service import load_config
-from otel_ofu.telemetry import Telemetry
 from tests.fakes.clock import FakeClock
 from tests.fakes.dcgm import FE_GPU, FE_GPU_I, FakeDcgmEngine, FakeDcgmGpu, FakeMigInstance
 

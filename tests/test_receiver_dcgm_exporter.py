@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu import tiles
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
-from otel_ofu.model import Batch, MetricPoint
+from otel_ofu.core import tiles
+from otel_ofu.core.model import Batch, MetricPoint
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import (
     DcgmExporterReceiver,
@@ -21,7 +22,6 @@ from otel_ofu.receivers.dcgm_exporter import (
     normalize_endpoint,
     parse_metrics,
 )
-from otel_ofu.telemetry import Telemetry
 
 DATA = Path(__file__).parent / "data" / "dcgm-exporter"
 PAGES = {"h100": "h100.prom", "a100": "a100-old-labels.prom", "b200": "b200-mig.prom", "malformed": "malformed.prom"}

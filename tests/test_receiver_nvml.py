@@ -9,14 +9,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
+from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch
 from otel_ofu.gpu import nvml_api
-from otel_ofu.model import GPU_MIG_INSTANCE, Batch
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.pipeline.service import load_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.nvml import FACTORY, NvmlReceiver, NvmlReceiverConfig
-from otel_ofu.service import load_config
-from otel_ofu.telemetry import Telemetry
 from tests.fakes.clock import FakeClock
 from tests.fakes.nvml import FakeNvml, FakeNvmlGpu, FakeNvmlMig, MissingNvml
 

@@ -19,14 +19,16 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu import otlp, otlp_join, registry
-from otel_ofu.component import Context
-from otel_ofu.config import ConfigError, FieldError, build_config, parse_service_config
-from otel_ofu.model import Batch
+from otel_ofu.core.model import Batch
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import join as otlp_join
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import ConfigError, FieldError, build_config, parse_service_config
+from otel_ofu.pipeline.service import Service
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.otlp import REQUESTS, SAMPLES, OtlpReceiver, OtlpReceiverConfig
-from otel_ofu.service import Service
-from otel_ofu.telemetry import Telemetry
 from tests import certs
 from tests.otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request, dcgmreceiver_request
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu.component import Context
-from otel_ofu.config import FieldError, build_config
+from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
 from otel_ofu.exporters.file import FileExporter, FileExporterConfig
-from otel_ofu.model import Batch, Event, MetricPoint, attrs
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.replay import (
     ReplayFormatError,
@@ -24,7 +25,6 @@ from otel_ofu.receivers.replay import (
     read_frames,
 )
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
-from otel_ofu.telemetry import Telemetry
 
 DATA = Path(__file__).parent / "data" / "replay"
 DMON = DATA / "h100-dmon.txt"

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_ofu import otlp
-from otel_ofu.cli import main
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
+from otel_ofu.cli.main import main
 from otel_ofu.exporters.file import FileExporter, FileExporterConfig
 from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
 from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
-from otel_ofu.report import build_report, metric_points
+from otel_ofu.report.build import build_report, metric_points
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "collector-config" / "demo.yaml"

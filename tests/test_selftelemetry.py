@@ -1,9 +1,9 @@
 """Self-telemetry reaches a pipeline: what components count is exported as metrics."""
 
-from otel_ofu.component import Context
-from otel_ofu.config import build_config
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.receivers.selftelemetry import SelfTelemetryReceiver, SelfTelemetryReceiverConfig
-from otel_ofu.telemetry import Telemetry
 
 
 def test_snapshot_of_counters_and_gauges_under_the_service_resource():

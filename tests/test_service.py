@@ -3,14 +3,14 @@
 import io
 import threading
 
-from otel_ofu import registry
-from otel_ofu.component import Context, Exporter, Factory, Processor
-from otel_ofu.config import parse_service_config
+from otel_ofu.core.model import Batch, GpuSample, MetricPoint
 from otel_ofu.exporters.console import ConsoleExporter, ConsoleExporterConfig
-from otel_ofu.model import Batch, GpuSample, MetricPoint
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.component import Context, Exporter, Factory, Processor
+from otel_ofu.pipeline.config import parse_service_config
+from otel_ofu.pipeline.service import Pipeline, Service, _ExporterSlot
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
-from otel_ofu.service import Pipeline, Service, _ExporterSlot
-from otel_ofu.telemetry import Telemetry
 
 
 class Recorder(Exporter):
@@ -45,7 +45,7 @@ def test_failing_processor_drops_batch_for_its_pipeline_only_and_counts_it():
     ok = Pipeline("metrics/ok", [OfuProcessor(OfuProcessorConfig(), Context("ofu"))], [("a", _ExporterSlot(rec_ok))],
                   telemetry)
     bad = Pipeline("metrics/bad", [Boom(None, Context("boom"))], [("b", _ExporterSlot(rec_bad))], telemetry)
-    from otel_ofu.service import _fan_out
+    from otel_ofu.pipeline.service import _fan_out
     _fan_out([bad, ok])(Batch(samples=[sample()]))
     assert rec_bad.batches == []
     assert any(p.name == "gpu.ofu" for p in rec_ok.batches[0].points)
@@ -62,7 +62,7 @@ def test_fan_out_gives_each_pipeline_its_own_samples():
     recs = [Recorder(None, Context(str(i))) for i in range(2)]
     pipes = [Pipeline(f"p{i}", [Tag(tag, Context("t"))], [(str(i), _ExporterSlot(recs[i]))], Telemetry())
              for i, tag in enumerate(["x", "y"])]
-    from otel_ofu.service import _fan_out
+    from otel_ofu.pipeline.service import _fan_out
     _fan_out(pipes)(Batch(samples=[sample()]))
     assert recs[0].batches[0].samples[0].job_id == "x" and recs[1].batches[0].samples[0].job_id == "y"
 

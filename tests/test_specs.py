@@ -2,7 +2,7 @@
 
 import pytest
 
-from otel_ofu import specs
+from otel_ofu.core import specs
 
 
 @pytest.mark.parametrize(

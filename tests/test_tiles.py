@@ -2,8 +2,8 @@
 
 import pytest
 
-from otel_ofu import tiles
-from otel_ofu.tiles import Tile, correction_factor, flops_weighted_efficiency, tile_efficiency
+from otel_ofu.core import tiles
+from otel_ofu.core.tiles import Tile, correction_factor, flops_weighted_efficiency, tile_efficiency
 
 HOPPER_BF16 = tiles.ARCH_TILES["hopper"]["bf16"]  # 128 x 256 x 64
 

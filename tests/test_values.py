@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from otel_ofu.values import (
+from otel_ofu.core.values import (
     DCGM_FP64_BLANK,
     DCGM_INT32_BLANK,
     DCGM_INT64_BLANK,

@@ -7,8 +7,8 @@ from typing import Literal
 
 from otel_ofu.attribution.kubelet import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
 from otel_ofu.attribution.rules import RuleConfig
-from otel_ofu.config import Duration, require
-from otel_ofu.model import NO_JOB
+from otel_ofu.core.model import NO_JOB
+from otel_ofu.pipeline.config import Duration, require
 
 # Job ids that mean "no job known": attribution may fill these in without ``override``.
 UNSET_JOBS = frozenset({"", NO_JOB, "unknown"})

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu import specs
-from otel_ofu.config import require
+from otel_ofu.core import specs
+from otel_ofu.pipeline.config import require
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from otel_ofu.delivery.queue import BoundedQueue, Item, QueueFull
 from otel_ofu.delivery.retry import Backoff, SendResult
-from otel_ofu.telemetry import Telemetry
+from otel_ofu.pipeline.telemetry import Telemetry
 
 QUEUE_SIZE = "otel_ofu.exporter.queue.size"
 QUEUE_CAPACITY = "otel_ofu.exporter.queue.capacity"

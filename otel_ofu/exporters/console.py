@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TextIO
 
-from otel_ofu.component import Context, Exporter, Factory
-from otel_ofu.config import Duration, require
-from otel_ofu.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch
+from otel_ofu.core.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch
+from otel_ofu.pipeline.component import Context, Exporter, Factory
+from otel_ofu.pipeline.config import Duration, require
 
 _COLUMNS = ("host", "gpu", "model", "job", "precision", "tpa", "sm_mhz", "ofu_raw", "ofu")
 _METRIC_COLUMNS = {"gpu.tensor.activity": "tpa", "gpu.sm.clock.frequency": "sm_mhz", "gpu.ofu.raw": "ofu_raw",

@@ -11,10 +11,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ofu import otlp
-from otel_ofu.component import Context, Exporter, Factory
-from otel_ofu.config import require
-from otel_ofu.model import Batch
+from otel_ofu.core.model import Batch
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.pipeline.component import Context, Exporter, Factory
+from otel_ofu.pipeline.config import require
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""The ``otlphttp`` exporter: :mod:`otel_ofu.exporters.otlp` over OTLP/HTTP (protobuf).
+"""The ``otlphttp`` exporter: :mod:`otel_ofu.otlp.exporter` over OTLP/HTTP (protobuf)."""
 
-Its own module only because the registry wants one FACTORY per module.
-"""
+from otel_ofu.otlp.exporter import OtlpHttpExporter
+from otel_ofu.otlp.exporter_config import OtlpHttpExporterConfig
+from otel_ofu.pipeline.component import Factory
 
-from otel_ofu.exporters.otlp import HTTP_FACTORY
-
-FACTORY = HTTP_FACTORY
+FACTORY = Factory("otlphttp", OtlpHttpExporterConfig, OtlpHttpExporter,
+                  "sends OTLP/HTTP protobuf, with a retrying, optionally on-disk queue")

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.component import Context, Exporter, Factory
-from otel_ofu.config import Duration, FieldError, require
-from otel_ofu.metrics import METRICS
-from otel_ofu.model import Batch, MetricPoint
-from otel_ofu.receivers.otlp import ServerTlsConfig, is_loopback, parse_endpoint
+from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.model import Batch, MetricPoint
+from otel_ofu.pipeline.component import Context, Exporter, Factory
+from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
 
 DEFAULT_ENDPOINT = "127.0.0.1:9464"  # the OpenTelemetry SDKs' Prometheus exporter port
 
@@ -309,7 +309,7 @@ def _passthrough_points(resource_metrics: Iterable[Any], warn: Callable[..., Non
     """Gauges and cumulative sums of passed-through OTLP ResourceMetrics as points."""
     from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_DELTA
 
-    from otel_ofu.otlp import attributes_of, passthrough_messages
+    from otel_ofu.otlp.codec import attributes_of, passthrough_messages
 
     for rm in passthrough_messages(resource_metrics):
         resource = attributes_of(rm.resource.attributes)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu import dcgm_fields as F
-from otel_ofu.values import DCGM_FP64_BLANK, DCGM_INT64_BLANK
+from otel_ofu.core import dcgm_fields as F
+from otel_ofu.core.values import DCGM_FP64_BLANK, DCGM_INT64_BLANK
 
 log = logging.getLogger("otel_ofu.gpu.dcgm")
 

@@ -13,10 +13,10 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import HOST_NAME, HW_VENDOR, MetricPoint, attrs
-from otel_ofu.telemetry import Telemetry
-from otel_ofu.values import DCGM_FP64_BLANK
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import HOST_NAME, HW_VENDOR, MetricPoint, attrs
+from otel_ofu.core.values import DCGM_FP64_BLANK
+from otel_ofu.pipeline.telemetry import Telemetry
 
 STATUS_METRIC = register(MetricInfo(
     "otel_ofu.receiver.status", "1", "gauge",

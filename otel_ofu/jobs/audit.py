@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from otel_ofu.config import Duration, require
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.findings import (
     CLOSE,
@@ -26,6 +25,7 @@ from otel_ofu.jobs.findings import (
     Transition,
     sustain_bins,
 )
+from otel_ofu.pipeline.config import Duration, require
 
 
 @dataclass

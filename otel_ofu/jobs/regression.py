@@ -16,8 +16,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from otel_ofu.config import Duration, require
 from otel_ofu.jobs.findings import CLOSE, OPEN, REGRESSION, SUSTAINED_DROP, Finding, Transition, sustain_bins
+from otel_ofu.pipeline.config import Duration, require
 
 
 @dataclass

@@ -14,14 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from otel_ofu import specs
 from otel_ofu.attribution import JOB_SHARED  # set by attribution when several jobs hold one GPU
-from otel_ofu.config import Duration, require
+from otel_ofu.core import specs
+from otel_ofu.core.model import HW_MODEL, JOB_ID, NO_JOB, PRECISION, Attributes, MetricPoint
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
-from otel_ofu.model import HW_MODEL, JOB_ID, NO_JOB, PRECISION, Attributes, MetricPoint
+from otel_ofu.pipeline.config import Duration, require
 
 OFU_METRIC = "gpu.ofu"
 FLOPS_METRIC = "gpu.flops.achieved"

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_ofu import specs
 from otel_ofu.attribution import (
     HPC_JOB_ID,
     JOB_SHARED,
@@ -40,9 +39,9 @@ from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
 from otel_ofu.attribution.rules import RuleResult, evaluate
 from otel_ofu.attribution.slurm import ENV_KEYS, slurm_attributes
-from otel_ofu.component import Context, Factory, Processor
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import (
+from otel_ofu.core import specs
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import (
     GPU_INDEX,
     HOST_NAME,
     HW_ID,
@@ -55,6 +54,7 @@ from otel_ofu.model import (
     MetricPoint,
     attrs,
 )
+from otel_ofu.pipeline.component import Context, Factory, Processor
 
 OVERFLOW_METRIC = register(MetricInfo(
     "otel_ofu.attribution.overflow", "{sample}", "sum",

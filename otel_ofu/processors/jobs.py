@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 
-from otel_ofu.component import Context, Factory, Processor
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN, Finding, Transition
 from otel_ofu.jobs.tracker import JobBook, JobsConfig, JobSummary, JobTracker, Snapshot, Update
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.pipeline.component import Context, Factory, Processor
 
 WINDOW = "ofu.window"
 FINDING_KIND = "ofu.finding.kind"

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from otel_ofu import specs
-from otel_ofu.component import Context, Factory, Processor
-from otel_ofu.config import require
-from otel_ofu.model import (
+from otel_ofu.core import specs
+from otel_ofu.core.model import (
     DROP_REASON,
     FREF_SOURCE,
     JOB_ID,
@@ -24,9 +22,11 @@ from otel_ofu.model import (
     MetricPoint,
     attrs,
 )
-from otel_ofu.ofu import FREF_MAX_CLOCK, OfuResult, compute_ofu
-from otel_ofu.tiles import ARCH_TILES
-from otel_ofu.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
+from otel_ofu.core.ofu import FREF_MAX_CLOCK, OfuResult, compute_ofu
+from otel_ofu.core.tiles import ARCH_TILES
+from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
+from otel_ofu.pipeline.component import Context, Factory, Processor
+from otel_ofu.pipeline.config import require
 
 UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept

@@ -23,17 +23,17 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from otel_ofu import dcgm_fields as F
-from otel_ofu.component import Context, Factory, PollingReceiver
-from otel_ofu.config import Duration, require
+from otel_ofu.core import dcgm_fields as F
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, Batch, GpuSample, MetricPoint
+from otel_ofu.core.ofu import mean_clock
+from otel_ofu.core.values import NoValue, clean, clean_ratio
 from otel_ofu.gpu import dcgm_api, status
 from otel_ofu.gpu.backoff import Backoff
 from otel_ofu.gpu.clock import SYSTEM_CLOCK, Clock
 from otel_ofu.gpu.dcgm_api import DcgmEntity, DcgmError, DcgmSession, Series
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, Batch, GpuSample, MetricPoint
-from otel_ofu.ofu import mean_clock
-from otel_ofu.values import NoValue, clean, clean_ratio
+from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, require
 
 SOURCE = "dcgm"
 

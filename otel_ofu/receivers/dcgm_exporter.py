@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_ofu import __version__, dcgm_fields
-from otel_ofu.component import Context, Factory, PollingReceiver
-from otel_ofu.config import Duration, FieldError, require
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import Batch, GpuSample
+from otel_ofu import __version__
+from otel_ofu.core import dcgm_fields
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, FieldError, require
 
 SOURCE = "dcgm_exporter"
 DEFAULT_PATH = "/metrics"

@@ -20,14 +20,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.component import Context, Factory, PollingReceiver
-from otel_ofu.config import Duration, require
+from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample
+from otel_ofu.core.ofu import mean_clock
 from otel_ofu.gpu import nvml_api, status
 from otel_ofu.gpu.backoff import Backoff
 from otel_ofu.gpu.clock import SYSTEM_CLOCK, Clock
 from otel_ofu.gpu.nvml_api import NvmlError, NvmlGpu
-from otel_ofu.model import GPU_MIG_INSTANCE, Batch, GpuSample
-from otel_ofu.ofu import mean_clock
+from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, require
 
 SOURCE = "nvml"
 PROCESS_PID = "process.pid"

@@ -14,7 +14,6 @@ unauthenticated request gets the proper gRPC status / HTTP code, is counted in
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import socket
 import ssl
@@ -25,11 +24,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from otel_ofu import otlp_join
-from otel_ofu.component import Consumer, Context, Factory, Receiver
-from otel_ofu.config import Duration, FieldError, build_config, require
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import Batch
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import Batch
+from otel_ofu.otlp import join as otlp_join
+from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
+from otel_ofu.pipeline.config import Duration, FieldError, build_config, require
+from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
 
 REQUESTS = register(MetricInfo(
     "otel_ofu.receiver.requests", "{request}", "sum",
@@ -62,28 +62,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-@dataclass
-class ServerTlsConfig:
-    """TLS is on when cert_file and key_file are set; client_ca_file adds mTLS."""
-
-    cert_file: str = ""
-    key_file: str = ""
-    client_ca_file: str = ""  # set: clients must present a certificate signed by this CA (mTLS)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.cert_file)
-
-    def validate(self) -> None:
-        require(bool(self.cert_file) == bool(self.key_file), "cert_file" if not self.cert_file else "key_file",
-                "a TLS server needs both cert_file and key_file")
-        require(not self.client_ca_file or self.enabled, "client_ca_file",
-                "mTLS needs the server's own cert_file and key_file too")
-        for key in ("cert_file", "key_file", "client_ca_file"):
-            path = getattr(self, key)
-            require(not path or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
 
 
 @dataclass
@@ -159,24 +137,6 @@ class OtlpReceiverConfig:
 
     def http(self) -> ProtocolConfig | None:
         return self.protocols.http if isinstance(self.protocols.http, ProtocolConfig) else None
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``host:port`` / ``[v6]:port`` -> (host, port). An empty host (``:4317``) means all interfaces."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected host:port, got {text!r}")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class RequestRefused(Exception):

@@ -36,11 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from otel_ofu import dcgm_fields, otlp
-from otel_ofu.component import Context, Factory, PollingReceiver
-from otel_ofu.config import Duration, FieldError, require
-from otel_ofu.metrics import MetricInfo, register
-from otel_ofu.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
+from otel_ofu.core import dcgm_fields
+from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, FieldError, require
 
 SOURCE = "replay"
 FORMATS = ("dmon", "csv", "otlp_json")

@@ -14,9 +14,9 @@ import socket
 from dataclasses import dataclass, field
 
 from otel_ofu import __version__
-from otel_ofu.component import Factory, PollingReceiver
-from otel_ofu.config import Duration, require
-from otel_ofu.model import HOST_NAME, Batch, attrs
+from otel_ofu.core.model import HOST_NAME, Batch, attrs
+from otel_ofu.pipeline.component import Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, require
 
 
 @dataclass

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from otel_ofu import sim, specs
-from otel_ofu.component import Context, Factory, PollingReceiver
-from otel_ofu.config import Duration, FieldError, require
-from otel_ofu.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
+from otel_ofu.core import specs
+from otel_ofu.core.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
+from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
+from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.sim import fleet as sim
 
 Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint"]
 

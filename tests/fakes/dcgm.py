@@ -25,8 +25,8 @@ import string
 import types
 from dataclasses import dataclass, field
 
+from otel_ofu.core.values import DCGM_FP64_BLANK, DCGM_INT64_BLANK
 from otel_ofu.gpu.dcgm_api import DcgmBindings
-from otel_ofu.values import DCGM_FP64_BLANK, DCGM_INT64_BLANK
 
 # --- dcgm_structs ---------------------------------------------------------------------------
 

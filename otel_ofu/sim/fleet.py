@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from otel_ofu import specs, tiles
-from otel_ofu.model import NO_JOB, GpuSample
+from otel_ofu.core import specs, tiles
+from otel_ofu.core.model import NO_JOB, GpuSample
 
 SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint")
 

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.util.re import parse_env_headers
 
-from otel_ofu.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, FieldError, require
 
 GRPC_DEFAULT_ENDPOINT = "localhost:4317"
 HTTP_DEFAULT_ENDPOINT = "http://localhost:4318"

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.model import Batch
-from otel_ofu.telemetry import Telemetry
+from otel_ofu.core.model import Batch
+from otel_ofu.pipeline.telemetry import Telemetry
 
 Consumer = Callable[[Batch], None]
 

@@ -21,7 +21,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from otel_ofu.delivery import Item, SendResult
-from otel_ofu.exporters.otlp_config import Settings
+from otel_ofu.otlp.exporter_config import Settings
 
 METHODS = {
     "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",

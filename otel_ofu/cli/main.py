@@ -8,23 +8,18 @@ import logging
 import sys
 
 from otel_ofu import __version__
-from otel_ofu.config import ConfigError
+from otel_ofu.cli.logs import configure_logging
+from otel_ofu.pipeline.config import ConfigError
 
 log = logging.getLogger("otel_ofu.cli")
 
 # Modules that add subcommands: each defines ``register(subparsers)``, which adds its parser
 # and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES: tuple[str, ...] = ("otel_ofu.report", "otel_ofu.doctor")
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper().replace("WARN", "WARNING").replace("WARNINGING",
-                                                                                                "WARNING")),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+COMMAND_MODULES: tuple[str, ...] = ("otel_ofu.report.command", "otel_ofu.cli.doctor")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from otel_ofu.service import load_config
+    from otel_ofu.pipeline.service import load_config
 
     try:
         config = load_config(args.config)
@@ -37,10 +32,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from otel_ofu.service import Service, load_config
+    from otel_ofu.pipeline.service import Service, load_config
 
     if not args.config:  # the best real GPU source on this machine, or a pointer to the demo
-        from otel_ofu.doctor import run_autodetect
+        from otel_ofu.cli.doctor import run_autodetect
 
         return run_autodetect(args)
     try:
@@ -48,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 1
-    _configure_logging(args.log_level or config.log_level)
+    configure_logging(args.log_level or config.log_level)
     service = Service(config)
     try:
         service.run(duration=args.duration)

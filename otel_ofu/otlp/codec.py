@@ -26,8 +26,8 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import __version__
-from otel_ofu.metrics import METRICS, MetricInfo
-from otel_ofu.model import Attributes, Event, MetricPoint
+from otel_ofu.core.metrics import METRICS, MetricInfo
+from otel_ofu.core.model import Attributes, Event, MetricPoint
 
 SCOPE_NAME = "otel-ofu"
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ofu.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
 
 SM_CLOCK = 100
 APP_SM_CLOCK = 110

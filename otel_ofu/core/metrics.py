@@ -80,11 +80,3 @@ def markdown_table() -> str:
     rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
     rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in METRICS.values()]
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # python -m otel_ofu.metrics
-    # Importing the components registers their metrics in otel_ofu.metrics (not in __main__).
-    from otel_ofu import metrics, registry
-
-    registry.factories()
-    print(metrics.markdown_table())

@@ -34,10 +34,10 @@ from typing import Any
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
-from otel_ofu import dcgm_fields
-from otel_ofu.model import HOST_NAME, GpuSample
-from otel_ofu.otlp import WireResourceMetrics, from_any_value, varint
-from otel_ofu.values import clean_clock
+from otel_ofu.core import dcgm_fields
+from otel_ofu.core.model import HOST_NAME, GpuSample
+from otel_ofu.core.values import clean_clock
+from otel_ofu.otlp.codec import WireResourceMetrics, from_any_value, varint
 
 SOURCE = "otlp"
 

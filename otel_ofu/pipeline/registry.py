@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from otel_ofu.component import Factory
+from otel_ofu.pipeline.component import Factory
 
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "receivers": (

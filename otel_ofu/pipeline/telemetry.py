@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from otel_ofu.metrics import METRICS
-from otel_ofu.model import Attributes, MetricPoint, attrs
+from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.model import Attributes, MetricPoint, attrs
 
 
 class Telemetry:

@@ -16,8 +16,8 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from otel_ofu import specs, tiles
-from otel_ofu.values import TPA_TOLERANCE, NoValue, clean_clock, clean_ratio
+from otel_ofu.core import specs, tiles
+from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean_clock, clean_ratio
 
 # Marker of where f_ref came from (attribute ofu.fref.source).
 FREF_SPEC = "spec"  # the spec table's tensor reference clock for the model

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from otel_ofu.report import JobReport, Report
+from otel_ofu.report.build import JobReport, Report
 
 FINDING_STYLE = {"mfu_gap": ("#8e44ad", "MFU audit: reported MFU disagrees with OFU"),
                  "regression": ("#c0392b", "regression: OFU well below the job's baseline")}

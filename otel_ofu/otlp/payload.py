@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics as PbResourceMetrics
 
-from otel_ofu import otlp
-from otel_ofu.model import Event, MetricPoint
+from otel_ofu.core.model import Event, MetricPoint
+from otel_ofu.otlp import codec as otlp
 
 
 def metrics_payload(points: Sequence[MetricPoint], passthrough: Iterable[object] = ()) -> tuple[bytes, int] | None:

@@ -1,4 +1,4 @@
-"""``otel-ofu report PATH``: per-job answers from recorded file-exporter output.
+"""Per-job answers from recorded file-exporter output (``otel-ofu report``, :mod:`.command`).
 
 The table is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``, the
 reported-MFU metric) with the same :class:`otel_ofu.jobs.tracker.JobBook` the ``jobs``
@@ -14,7 +14,6 @@ Log lines (few) go through :mod:`otel_ofu.otlp`.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
@@ -26,10 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from otel_ofu import otlp
+from otel_ofu.core.model import JOB_ID, Attributes, Event, MetricPoint
 from otel_ofu.jobs.findings import MFU_GAP
 from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobsConfig, JobSummary, Update
-from otel_ofu.model import JOB_ID, Attributes, Event, MetricPoint
+from otel_ofu.otlp import codec as otlp
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -379,58 +378,3 @@ def write_csv(report: Report, path: str | Path) -> None:
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details])
-
-
-def _jobs_config(config_path: str) -> JobsConfig:
-    from otel_ofu.config import ConfigError, component_type
-    from otel_ofu.service import load_config
-
-    try:
-        service = load_config(config_path)
-    except ConfigError as exc:
-        raise ReportError(f"invalid config: {exc}") from None
-    for comp_id, cfg in service.components["processors"].items():
-        if component_type(comp_id) == "jobs":
-            return cfg
-    raise ReportError(f"{config_path}: no jobs processor configured: nothing to take settings from")
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    try:
-        config = _jobs_config(args.config) if args.config else None
-        report = build_report(args.path, config, recompute=args.recompute)
-        if args.csv:
-            write_csv(report, args.csv)
-        if args.plots:
-            from otel_ofu import report_plots
-
-            written = report_plots.write_plots(report, args.plots)
-            log.info("wrote %d plots to %s", len(written), args.plots)
-    except ReportError as exc:
-        print(f"otel-ofu report: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report_json(report), indent=2))
-    else:
-        print(render_table(report))
-        if args.csv:
-            print(f"CSV: {args.csv}")
-        if args.plots:
-            print(f"plots: {args.plots}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "report", help="per-job table (GPU hours, OFU, FLOPs, waste, findings) and plots from a recording",
-        description="Reads OTLP JSON lines written by the file exporter and prints a per-job table sorted by wasted "
-                    "GPU hours.")
-    parser.add_argument("path", help="the file exporter's output (OTLP JSON lines)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
-    parser.add_argument("--plots", metavar="DIR", help="also write PNG plots (per-job timelines, fleet distribution)")
-    parser.add_argument("--recompute", action="store_true",
-                        help="recompute findings from the points even when the recording holds finding events")
-    parser.add_argument("--config", metavar="FILE",
-                        help="take the jobs settings (windows, thresholds) from this pipeline config's jobs processor")
-    parser.set_defaults(func=cmd_report)

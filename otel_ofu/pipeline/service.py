@@ -16,11 +16,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from otel_ofu import registry
-from otel_ofu.component import Component, Context, Exporter, Processor, Receiver
-from otel_ofu.config import ConfigError, ServiceConfig, component_type, load_document, parse_service_config
-from otel_ofu.model import Batch
-from otel_ofu.telemetry import Telemetry
+from otel_ofu.core.model import Batch
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.component import Component, Context, Exporter, Processor, Receiver
+from otel_ofu.pipeline.config import ConfigError, ServiceConfig, component_type, load_document, parse_service_config
+from otel_ofu.pipeline.telemetry import Telemetry
 
 log = logging.getLogger("otel_ofu.service")
 

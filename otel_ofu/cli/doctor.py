@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_ofu.cli.logs import configure_logging
 from otel_ofu.gpu import dcgm_api, nvml_api
 from otel_ofu.gpu.dcgm_api import DcgmError, DcgmSession
 from otel_ofu.gpu.nvml_api import NvmlError
@@ -224,10 +225,9 @@ def auto_document(report: Report) -> dict[str, Any]:
 
 def run_autodetect(args: argparse.Namespace) -> int:
     """``otel-ofu run`` without ``--config``: the best real source, said on stderr; never a simulation."""
-    from otel_ofu import registry
-    from otel_ofu.cli import _configure_logging
-    from otel_ofu.config import parse_service_config
-    from otel_ofu.service import Service
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import parse_service_config
+    from otel_ofu.pipeline.service import Service
 
     report = diagnose()
     if report.best is None:
@@ -243,7 +243,7 @@ def run_autodetect(args: argparse.Namespace) -> int:
     print(f"otel-ofu run: no --config given; using the {report.best} receiver ({detail}) -> ofu -> console. "
           "Give --config for anything else.", file=sys.stderr)
     config = parse_service_config(auto_document(report), "<auto-detected>", registry.factories())
-    _configure_logging(args.log_level or "info")
+    configure_logging(args.log_level or "info")
     try:
         Service(config).run(duration=args.duration)
     except KeyboardInterrupt:

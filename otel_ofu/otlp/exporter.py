@@ -1,0 +1,92 @@
+"""What the ``otlp`` (gRPC) and ``otlphttp`` exporters do: metrics and events out over OTLP.
+
+``export()`` encodes the batch with the OTLP SDK's encoder (points keep their own
+timestamps and resources, see :mod:`otel_ofu.otlp.payload`) and hands the
+serialized requests to :class:`otel_ofu.delivery.Delivery`, which sends them from a bounded
+queue on its own threads. Points go out as OTLP metrics; Batch.events as OTLP logs, built by
+:func:`otel_ofu.otlp.codec.events_to_request` (raw protobuf: the SDK's log data classes are still
+experimental) and sent over the same channel/session. Settings: README.md, section Shipping OTLP.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from otel_ofu.core.model import Batch
+from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, MemoryStore, SqliteStore
+from otel_ofu.otlp.exporter_config import OtlpExporterConfig, resolve
+from otel_ofu.pipeline.component import Context, Exporter
+
+
+def queue_file(storage: str, component_id: str) -> Path:
+    """Where an exporter keeps its queue: one SQLite file per exporter id in the storage dir."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in component_id)
+    return Path(storage).expanduser() / f"{safe}.sqlite3"
+
+
+class OtlpExporter(Exporter):
+    def __init__(self, config: OtlpExporterConfig, context: Context):
+        super().__init__(config, context)
+        self.settings = resolve(config, os.environ)
+        self.delivery: Delivery | None = None
+        self._transport = None
+
+    def _make_transport(self):
+        from otel_ofu.otlp.transport import GrpcTransport
+
+        return GrpcTransport(self.settings)
+
+    def start(self) -> None:
+        cfg = self.config
+        queue_cfg, retry = cfg.sending_queue, cfg.retry_on_failure
+        self._transport = self._make_transport()
+        queue = None
+        if queue_cfg.enabled:
+            store = SqliteStore(queue_file(queue_cfg.storage, self.context.component_id)) if queue_cfg.storage \
+                else MemoryStore()
+            queue = BoundedQueue(store, queue_cfg.queue_size)
+        options = DeliveryOptions(
+            queue_enabled=queue_cfg.enabled, num_consumers=queue_cfg.num_consumers,
+            block_on_overflow=queue_cfg.block_on_overflow, block_timeout=float(queue_cfg.block_timeout),
+            drain_timeout=float(queue_cfg.drain_timeout), retry_enabled=retry.enabled,
+            initial_interval=float(retry.initial_interval), max_interval=float(retry.max_interval),
+            max_elapsed_time=float(retry.max_elapsed_time), multiplier=retry.multiplier,
+            randomization_factor=retry.randomization_factor, send_timeout=self.settings.timeout)
+        self.delivery = Delivery(self.context.component_id, self._transport.send, queue, options,
+                                 self.context.telemetry, self.log)
+        self.delivery.start()
+        if self.settings.insecure_skip_verify:
+            self.log.warning("%s: tls.insecure_skip_verify is set: the server's certificate is not checked",
+                             self.context.component_id)
+        where = queue_file(queue_cfg.storage, self.context.component_id) if queue_cfg.storage else "memory"
+        self.log.info("%s: exporting to %s (%s, compression %s, queue %s)", self.context.component_id,
+                      self.settings.targets["metrics"], "plaintext" if self.settings.insecure else "TLS",
+                      self.settings.compression, where if queue_cfg.enabled else "disabled")
+
+    def export(self, batch: Batch) -> None:
+        from otel_ofu.otlp.payload import logs_payload, metrics_payload
+
+        if self.delivery is None:
+            raise RuntimeError(f"{self.context.component_id} used before start() or after shutdown()")
+        metrics = metrics_payload(batch.points, batch.passthrough)
+        if metrics is not None:
+            self.delivery.submit("metrics", *metrics)
+        logs = logs_payload(batch.events)
+        if logs is not None:
+            self.delivery.submit("logs", *logs)
+
+    def shutdown(self) -> None:
+        if self.delivery is not None:
+            self.delivery.shutdown()
+            self.delivery = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+
+class OtlpHttpExporter(OtlpExporter):
+    def _make_transport(self):
+        from otel_ofu.otlp.transport import HttpTransport
+
+        return HttpTransport(self.settings)
