@@ -40,6 +40,10 @@ class FakeNvmlGpu:
     tpa: float = 0.0  # current tensor activity, 0..1
     sm_util: float = 0.9
     power_mw: int = 650_000
+    power_limit_mw: int = 700_000
+    boost_clock: int = 1980  # max customer boost
+    application_clock: int = 1980  # current and default applications clock
+    memory_clock: int = 2619
     reasons: int = 0x4  # SW power cap
     processes: list[tuple[int, int, int, int]] = field(default_factory=list)  # pid, bytes, GI, CI
     mig: list[FakeNvmlMig] = field(default_factory=list)
@@ -66,7 +70,7 @@ class FakeNvml:
         for gpu in gpus:
             self.add_gpu(gpu)
         self.init_error: int | None = None  # an NVML_ERROR_* code nvmlInit fails with
-        self.initialized = False
+        self.init_count = 0  # NVML counts nvmlInit calls; the last matching nvmlShutdown shuts it down
         self.calls: list[str] = []
         self._samples: dict[int, tuple | None] = {}  # address -> (gpu, GI, t, tensor s, SM s, permitted)
         self._buffers: dict[int, ctypes.Array] = {}
@@ -118,14 +122,20 @@ class FakeNvml:
 
     # --- init ------------------------------------------------------------------------------------
 
+    @property
+    def initialized(self) -> bool:
+        return self.init_count > 0
+
     def nvmlInit(self):
         self.calls.append("nvmlInit")
         if self.init_error is not None:
             raise self._error(self.init_error)
-        self.initialized = True
+        self.init_count += 1
 
     def nvmlShutdown(self):
-        self.initialized = False
+        # Reference counted, as NVML documents: shutdown happens when the count reaches zero, and
+        # extra calls report no error (two users of NVML in one process do not cut each other off).
+        self.init_count = max(0, self.init_count - 1)
 
     def nvmlSystemGetDriverVersion(self):
         return "570.124.06"
@@ -172,6 +182,33 @@ class FakeNvml:
         if type != _real.NVML_CLOCK_SM:
             raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
         return gpu.max_clock
+
+    def nvmlDeviceGetMaxCustomerBoostClock(self, handle, type):
+        gpu = self._gpu(handle)
+        if type != _real.NVML_CLOCK_SM:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.boost_clock
+
+    def nvmlDeviceGetApplicationsClock(self, handle, type):
+        gpu = self._gpu(handle)
+        if type != _real.NVML_CLOCK_SM:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.application_clock
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle, type):
+        return self.nvmlDeviceGetApplicationsClock(handle, type)
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle):
+        return [self._gpu(handle).memory_clock]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle, memoryClockMHz):
+        gpu = self._gpu(handle)
+        if memoryClockMHz != gpu.memory_clock:
+            raise self._error(_real.NVML_ERROR_NOT_FOUND)
+        return list(range(gpu.max_clock, 344, -15))
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._gpu(handle).power_limit_mw
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
         return self._gpu(handle).reasons
