@@ -30,6 +30,8 @@ import dataclasses
 import glob
 import json
 import logging
+import math
+import signal
 import statistics
 import sys
 import threading
@@ -77,13 +79,60 @@ def fit_factor(pairs: list[tuple[float, float]]) -> float:
     return sum(mfu * raw for mfu, raw in pairs) / den
 
 
-def fit_factors(rows: list[Row], arch: str) -> dict[str, float]:
-    """One factor per precision, keyed as ``tile_correction.factors`` takes them ("hopper/bf16")."""
+# Two-sided 95 % Student t quantiles for 1-30 degrees of freedom (stdlib has no t distribution).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95 % t quantile: the table to 30 degrees of freedom, then 1.96 + 2.5/dof (within 0.003)."""
+    if dof < 1:
+        raise ValueError("a fit needs at least one degree of freedom")
+    return _T95[dof - 1] if dof <= len(_T95) else 1.96 + 2.5 / dof
+
+
+@dataclass
+class Fit:
+    """c in MFU ~ c x OFU_raw with its standard error and 95 % half-width (None from one point)."""
+
+    factor: float
+    n: int
+    se: float | None
+    ci95: float | None
+
+
+def fit_with_uncertainty(pairs: list[tuple[float, float]]) -> Fit:
+    """Through-origin least squares; se = sqrt(residual variance / sum(raw^2)), n - 1 degrees of freedom."""
+    c = fit_factor(pairs)
+    n = len(pairs)
+    if n < 2:
+        return Fit(c, n, None, None)
+    residual = sum((mfu - c * raw) ** 2 for mfu, raw in pairs) / (n - 1)
+    se = math.sqrt(residual / sum(raw * raw for _, raw in pairs))
+    return Fit(c, n, se, se * t95(n - 1))
+
+
+def _pairs_by_precision(rows: list[Row]) -> dict[str, list[tuple[float, float]]]:
     by_precision: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         if row.raw > 0:
             by_precision.setdefault(row.precision, []).append((row.mfu, row.raw))
-    return {f"{arch}/{p}": round(fit_factor(pairs), 4) for p, pairs in sorted(by_precision.items())}
+    return dict(sorted(by_precision.items()))
+
+
+def fit_factors(rows: list[Row], arch: str) -> dict[str, float]:
+    """One factor per precision, keyed as ``tile_correction.factors`` takes them ("hopper/bf16")."""
+    return {f"{arch}/{p}": round(fit_factor(pairs), 4) for p, pairs in _pairs_by_precision(rows).items()}
+
+
+def fit_details(rows: list[Row], arch: str) -> dict[str, dict[str, Any]]:
+    """Per precision: the fitted factor, its uncertainty, and the table's factor it would replace."""
+    out = {}
+    for precision, pairs in _pairs_by_precision(rows).items():
+        fit = fit_with_uncertainty(pairs)
+        out[f"{arch}/{precision}"] = {**dataclasses.asdict(fit),
+                                      "table_factor": tiles.correction_factor(arch, precision)}
+    return out
 
 
 def config_snippet(factors: dict[str, float]) -> str:
@@ -163,6 +212,7 @@ class _ListSampler:
     """A sampler stand-in holding windows made from sim samples (dry run)."""
 
     name = "sim"
+    samples_clock = False  # one (window-mean) clock per window, like the receivers
 
     def __init__(self) -> None:
         self.windows: list[Window] = []
@@ -185,6 +235,7 @@ def dry_run(as_json: bool, reason: str) -> int:
     if as_json:
         json.dump({"dry_run": True, "reason": reason, "ok": ok, "fitted_factors": factors, "known_factors":
                    {f"hopper/{p}": v for p, v in DRY_KNOWN.items()}, "fit_errors": errors,
+                   "fit": fit_details(rows, "hopper"),
                    "config_ok": config_ok, "gpm_structs_ok": gpm_ok, "receivers": receivers, "rows": len(rows),
                    **gap_summary(rows)},
                   sys.stdout)
@@ -249,6 +300,7 @@ class GpmSampler:
     """NVML GPM read directly: ANY_TENSOR_UTIL per window, SM clock every ``clock_period``."""
 
     name = "gpm"
+    samples_clock = True  # every clock sample of the window is kept: point and averaged columns
 
     def __init__(self, index: int, window_s: float, clock_period: float = 0.1):
         import pynvml as nv
@@ -312,6 +364,7 @@ class DcgmSampler:
     """DCGM through its Python bindings: field 1004 (TPA, watch-interval average) and 100 (clock)."""
 
     name = "dcgm"
+    samples_clock = False  # the latest clock value per window
 
     def __init__(self, index: int, window_s: float):
         for path in DCGM_BINDINGS:
@@ -355,6 +408,8 @@ class DcgmSampler:
 
 class ReceiverSampler:
     """One of the project's receivers (``nvml``: GPM; ``dcgm``: DCGM fields), driven through its Factory."""
+
+    samples_clock = False  # the receiver hands over the window's mean clock only
 
     def __init__(self, receiver_type: str, index: int, window_s: float):
         import importlib
@@ -401,6 +456,21 @@ class GemmResult:
     iterations: int
     skipped: str = ""
     rows: list[Row] = field(default_factory=list)
+    gpu_s: float = 0.0  # CUDA-event time of the timed loop
+    interrupted: bool = False  # stopped early (SIGTERM or the time budget): fewer windows than asked
+
+
+#: Set by SIGTERM (``timeout``, the device run's step limit): finish the case in hand, report, exit.
+STOP = threading.Event()
+
+
+def fp8_unavailable(torch: Any) -> str | None:
+    """Why fp8 GEMMs cannot run with this torch, or None (``torch._scaled_mm`` is private and comes and goes)."""
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_mm"
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no torch.float8_e4m3fn"
+    return None
 
 
 def _make_gemm(torch: Any, precision: str, m: int, n: int, k: int) -> Callable[[], Any]:
@@ -418,7 +488,7 @@ def _make_gemm(torch: Any, precision: str, m: int, n: int, k: int) -> Callable[[
 
 
 def _run_gemm(torch: Any, precision: str, shape: tuple[int, int, int], ragged: bool, seconds: float,
-              peak: float) -> GemmResult:
+              peak: float, warmup: float = 2.0) -> GemmResult:
     m, n, k = shape
     if precision == "fp8":  # torch._scaled_mm needs dimensions divisible by 16
         m, n, k = ((d + 15) // 16 * 16 for d in shape)
@@ -426,7 +496,7 @@ def _run_gemm(torch: Any, precision: str, shape: tuple[int, int, int], ragged: b
     gemm = _make_gemm(torch, precision, m, n, k)
     t0 = time.perf_counter()
     warm = 0
-    while time.perf_counter() - t0 < 2.0 or warm < 3:  # warm-up: the clock settles, cuBLAS picks its kernel
+    while time.perf_counter() - t0 < warmup or warm < 3:  # warm-up: the clock settles, cuBLAS picks its kernel
         gemm()
         warm += 1
         torch.cuda.synchronize()
@@ -437,23 +507,31 @@ def _run_gemm(torch: Any, precision: str, shape: tuple[int, int, int], ragged: b
     wall_start = time.time()
     start_ev.record()
     iters = 0
-    while time.time() - wall_start < seconds:
+    pending = None  # two chunks in flight: the GPU never idles between them (a gap would count against MFU only)
+    while time.time() - wall_start < seconds and not STOP.is_set():
         for _ in range(chunk):
             gemm()
         iters += chunk
-        torch.cuda.synchronize()
+        mark = torch.cuda.Event()
+        mark.record()
+        if pending is not None:
+            pending.synchronize()
+        pending = mark
     end_ev.record()
     end_ev.synchronize()
     wall_end = time.time()
     elapsed = start_ev.elapsed_time(end_ev) / 1e3
     mfu = 2.0 * m * n * k * iters / elapsed / peak
-    return GemmResult(precision, (m, n, k), ragged, mfu, wall_start, wall_end, iters)
+    return GemmResult(precision, (m, n, k), ragged, mfu, wall_start, wall_end, iters, gpu_s=elapsed,
+                      interrupted=STOP.is_set())
 
 
 def _rows_from(sampler: Any, result: GemmResult, model: str, max_clock: float) -> Row | None:
     """OFU over the sampler's windows that lie inside the GEMM run."""
     inside = [w for w in sampler.windows if w.start >= result.start - 0.05 and w.end <= result.end + 0.05]
-    raws, points, cors = [], [], []
+    raws: list[float] = []
+    points: list[float] = []
+    cors: list[float] = []
     for w in inside:
         clocks = [c for c in w.clocks if c == c]
         if not clocks:
@@ -466,34 +544,79 @@ def _rows_from(sampler: Any, result: GemmResult, model: str, max_clock: float) -
             points.append(point.raw)
     if not raws:
         return None
+    point = statistics.fmean(points) if getattr(sampler, "samples_clock", False) else None
     return Row(sampler.name, result.precision, result.shape, result.ragged, result.mfu, statistics.fmean(raws),
-               statistics.fmean(cors), len(raws), statistics.fmean(points))
+               statistics.fmean(cors), len(raws), point)
+
+
+def result_document(rows: list[Row], architecture: str, dtypes: list[str], *, notes: list[str],
+                    device: dict[str, Any], gemms: list[GemmResult], interrupted: str = "",
+                    source_order: list[str] | None = None) -> dict[str, Any]:
+    """The GPU run's JSON: every row, the fit (from the first source in ``source_order`` with rows), the gaps.
+
+    One function so the report (``benchmarks/device_report.py``) and its tests read what a GPU run writes.
+    """
+    order = source_order or list(dict.fromkeys(r.source for r in rows))
+    primary = next((name for name in order if any(r.source == name for r in rows)), None)
+    fit_rows = [r for r in rows if r.source == primary]
+    factors = fit_factors(fit_rows, architecture) if fit_rows else {}
+    if factors:
+        try:
+            check_factors_config(factors)
+        except Exception as exc:  # noqa: BLE001 - reported: a factor outside [0.5, 1] says something is off
+            notes.append(f"fitted factors do not pass the ofu processor's config validation: {exc}")
+    return {"dry_run": False, "device": device, "notes": notes, "interrupted": interrupted,
+            "gemms": [{"precision": g.precision, "shape": list(g.shape), "ragged": g.ragged, "mfu": g.mfu,
+                       "iterations": g.iterations, "seconds": g.gpu_s, "interrupted": g.interrupted}
+                      for g in gemms],
+            "rows": [dataclasses.asdict(r) for r in rows], "fitted_from": primary, "fitted_factors": factors,
+            "fit": fit_details(fit_rows, architecture),
+            "default_factors": {f"{architecture}/{p}": tiles.correction_factor(architecture, p) for p in dtypes},
+            **(gap_summary(fit_rows) if fit_rows else {})}
+
+
+def _device_info(nv: Any, handle: Any, torch: Any, index: int) -> dict[str, Any]:
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    props = torch.cuda.get_device_properties(index)
+    return {"index": index, "name": text(nv.nvmlDeviceGetName(handle)), "driver": text(nv.nvmlSystemGetDriverVersion()),
+            "max_sm_clock_mhz": float(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM)),
+            "sm_count": int(props.multi_processor_count), "torch": str(torch.__version__),
+            "cuda": str(torch.version.cuda)}
+
+
+def _sampler_makers(args: argparse.Namespace) -> list[tuple[str, Callable[[], Any]]]:
+    return [
+        ("nvml receiver", lambda: ReceiverSampler("nvml", args.device, args.window)),
+        ("GPM direct", lambda: GpmSampler(args.device, args.window)),  # also gives the point-clock column
+        ("dcgm receiver", lambda: ReceiverSampler("dcgm", args.device, args.window)),
+    ]
 
 
 def gpu_run(args: argparse.Namespace, torch: Any) -> int:
     """The measurement on a real GPU; see the module doc."""
     import pynvml as nv
 
+    started = time.monotonic()
     nv.nvmlInit()
     handle = nv.nvmlDeviceGetHandleByIndex(args.device)
-    model = nv.nvmlDeviceGetName(handle)
-    model = model.decode() if isinstance(model, bytes) else model
-    max_clock = float(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
+    torch.cuda.set_device(args.device)
+    device = _device_info(nv, handle, torch, args.device)
+    model, max_clock = device["name"], device["max_sm_clock_mhz"]
     spec = specs.find_spec(model)
     if spec is None:
         print(f"gemm_validation: {model!r} is not in the spec table; cannot compute MFU", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"dry_run": False, "device": device, "notes": [f"{model!r} is not in otel_ofu.specs"],
+                              "rows": [], "gemms": [], "fitted_factors": {}, "fit": {}}))
         return 2
-    torch.cuda.set_device(args.device)
+    device["spec"] = spec.key
     notes = [f"GPU {args.device}: {model} (spec {spec.key}, {spec.architecture}), max SM clock {max_clock:.0f} MHz, "
-             f"torch {torch.__version__}, CUDA {torch.version.cuda}, driver {nv.nvmlSystemGetDriverVersion()}"]
+             f"torch {device['torch']}, CUDA {device['cuda']}, driver {device['driver']}"]
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # the receivers' own warnings
     samplers: list[Any] = []
-    makers: list[tuple[str, Callable[[], Any]]] = [
-        ("nvml receiver", lambda: ReceiverSampler("nvml", args.device, args.window)),
-        ("GPM direct", lambda: GpmSampler(args.device, args.window)),  # also gives the point-clock column
-        ("dcgm receiver", lambda: ReceiverSampler("dcgm", args.device, args.window)),
-    ]
-    for label, make in makers:
+    for label, make in _sampler_makers(args):
         try:
             samplers.append(make())
         except Exception as exc:  # noqa: BLE001 - each source is optional; say why it is missing
@@ -503,25 +626,34 @@ def gpu_run(args: argparse.Namespace, torch: Any) -> int:
                     samplers.append(DcgmSampler(args.device, args.window))
                 except Exception as exc2:  # noqa: BLE001
                     notes.append(f"DCGM bindings unavailable: {type(exc2).__name__}: {exc2}")
-    if not samplers:
-        print("\n".join(notes))
-        print("gemm_validation: no OFU source (GPM refused and no DCGM); nothing to compare", file=sys.stderr)
-        return 3
+    if not samplers:  # the GEMMs still run: MFU per dtype checks the spec's peaks
+        notes.append("no OFU source (GPM refused and no DCGM): MFU only, nothing to compare")
     for sampler in samplers:
         sampler.start()
     shapes = [(s, False) for s in (ALIGNED[:2] if args.quick else ALIGNED)] + \
              [(s, True) for s in (RAGGED[:2] if args.quick else RAGGED)]
     seconds = args.windows * args.window + args.window  # several whole windows inside the run
+    case_s = args.warmup + 0.5 + seconds + args.window * 0.2  # warm-up, the timed loop, the pause after it
     results: list[GemmResult] = []
+    interrupted = ""
     try:
         for precision in args.dtypes:
             peak = spec.peak(precision)
             if peak is None:
                 notes.append(f"{precision}: no peak for {spec.key}; skipped")
                 continue
+            if precision == "fp8" and (why := fp8_unavailable(torch)):
+                notes.append(f"fp8: skipped ({why})")
+                continue
             for shape, ragged in shapes:
+                if STOP.is_set():
+                    interrupted = interrupted or "SIGTERM"
+                    break
+                if args.max_seconds and time.monotonic() - started + case_s + args.window > args.max_seconds:
+                    interrupted = f"time budget ({args.max_seconds:g} s) reached"
+                    break
                 try:
-                    result = _run_gemm(torch, precision, shape, ragged, seconds, peak.flops)
+                    result = _run_gemm(torch, precision, shape, ragged, seconds, peak.flops, args.warmup)
                 except Exception as exc:  # noqa: BLE001 - e.g. fp8 unsupported: record and go on
                     notes.append(f"{precision} {shape}: skipped ({type(exc).__name__}: {exc})")
                     break
@@ -529,25 +661,22 @@ def gpu_run(args: argparse.Namespace, torch: Any) -> int:
                 print(f"  {precision:<5} {'x'.join(map(str, result.shape)):<18} MFU {100 * result.mfu:6.2f} %",
                       file=sys.stderr, flush=True)
                 time.sleep(args.window * 0.2)
+            if interrupted:
+                notes.append(f"stopped early: {interrupted}; later cases not run")
+                break
     finally:
         time.sleep(args.window)  # let the last windows close
         for sampler in samplers:
             sampler.stop()
+    if STOP.is_set() and not interrupted:  # during the last case, or after it
+        interrupted = "SIGTERM"
+        notes.append("stopped early: SIGTERM")
     for sampler in samplers:
         if getattr(sampler, "error", None):
             notes.append(f"{sampler.name}: {sampler.error}")
     rows = [row for r in results for s in samplers if (row := _rows_from(s, r, model, max_clock)) is not None]
-    primary = next((s.name for s in samplers if any(r.source == s.name for r in rows)), None)  # nvml receiver first
-    fit_rows = [r for r in rows if r.source == primary]
-    factors = fit_factors(fit_rows, spec.architecture) if fit_rows else {}
-    try:
-        check_factors_config(factors)
-    except Exception as exc:  # noqa: BLE001 - reported: a factor outside [0.5, 1] says something is off
-        notes.append(f"fitted factors do not pass the ofu processor's config validation: {exc}")
-    defaults = {f"{spec.architecture}/{p}": tiles.correction_factor(spec.architecture, p) for p in args.dtypes}
-    out = {"dry_run": False, "notes": notes, "rows": [dataclasses.asdict(r) for r in rows], "fitted_from": primary,
-           "fitted_factors": factors, "default_factors": defaults,
-           **(gap_summary(fit_rows) if fit_rows else {})}
+    out = result_document(rows, spec.architecture, args.dtypes, notes=notes, device=device, gemms=results,
+                          interrupted=interrupted, source_order=[s.name for s in samplers])  # nvml receiver first
     if args.json:
         json.dump(out, sys.stdout)
         print()
@@ -555,31 +684,41 @@ def gpu_run(args: argparse.Namespace, torch: Any) -> int:
         print("\n".join(notes))
         print()
         print(table(rows))
-        if fit_rows:
-            print(f"\ngaps ({primary}): " + ", ".join(f"{k} {v:.3f}" for k, v in gap_summary(fit_rows).items()))
-            print(f"\nfitted from {primary} (default factors: {defaults}):\n" + config_snippet(factors))
+        if out["fitted_factors"]:
+            primary = out["fitted_from"]
+            print(f"\ngaps ({primary}): " + ", ".join(f"{k} {v:.3f}" for k, v in gap_summary(
+                [r for r in rows if r.source == primary]).items()))
+            print(f"\nfitted from {primary} (default factors: {out['default_factors']}):\n"
+                  + config_snippet(out["fitted_factors"]))
     return 0 if rows else 3
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="check the plumbing on sim numbers; no GPU")
-    parser.add_argument("--quick", action="store_true", help="fewer shapes (GPU run)")
+    parser.add_argument("--quick", action="store_true", help="2 aligned + 2 ragged shapes instead of 4 + 4 (GPU run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--window", type=float, default=1.0, help="OFU window, seconds (default 1)")
     parser.add_argument("--windows", type=int, default=5, help="whole windows per GEMM case (default 5)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of GEMMs before each timed run")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="start no GEMM case that would end after this many seconds; report what ran")
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run(args.json, "--dry-run")
     try:
         import torch
     except ImportError:
-        return dry_run(args.json, "torch is not installed")
+        return dry_run(args.json, "no GPU: torch is not installed")
     if not torch.cuda.is_available():
-        return dry_run(args.json, "no CUDA GPU visible to torch")
-    return gpu_run(args, torch)
+        return dry_run(args.json, "no GPU: no CUDA GPU visible to torch")
+    previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set())  # finish the case in hand, report what ran
+    try:
+        return gpu_run(args, torch)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
