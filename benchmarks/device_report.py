@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from otel_ofu import tiles
+from otel_ofu.core import tiles
 
 
 def load(folder: Path, name: str) -> dict[str, Any] | None:

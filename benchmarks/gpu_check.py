@@ -35,14 +35,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.pipeline.component import Context
-from otel_ofu.pipeline.config import build_config
-from otel_ofu.gpu import nvml_api
 from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.core.ofu import OfuResult, compute_ofu
+from otel_ofu.gpu import nvml_api
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.nvml import NvmlReceiver, NvmlReceiverConfig
-from otel_ofu.pipeline.telemetry import Telemetry
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32"}
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu import specs
-from otel_ofu.model import GpuSample
+from otel_ofu.core import specs
+from otel_ofu.core.model import GpuSample
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = "NVIDIA H200"

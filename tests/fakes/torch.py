@@ -19,7 +19,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from otel_ofu import specs
+from otel_ofu.core import specs
 
 
 @dataclass(frozen=True)
