@@ -6,7 +6,7 @@
 Reads what ``benchmarks/device_run.sh`` writes (device_run.json, doctor.json, gpu_check.json,
 gemm_validation.json) and prints, per precision and GEMM shape, MFU, raw and corrected OFU
 and the gaps in pp; the fitted tile factor per precision with its 95 % interval next to the
-factor in ``otel_ofu/tiles.py``, and whether they differ by more than that interval; the
+factor in ``otel_ofu/core/tiles.py``, and whether they differ by more than that interval; the
 point-sampled against the averaged clock; and the long GEMM's clocks against the spec
 table's entry for the GPU. A folder from a run without a GPU gives "no GPU" and exit 0.
 """
@@ -200,9 +200,9 @@ def report(folder: Path) -> tuple[str, dict[str, Any]]:
         verdict["gpu_check"] = check.get("summary", {})
     differs = [k for k, v in verdict["factors"].items() if v["differs"]]
     verdict["update_tiles"] = bool(differs)
-    lines += ["", "**Tile factors**: " + (f"{', '.join(differs)} differ(s) from otel_ofu/tiles.py by more than the "
+    lines += ["", "**Tile factors**: " + (f"{', '.join(differs)} differ(s) from otel_ofu/core/tiles.py by more than the "
                                           "fit's 95 % interval: update the Hopper factors." if differs else
-                                          "no fitted factor differs from otel_ofu/tiles.py by more than the fit's "
+                                          "no fitted factor differs from otel_ofu/core/tiles.py by more than the fit's "
                                           "95 % interval." if verdict["factors"] else "no fit.")]
     return "\n".join(lines) + "\n", verdict
 

@@ -1,6 +1,6 @@
 """The paper's controlled experiment: torch GEMMs vs OFU read from the GPU, and a fitted c_tile.
 
-Why: the tile correction (``otel_ofu.tiles``) rests on an assumed pipe excess; only a real
+Why: the tile correction (``otel_ofu.core.tiles``) rests on an assumed pipe excess; only a real
 GPU can check it. For each dtype (bf16, fp16, tf32, fp8 where the GPU has it) and GEMM shape
 (aligned and ragged) this runs back-to-back GEMMs for several OFU windows and compares
 
@@ -608,7 +608,7 @@ def gpu_run(args: argparse.Namespace, torch: Any) -> int:
     if spec is None:
         print(f"gemm_validation: {model!r} is not in the spec table; cannot compute MFU", file=sys.stderr)
         if args.json:
-            print(json.dumps({"dry_run": False, "device": device, "notes": [f"{model!r} is not in otel_ofu.specs"],
+            print(json.dumps({"dry_run": False, "device": device, "notes": [f"{model!r} is not in otel_ofu.core.specs"],
                               "rows": [], "gemms": [], "fitted_factors": {}, "fit": {}}))
         return 2
     device["spec"] = spec.key

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                               "seconds": args.seconds, "window_s": args.window,
                               "clock_interval_s": args.clock_interval, "point_interval_s": args.point_interval}
     if spec is None or peak is None:
-        result["error"] = f"{name} is not in otel_ofu.specs (or has no {args.dtype} peak); MFU cannot be computed"
+        result["error"] = f"{name} is not in otel_ofu.core.specs (or has no {args.dtype} peak); MFU cannot be computed"
         print(json.dumps(result) if args.json else f"gpu_check: {result['error']}")
         return 2
     result["spec"] = spec.key
