@@ -72,7 +72,7 @@ def test_factors_outside_the_fit_interval_differ_inside_agree_and_one_shape_cann
     assert factors["hopper/fp16"]["differs"] is False and factors["hopper/fp16"]["ci95"] > 0
     assert factors["hopper/tf32"]["ci95"] is None and factors["hopper/tf32"]["verdict"].startswith("cannot tell")
     assert verdict["update_tiles"] is True
-    assert "hopper/bf16 differ(s) from otel_ofu/tiles.py" in markdown
+    assert "hopper/bf16 differ(s) from otel_ofu/core/tiles.py" in markdown
 
 
 def test_the_table_gives_mfu_raw_corrected_and_gaps_per_precision_and_shape(bench, tmp_path):
