@@ -200,9 +200,10 @@ def report(folder: Path) -> tuple[str, dict[str, Any]]:
         verdict["gpu_check"] = check.get("summary", {})
     differs = [k for k, v in verdict["factors"].items() if v["differs"]]
     verdict["update_tiles"] = bool(differs)
-    lines += ["", "**Tile factors**: " + (f"{', '.join(differs)} differ(s) from otel_ofu/core/tiles.py by more than the "
+    tiles = "otel_ofu/core/tiles.py"
+    lines += ["", "**Tile factors**: " + (f"{', '.join(differs)} differ(s) from {tiles} by more than the "
                                           "fit's 95 % interval: update the Hopper factors." if differs else
-                                          "no fitted factor differs from otel_ofu/core/tiles.py by more than the fit's "
+                                          f"no fitted factor differs from {tiles} by more than the fit's "
                                           "95 % interval." if verdict["factors"] else "no fit.")]
     return "\n".join(lines) + "\n", verdict
 

@@ -19,7 +19,7 @@ from otel_ofu.attribution.nvml import NvmlPids
 from otel_ofu.attribution.procfs import parse_cgroup, parse_pids, read_process
 from otel_ofu.attribution.proto import podresources_v1_pb2 as pb
 from otel_ofu.attribution.proto import podresources_v1_pb2_grpc as pb_grpc
-from otel_ofu.core.model import Batch, GpuSample, MetricPoint, attrs
+from otel_ofu.core.model import Batch, GpuSample, MetricPoint, attrs, job_id_of
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import ConfigError, FieldError, build_config
 from otel_ofu.pipeline.telemetry import Telemetry
@@ -110,7 +110,7 @@ def test_kubelet_names_pod_namespace_and_container(kubelet):
     assert a.job_id == "k8s:llm/trainer-0"
     assert {k: a.resource[k] for k in ("k8s.pod.name", "k8s.namespace.name", "k8s.container.name")} == {
         "k8s.pod.name": "trainer-0", "k8s.namespace.name": "llm", "k8s.container.name": "pytorch"}
-    assert a.attributes["ofu.job.source"] == "kubelet" and "ofu.job.shared" not in a.attributes
+    assert a.resource["ofu.job.source"] == "kubelet" and "ofu.job.shared" not in a.resource
     assert b.job_id is None and not any(k.startswith("k8s.") for k in b.resource)
     proc.shutdown()
 
@@ -134,9 +134,9 @@ def test_uuid_case_mig_and_time_slicing_replicas_share_a_gpu(kubelet):
     proc.refresh()
     shared, mig = run(proc, sample(GPU_A.lower()), sample(MIG_A, index="0:1"))
     assert shared.job_id == "k8s:team/a,k8s:team/b"
-    assert shared.attributes["ofu.job.shared"] is True
+    assert shared.resource["ofu.job.shared"] is True
     assert shared.resource["k8s.pod.name"] == "a,b" and shared.resource["k8s.namespace.name"] == "team"
-    assert mig.job_id == "k8s:team/m" and "ofu.job.shared" not in mig.attributes
+    assert mig.job_id == "k8s:team/m" and "ofu.job.shared" not in mig.resource
 
 
 def test_index_device_ids_are_never_matched(kubelet, caplog):
@@ -159,7 +159,7 @@ def test_pod_end_removes_its_attributes(kubelet):
     proc.refresh()
     a, b = run(proc, sample(GPU_A), sample(GPU_B))
     assert a.job_id is None and not any(k.startswith("k8s.") for k in a.resource)
-    assert "ofu.job.source" not in a.attributes
+    assert "ofu.job.source" not in a.resource
     assert b.job_id == "k8s:llm/next-job"
 
 
@@ -262,8 +262,8 @@ def test_kubelet_and_cgroup_merge_into_one_pod_not_a_shared_gpu(kubelet):
     (out,) = run(proc, sample(GPU_A, resource={"process.pid": "2001"}))
     assert out.job_id == "k8s:llm/trainer-0"
     assert out.resource["k8s.pod.uid"] == UID2 and out.resource["k8s.pod.name"] == "trainer-0"
-    assert "ofu.job.shared" not in out.attributes
-    assert out.attributes["ofu.job.source"] == "kubelet+process"
+    assert "ofu.job.shared" not in out.resource
+    assert out.resource["ofu.job.source"] == "kubelet+process"
 
 
 def test_slurm_job_from_environment_with_one_namespace():
@@ -274,7 +274,7 @@ def test_slurm_job_from_environment_with_one_namespace():
         "slurm.job.id": "4242", "slurm.job.user": "alice", "slurm.job.account": "llm",
         "slurm.job.partition": "h100", "slurm.job.name": "pretrain-70b"}
     assert out.precision == "bf16"
-    assert out.attributes["ofu.job.source"] == "slurm"
+    assert out.resource["ofu.job.source"] == "slurm"
 
 
 def test_slurm_cgroup_v2_alone_names_the_job():
@@ -286,7 +286,7 @@ def test_slurm_cgroup_v2_alone_names_the_job():
 def test_two_slurm_jobs_on_one_gpu_are_marked_shared_with_unknown_precision():
     (out,) = run(make(proc_cfg()), sample(GPU_A, attributes={"process.pid": [3002, 3001]}))
     assert out.job_id == "slurm:4242,slurm:4243"
-    assert out.attributes["ofu.job.shared"] is True
+    assert out.resource["ofu.job.shared"] is True
     assert out.resource["slurm.job.user"] == "alice,bob" and out.resource["slurm.job.partition"] == "h100"
     assert out.precision == "unknown"  # bf16 and fp8 jobs: DCGM cannot tell whose tensor work it is
 
@@ -377,14 +377,14 @@ def test_dcgm_exporter_pod_labels_and_job_label():
     plain, labelled = make(), make({"k8s_job_label": "batch.kubernetes.io/job-name"})
     assert run(plain, sample(resource=dict(res)))[0].job_id == "k8s:llm/llama-worker-3"
     out = run(labelled, sample(resource=dict(res)))[0]
-    assert out.job_id == "k8s:llm/llama-pretrain" and out.attributes["ofu.job.source"] == "scrape"
+    assert out.job_id == "k8s:llm/llama-pretrain" and out.resource["ofu.job.source"] == "scrape"
 
 
 def test_hpc_job_label_as_given_and_joined_with_slurm():
     (out,) = run(make(), sample(resource={"hpc.job.id": "run-17"}))
-    assert out.job_id == "run-17" and out.attributes["ofu.job.source"] == "hpc_job"
+    assert out.job_id == "run-17" and out.resource["ofu.job.source"] == "hpc_job"
     (out,) = run(make(proc_cfg()), sample(resource={"hpc.job.id": "4242"}, attributes={"process.pid": 3001}))
-    assert out.job_id == "slurm:4242" and "ofu.job.shared" not in out.attributes
+    assert out.job_id == "slurm:4242" and "ofu.job.shared" not in out.resource
 
 
 def test_points_of_a_renamed_gpu_follow_its_job():
@@ -392,14 +392,16 @@ def test_points_of_a_renamed_gpu_follow_its_job():
     other = MetricPoint("sim.gpu.mfu.true", 0.4, 10**18, attrs({"hw.id": GPU_B}), attrs({"ofu.job.id": "j"}))
     proc = make({"rules": [{"match": {"uuid": GPU_A}, "job_id": "pool"}]})
     out = proc.process(Batch(samples=[sample(GPU_A, job_id="none")], points=[truth, other]))
-    assert [dict(p.attributes)["ofu.job.id"] for p in out.points] == ["pool", "j"]
+    assert [job_id_of(p) for p in out.points] == ["pool", "j"]
+    assert dict(out.points[0].resource)["ofu.job.id"] == "pool"
+    assert "ofu.job.id" not in dict(out.points[0].attributes)  # moved to the resource, not duplicated
     assert dict(truth.attributes)["ofu.job.id"] == "none"  # the input point is not mutated
 
 
 def test_existing_job_id_kept_unless_override():
     cfg = proc_cfg()
     (kept,) = run(make(cfg), sample(job_id="llama-70b", precision="bf16", attributes={"process.pid": 1001}))
-    assert (kept.job_id, kept.precision, kept.attributes["ofu.job.source"]) == ("llama-70b", "bf16", "sample")
+    assert (kept.job_id, kept.precision, kept.resource["ofu.job.source"]) == ("llama-70b", "bf16", "sample")
     assert "k8s.pod.uid" not in kept.resource  # attributes always describe the job named
     (over,) = run(make(cfg | {"override": True}), sample(job_id="llama-70b", precision="bf16",
                                                            attributes={"process.pid": 1001}))
@@ -420,7 +422,7 @@ def test_rules_by_uuid_host_glob_and_attribute():
     by_uuid, by_host, by_attr, none = run(
         proc, sample(GPU_C), sample(GPU_A, host="dgx-07"),
         sample(GPU_B, resource={"k8s.pod.name": "p", "k8s.namespace.name": "fp8-train"}), sample(GPU_A))
-    assert (by_uuid.job_id, by_uuid.precision, by_uuid.attributes["ofu.job.source"]) == ("reserved-eval", None, "rule")
+    assert (by_uuid.job_id, by_uuid.precision, by_uuid.resource["ofu.job.source"]) == ("reserved-eval", None, "rule")
     assert (by_host.job_id, by_host.precision) == ("dgx-pool", "fp16")
     assert (by_attr.job_id, by_attr.precision) == ("k8s:fp8-train/p", "fp8")
     assert (none.job_id, none.precision) == (None, None)
@@ -523,17 +525,19 @@ def test_end_to_end_attribution_then_ofu(kubelet):
     points = [p for p in ofu.process(attribution.process(batch)).points if p.name == "gpu.ofu"]
     by_gpu = {dict(p.resource)["hw.id"]: p for p in points}
     k8s, slurm, unknown = by_gpu[GPU_A], by_gpu[GPU_B], by_gpu[GPU_C]
-    assert dict(k8s.attributes)["ofu.job.id"] == "k8s:llm/trainer-0"
-    assert dict(k8s.attributes)["ofu.precision"] == "fp8"
+    assert dict(k8s.resource)["ofu.job.id"] == "k8s:llm/trainer-0"
+    assert dict(k8s.resource)["ofu.precision"] == "fp8"
     assert {k: v for k, v in k8s.resource if k.startswith("k8s.")} == {
         "k8s.pod.name": "trainer-0", "k8s.namespace.name": "llm", "k8s.container.name": "pytorch",
         "k8s.pod.uid": UID1}
-    assert dict(slurm.attributes)["ofu.job.id"] == "slurm:4242"
+    assert dict(slurm.resource)["ofu.job.id"] == "slurm:4242"
     assert dict(slurm.resource)["slurm.job.account"] == "llm"
-    assert dict(slurm.attributes)["ofu.precision"] == "bf16"
-    assert dict(unknown.attributes)["ofu.job.id"] == "unknown"
-    assert dict(unknown.attributes)["ofu.precision"] == "unknown"
+    assert dict(slurm.resource)["ofu.precision"] == "bf16"
+    assert dict(unknown.resource)["ofu.job.id"] == "unknown"
+    assert dict(unknown.resource)["ofu.precision"] == "unknown"
     assert all("process.pid" not in dict(p.attributes) for p in points)
+    # Job identity is on the resource only, never duplicated as point attributes.
+    assert all(not {"ofu.job.id", "ofu.precision", "ofu.job.source"} & dict(p.attributes).keys() for p in points)
 
 
 def test_sample_config_validates():

@@ -161,6 +161,9 @@ def test_sidecar_exports_ofu_to_the_collector_with_resources(otelcol, tmp_path, 
         assert got.attributes == point.attributes
         resource = dict(got.resource)
         assert resource["hw.id"] == key[0] and resource["host.name"] and resource["hw.model"]
+        # The GPU's job identity travels on the resource through the real Collector.
+        assert resource["ofu.job.id"] and resource["ofu.precision"]
+        assert not {"ofu.job.id", "ofu.precision"} & dict(got.attributes).keys()
 
 
 def test_collector_forwards_dcgm_metrics_to_otel_ofu_and_gets_ofu_back(otelcol, tmp_path, processes):

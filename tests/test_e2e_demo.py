@@ -45,7 +45,7 @@ def test_demo_runs_and_writes_otlp_json(tmp_path):
     names = {p.name for p in points}
     assert {"gpu.ofu", "gpu.ofu.raw", "gpu.tensor.activity", "gpu.sm.clock.frequency", "sim.gpu.mfu.true",
             "training.mfu"} <= names
-    jobs = {dict(p.attributes)["ofu.job.id"] for p in ofu}
+    jobs = {dict(p.resource)["ofu.job.id"] for p in ofu}
     assert {"llama-70b-pretrain", "moe-236b", "sft-debug-flag", "gpt-mixed-precision", "none"} <= jobs
     # Timestamps are simulated time: several windows of 10 s passed in a few wall seconds.
     times = sorted({p.time_unix_nano for p in ofu})

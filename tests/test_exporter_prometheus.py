@@ -137,13 +137,40 @@ def test_metric_expiration_removes_a_finished_jobs_series(exporter):
 
 def test_without_resource_conversion_job_instance_and_target_info(exporter):
     exp = exporter(resource_to_telemetry_conversion={"enabled": False})
-    resource = (("service.name", "otel-ofu"), ("service.instance.id", "node-1"), ("host.name", "node-1"))
-    exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.25, T0, resource, job("x"))]))
+    # Job identity on the resource (as the ofu processor puts it) stays a label: job_labels.
+    resource = (("host.name", "node-1"), ("service.instance.id", "node-1"), ("service.name", "otel-ofu"), *job("x"))
+    exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.25, T0, resource)]))
     got = scrape(exp)
     [(_, labels)] = got["gpu_ofu"]["samples"]
     assert dict(labels) == {"job": "otel-ofu", "instance": "node-1", "ofu_job_id": "x", "ofu_precision": "bf16"}
     [(_, info_labels)] = got["target_info"]["samples"]
-    assert dict(info_labels) == {"job": "otel-ofu", "instance": "node-1", "host_name": "node-1"}
+    assert dict(info_labels) == {"job": "otel-ofu", "instance": "node-1", "host_name": "node-1",
+                                 "ofu_job_id": "x", "ofu_precision": "bf16"}
+
+    plain = exporter(resource_to_telemetry_conversion={"enabled": False}, job_labels=[])
+    plain.export(Batch(points=[MetricPoint("gpu.ofu", 0.25, T0, resource)]))
+    [(_, labels)] = scrape(plain)["gpu_ofu"]["samples"]
+    assert dict(labels) == {"job": "otel-ofu", "instance": "node-1"}
+
+
+def test_a_job_change_on_a_gpu_drops_the_previous_jobs_series_at_once(exporter):
+    exp = exporter()
+    old_job, new_job, other_gpu = (*GPU_B, *job("old")), (*GPU_B, *job("new")), (*GPU_A, *job("old"))
+    exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.4, T0, old_job), MetricPoint("gpu.ofu", 0.3, T0, other_gpu),
+                             MetricPoint("gpu.tensor.activity", 0.5, T0, old_job)]))
+    exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.2, T0 + 10**10, new_job)]))
+    got = scrape(exp)
+    by_gpu = {(dict(labels)["hw_id"], dict(labels)["ofu_job_id"]) for _, labels in got["gpu_ofu"]["samples"]}
+    assert by_gpu == {("GPU-b", "new"), ("GPU-a", "old")}  # GPU-a still holds "old"
+    assert "gpu_tensor_activity" not in got  # every series of GPU-b's old job went with it
+    # A late point of the job the GPU has left does not bring its series back.
+    exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.4, T0 + 5 * 10**9, old_job)]))
+    assert {dict(labels)["ofu_job_id"] for _, labels in scrape(exp)["gpu_ofu"]["samples"]} == {"new", "old"}
+    assert len(scrape(exp)["gpu_ofu"]["samples"]) == 2
+    # Per-job series (no GPU on the resource) are not GPUs: several jobs live side by side.
+    exp.export(Batch(points=[MetricPoint("job.ofu", 0.2, T0, (("ofu.job.id", "a"),)),
+                             MetricPoint("job.ofu", 0.3, T0 + 1, (("ofu.job.id", "b"),))]))
+    assert len(scrape(exp)["job_ofu"]["samples"]) == 2
 
 
 def test_passthrough_gauges_and_cumulative_sums_are_served(exporter):

@@ -36,7 +36,10 @@ def test_good_sample_gives_ofu_raw_inputs_and_attributes():
     assert raw.value == pytest.approx(0.5)
     assert ofu.value < raw.value
     attrs, resource = dict(ofu.attributes), dict(ofu.resource)
-    assert attrs == {"ofu.job.id": "job-a", "ofu.precision": "bf16", "ofu.fref.source": "spec"}
+    assert attrs == {"ofu.fref.source": "spec"}
+    # The GPU's job identity is on its resource, for every point of the GPU (inputs included).
+    assert resource["ofu.job.id"] == "job-a" and resource["ofu.precision"] == "bf16"
+    assert {p.resource for points in out.values() for p in points} == {ofu.resource}
     assert resource["hw.id"] == "GPU-0" and resource["host.name"] == "n0" and resource["gpu.index"] == "0"
     assert resource["hw.model"] == "NVIDIA H100 80GB HBM3"
     assert out["gpu.sm.clock.frequency"][0].value == 1830e6 and out["gpu.sm.clock.frequency"][0].unit == "Hz"
@@ -48,7 +51,7 @@ def test_good_sample_gives_ofu_raw_inputs_and_attributes():
 def test_unknown_precision_has_no_achieved_flops():
     out = points_by_name(processor().process(Batch(samples=[sample(precision=None)])))
     assert "gpu.flops.achieved" not in out
-    assert dict(out["gpu.ofu"][0].attributes)["ofu.precision"] == "unknown"
+    assert dict(out["gpu.ofu"][0].resource)["ofu.precision"] == "unknown"
 
 
 @pytest.mark.parametrize(("kw", "reason"), [

@@ -143,7 +143,7 @@ def test_old_label_spellings_and_hpc_job(server):
     assert resource["k8s.namespace.name"] == "vision"  # from pod_namespace
     assert resource["k8s.container.name"] == "pytorch"  # from container_name
     assert resource["hpc.job.id"] == "slurm-4242"
-    assert dict(raw.attributes)["ofu.job.id"] == "slurm-4242"
+    assert dict(raw.resource)["ofu.job.id"] == "slurm-4242"
 
 
 def test_mig_instances_are_entities_of_their_own(server):

@@ -97,7 +97,7 @@ def test_moe_job_reports_inflated_mfu():
 def test_steady_job_reports_honest_mfu_and_batch_carries_one_point_per_job():
     fleet = fleet_of([{"scenario": "steady", "gpus": 3}, {"scenario": "moe_inflated", "gpus": 2}])
     batch = window_batch(fleet.step_window(), emit_truth=True)
-    reported = {dict(p.attributes)["ofu.job.id"]: p.value for p in batch.points if p.name == "training.mfu"}
+    reported = {dict(p.resource)["ofu.job.id"]: p.value for p in batch.points if p.name == "training.mfu"}
     truths = [p for p in batch.points if p.name == "sim.gpu.mfu.true"]
     assert set(reported) == {"steady-0", "moe_inflated-1"}
     assert len(truths) == 8 and len(batch.samples) == 8

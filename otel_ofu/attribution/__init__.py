@@ -5,6 +5,10 @@ sources in this package together; README.md, section Attribution is the user-fac
 
 from __future__ import annotations
 
+from otel_ofu.core.model import JOB_SHARED, JOB_SOURCE
+
+__all__ = ["JOB_SHARED", "JOB_SOURCE"]
+
 # Resource attributes (OpenTelemetry semantic-convention names for Kubernetes and processes).
 K8S_POD_NAME = "k8s.pod.name"
 K8S_POD_UID = "k8s.pod.uid"
@@ -24,9 +28,7 @@ SLURM_JOB_NAME = "slurm.job.name"
 # dcgm-exporter's hpc_job label (set by otel_ofu.dcgm_fields.identity_from_labels).
 HPC_JOB_ID = "hpc.job.id"
 
-# Point attributes this package adds next to ofu.job.id.
-JOB_SHARED = "ofu.job.shared"  # true when several jobs hold the GPU
-JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, slurm, scrape, hpc_job, rule, sample
+# JOB_SHARED and JOB_SOURCE, set by this package next to ofu.job.id, live with it in the core model.
 
 # Attributes that name one job (not a bounded set such as a namespace or a partition): an
 # overflowed job loses them, or the series count would not be bounded.

@@ -21,6 +21,8 @@ GPU_MIG_INSTANCE = "gpu.mig.instance_id"
 GPU_MIG_PROFILE = "gpu.mig.profile"
 JOB_ID = "ofu.job.id"
 PRECISION = "ofu.precision"
+JOB_SHARED = "ofu.job.shared"  # true when several jobs hold the GPU
+JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, slurm, scrape, hpc_job, rule, sample
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 SOURCE = "ofu.source"  # which receiver type produced the data
@@ -28,6 +30,10 @@ SOURCE = "ofu.source"  # which receiver type produced the data
 NO_JOB = "none"
 
 Attributes = tuple[tuple[str, Any], ...]
+
+# A GPU's job identity: resource attributes of every point of that GPU, next to the GPU's own
+# identity (host, hw.id, index, MIG instance). A job change on a GPU is a new resource.
+JOB_RESOURCE_KEYS = frozenset({JOB_ID, PRECISION, JOB_SHARED, JOB_SOURCE})
 
 
 def attrs(mapping: dict[str, Any]) -> Attributes:
@@ -62,9 +68,13 @@ class GpuSample:
     resource: dict[str, Any] = field(default_factory=dict)  # extra resource attributes (k8s, MIG, slurm)
     attributes: dict[str, Any] = field(default_factory=dict)  # extra point attributes
 
-    def resource_attributes(self) -> Attributes:
+    def resource_attributes(self, job: dict[str, Any] | None = None) -> Attributes:
+        """The GPU's identity and extra resource attributes, plus ``job`` (its job identity) when given."""
+        if job is None:
+            return attrs({HOST_NAME: self.host, HW_ID: self.uuid, HW_MODEL: self.model, HW_VENDOR: "nvidia",
+                          GPU_INDEX: str(self.gpu_index), **self.resource})
         return attrs({HOST_NAME: self.host, HW_ID: self.uuid, HW_MODEL: self.model, HW_VENDOR: "nvidia",
-                      GPU_INDEX: str(self.gpu_index), **self.resource})
+                      GPU_INDEX: str(self.gpu_index), **self.resource, **job})
 
 
 @dataclass(slots=True)
@@ -104,3 +114,33 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.samples) + len(self.points) + len(self.passthrough) + len(self.events)
+
+
+def attribute_of(point: MetricPoint | Event, key: str) -> Any:
+    """A job-identity attribute of a point: from its resource, else from its point attributes.
+
+    Why both: otel-ofu puts ``ofu.job.id`` and ``ofu.precision`` on the resource; recordings
+    and peers from before version 0.2 carried them as point attributes.
+    """
+    for k, v in point.resource:
+        if k == key:
+            return v
+    for k, v in point.attributes:
+        if k == key:
+            return v
+    return None
+
+
+def job_id_of(point: MetricPoint | Event) -> str | None:
+    job = attribute_of(point, JOB_ID)
+    return None if job is None else str(job)
+
+
+def precision_of(point: MetricPoint | Event) -> str | None:
+    precision = attribute_of(point, PRECISION)
+    return None if precision is None else str(precision)
+
+
+def gpu_identity(resource: Attributes) -> Attributes:
+    """A GPU point's resource without its job identity: the same GPU across jobs."""
+    return tuple(item for item in resource if item[0] not in JOB_RESOURCE_KEYS)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TextIO
 
-from otel_ofu.core.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch
+from otel_ofu.core.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, Batch, job_id_of, precision_of
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, require
 
@@ -60,12 +60,11 @@ class ConsoleExporter(Exporter):
                 if column is None:
                     continue
                 resource = dict(p.resource)
-                attributes = dict(p.attributes)
                 key = str(resource.get(HW_ID, resource.get(HOST_NAME, "?")))
                 row = self._rows.setdefault(key, {})
                 row.update(host=resource.get(HOST_NAME, "?"), gpu=resource.get(GPU_INDEX, "?"),
                            model=_short_model(str(resource.get(HW_MODEL, "?"))),
-                           job=attributes.get(JOB_ID, "?"), precision=attributes.get(PRECISION, "?"))
+                           job=job_id_of(p) or "?", precision=precision_of(p) or "?")
                 row[column] = p.value / 1e6 if column == "sm_mhz" else p.value
                 row["_t"] = p.time_unix_nano
                 self._latest_ns = max(self._latest_ns, p.time_unix_nano)

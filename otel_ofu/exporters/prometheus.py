@@ -8,7 +8,11 @@ own resource: without it the series of two GPUs would collide). One deviation: a
 ``1`` adds no ``_ratio`` (``gpu_ofu``, as dashboards query it) unless ``ratio_suffix``.
 
 A series not updated for ``metric_expiration`` (default 5m, as in the Collector) is dropped,
-so a finished job's series disappear and Prometheus marks them stale at the next scrape.
+so a finished job's series disappear and Prometheus marks them stale at the next scrape. A
+GPU's job identity (``ofu.job.id``, ``ofu.precision``) is on its resource: when a GPU's points
+arrive under a new job, the series of its previous job are dropped at once (a GPU holds one
+job at a time; summing by job must not count it twice for 5 minutes). ``job_labels`` keeps
+the job identity as labels also with ``resource_to_telemetry_conversion`` off.
 Points are served without timestamps by default (``send_timestamps``): a point's time is
 when its counter window ended, which under the simulator's time acceleration or a replay is
 not "now"; Prometheus would drop such samples as out of bounds or place them outside the
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.core.metrics import METRICS
-from otel_ofu.core.model import Batch, MetricPoint
+from otel_ofu.core.model import HW_ID, JOB_ID, PRECISION, Attributes, Batch, MetricPoint, gpu_identity
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, FieldError, require
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
@@ -139,6 +143,9 @@ class PrometheusExporterConfig:
     add_metric_suffixes: bool = True
     ratio_suffix: bool = False  # the Collector appends _ratio to gauges of unit "1"; we do not by default
     passthrough: bool = True  # also serve gauges and cumulative sums passed through from an otlp receiver
+    # Resource attributes that are labels even with resource_to_telemetry_conversion off, so
+    # gpu_ofu{ofu_job_id="..."} works either way.
+    job_labels: list[str] = field(default_factory=lambda: [JOB_ID, PRECISION])
     tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)  # on when cert_file is set
 
     def validate(self) -> None:
@@ -172,6 +179,10 @@ class PrometheusExporter(Exporter):
         self._families: dict[str, _Family] = {}
         self._targets: dict[tuple[tuple[str, str], ...], float] = {}  # target_info label sets
         self._warned: set[str] = set()
+        # GPU -> (resource with its current job, time of its newest point); and the series each
+        # such resource feeds, so a job change can drop the previous job's series.
+        self._gpu_jobs: dict[Attributes, tuple[Attributes, int]] = {}
+        self._series_of: dict[Attributes, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self.clock: Callable[[], float] = time.monotonic  # a seam for expiration tests
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -206,14 +217,53 @@ class PrometheusExporter(Exporter):
         else:
             resource = dict(point.resource)
             identity = _job_instance(resource)
-            labels = to_labels(point.attributes, identity.items(), cfg.const_labels.items())
+            job = [(k, resource[k]) for k in cfg.job_labels if k in resource]
+            labels = to_labels(job, point.attributes, identity.items(), cfg.const_labels.items())
             target = to_labels(identity.items(), ((k, v) for k, v in resource.items()
                                                   if k not in ("service.name", "service.namespace",
                                                                "service.instance.id")))
             self._targets[target] = now
+        if not self._follow_job(point):
+            return
         current = family.series.get(labels)
         if current is None or point.time_unix_nano >= current.time_unix_nano:
             family.series[labels] = _Series(float(point.value), point.time_unix_nano, now)
+            if point.resource in self._series_of:
+                self._series_of[point.resource].add((name, labels))
+
+    def _follow_job(self, point: MetricPoint) -> bool:
+        """Track which job each GPU holds; False for a point of a job the GPU has since left.
+
+        On a job change, the previous job's series of this GPU are dropped.
+        """
+        resource = point.resource
+        if resource in self._series_of:
+            gpu = gpu_identity(resource)
+            held, newest = self._gpu_jobs[gpu]
+            if held == resource:
+                self._gpu_jobs[gpu] = (resource, max(newest, point.time_unix_nano))
+                return True
+        has_gpu = has_job = False
+        for key, _ in resource:
+            has_gpu = has_gpu or key == HW_ID
+            has_job = has_job or key == JOB_ID
+        if not (has_gpu and has_job):
+            return True
+        gpu = gpu_identity(resource)
+        previous = self._gpu_jobs.get(gpu)
+        if previous is not None and previous[0] != resource:
+            if point.time_unix_nano < previous[1]:
+                return False  # a late point of a job this GPU no longer holds
+            for name, labels in self._series_of.pop(previous[0], ()):
+                family = self._families.get(name)
+                if family is not None:
+                    family.series.pop(labels, None)
+                    if not family.series:
+                        del self._families[name]
+        if previous is None or previous[0] != resource:
+            self._series_of[resource] = set()
+        self._gpu_jobs[gpu] = (resource, max(point.time_unix_nano, previous[1] if previous else 0))
+        return True
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
@@ -234,6 +284,16 @@ class PrometheusExporter(Exporter):
                     del self._families[name]
             for labels in [k for k, t in self._targets.items() if t < limit]:
                 del self._targets[labels]
+            for resource, series in list(self._series_of.items()):
+                live = {(n, labels) for n, labels in series
+                        if n in self._families and labels in self._families[n].series}
+                if live:
+                    self._series_of[resource] = live
+                else:  # every series of this GPU's job expired: forget the GPU
+                    del self._series_of[resource]
+                    gpu = gpu_identity(resource)
+                    if self._gpu_jobs.get(gpu, (None,))[0] == resource:
+                        del self._gpu_jobs[gpu]
 
     def snapshot(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         """Prometheus name -> labels -> value, as the next scrape would serve (after expiry)."""

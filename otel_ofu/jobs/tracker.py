@@ -14,9 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from otel_ofu.attribution import JOB_SHARED  # set by attribution when several jobs hold one GPU
 from otel_ofu.core import specs
-from otel_ofu.core.model import HW_MODEL, JOB_ID, NO_JOB, PRECISION, Attributes, MetricPoint
+from otel_ofu.core.model import (
+    HW_MODEL,
+    JOB_ID,
+    JOB_SHARED,
+    NO_JOB,
+    PRECISION,
+    Attributes,
+    MetricPoint,
+    gpu_identity,
+)
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
@@ -255,10 +263,18 @@ class Update:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
 
-def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
-    point_attrs, resource = dict(point.attributes), dict(point.resource)
-    job = point_attrs.get(JOB_ID, resource.get(JOB_ID))
-    return (None if job is None else str(job)), point_attrs, resource
+def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
+    """The point's job id and its attributes, resource and point attributes in one dict.
+
+    Job identity is on the resource; point attributes win for other keys and are read for
+    recordings made before job identity moved to the resource.
+    """
+    merged = {**dict(point.resource), **dict(point.attributes)}
+    for key, value in point.resource:
+        if key == JOB_ID or key == PRECISION or key == JOB_SHARED:
+            merged[key] = value
+    job = merged.get(JOB_ID)
+    return (None if job is None else str(job)), merged
 
 
 def peak_flops(model: str | None, precision: str | None, ofu: float) -> float | None:
@@ -314,11 +330,11 @@ class JobBook:
         table[key] = (t, t - start)
         return start
 
-    def _tracker(self, job: str, point_attrs: dict[str, Any], resource: dict[str, Any], update: Update,
+    def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker]) -> JobTracker:
         tracker = self.jobs.get(job)
         if tracker is None:
-            extra = {k: point_attrs.get(k, resource.get(k)) for k in self.config.copy_attributes}
+            extra = {k: attributes.get(k) for k in self.config.copy_attributes}
             job_resource = tuple(sorted((k, v) for k, v in {**extra, JOB_ID: job}.items() if v is not None))
             tracker = self.jobs[job] = JobTracker(job, self.config, job_resource)
             update.started.append(tracker)
@@ -330,26 +346,27 @@ class JobBook:
         if not math.isfinite(point.value):
             update.skip("not_finite")
             return
-        start = self._interval(self._gpu_last, point.resource, t)
+        gpu = gpu_identity(point.resource)  # the same GPU across its jobs
+        start = self._interval(self._gpu_last, gpu, t)
         if start is None:
             update.skip("out_of_order")
             return
         self.now = max(self.now, t)
-        job, point_attrs, resource = _job_of(point)
-        shared = bool(point_attrs.get(JOB_SHARED)) and not self.config.include_shared
+        job, attributes = _job_of(point)
+        shared = bool(attributes.get(JOB_SHARED)) and not self.config.include_shared
         if job is None or job in self._ignored or shared:
             self.unattributed.add(t - start, point.value)
             self.unattributed_histogram.add(point.value, t - start)
             return
-        precision = point_attrs.get(PRECISION)
+        precision = attributes.get(PRECISION)
         rate = flops.get((point.resource, point.time_unix_nano))
         if rate is None:
-            rate = peak_flops(resource.get(HW_MODEL), precision, point.value)
-        tracker = self._tracker(job, point_attrs, resource, update, touched)
-        tracker.add_gpu_window(point.resource, start, t, point.value, rate, specs.normalize_precision(precision))
+            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value)
+        tracker = self._tracker(job, attributes, update, touched)
+        tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision))
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
-        job, _, _ = _job_of(point)
+        job, _ = _job_of(point)
         tracker = self.jobs.get(job) if job is not None else None
         if tracker is None or not math.isfinite(point.value):
             update.skip("mfu_without_job")

@@ -53,6 +53,7 @@ from otel_ofu.core.model import (
     GpuSample,
     MetricPoint,
     attrs,
+    job_id_of,
 )
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
@@ -233,7 +234,7 @@ class AttributionProcessor(Processor):
             job, from_claims = SHARED_SEPARATOR.join(ids), True
             source = "+".join(sorted({s for c in claims for s in c.source.split("+")}))
             if len(ids) > 1:
-                attributes[JOB_SHARED] = True
+                resource[JOB_SHARED] = True
         elif rule.job_id:
             job, source = rule.job_id, "rule"
         elif existing:
@@ -253,7 +254,7 @@ class AttributionProcessor(Processor):
                 overflow, job = job, cfg.overflow_job_id
                 for key in PER_JOB_ATTRIBUTES:
                     resource.pop(key, None)
-            attributes[JOB_SOURCE] = source
+            resource[JOB_SOURCE] = source
             sample.job_id = job
         sample.resource, sample.attributes = resource, attributes
         return overflow
@@ -358,12 +359,13 @@ class AttributionProcessor(Processor):
 
 def _renamed(point: MetricPoint, renamed: dict[tuple[str, str], str]) -> MetricPoint:
     """A receiver's own per-GPU point (e.g. the sim's truth) follows its GPU's new job id."""
-    uuid = dict(point.resource).get(HW_ID)
-    attributes = dict(point.attributes)
-    new = renamed.get((uuid, attributes.get(JOB_ID, NO_JOB))) if uuid is not None else None
+    resource = dict(point.resource)
+    uuid = resource.get(HW_ID)
+    new = renamed.get((uuid, job_id_of(point) or NO_JOB)) if uuid is not None else None
     if new is None:
         return point
-    return dataclasses.replace(point, attributes=attrs({**attributes, JOB_ID: new}))
+    attributes = {k: v for k, v in point.attributes if k != JOB_ID}
+    return dataclasses.replace(point, resource=attrs({**resource, JOB_ID: new}), attributes=attrs(attributes))
 
 
 def _str(value: object) -> str | None:

@@ -81,7 +81,9 @@ class OfuProcessor(Processor):
         cfg = self.config
         precision = specs.normalize_precision(sample.precision)
         job = sample.job_id or UNKNOWN_JOB
-        resource = sample.resource_attributes()
+        # The GPU's identity and its job's, on the resource of every point of this GPU (a job
+        # change is a new resource); point attributes only say how a value was made.
+        resource = sample.resource_attributes({JOB_ID: job, PRECISION: precision})
         t = sample.time_unix_nano
         out: list[MetricPoint] = []
 
@@ -90,7 +92,7 @@ class OfuProcessor(Processor):
             tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
             correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
         )
-        point_attrs, ofu_attrs_by_fref = self._point_attributes(job, precision, sample.attributes)
+        point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
                 self._warned_models.add(sample.model)
@@ -100,7 +102,7 @@ class OfuProcessor(Processor):
             ofu_attrs = ofu_attrs_by_fref.get(result.fref_source)
             if ofu_attrs is None:
                 ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
-                    {JOB_ID: job, PRECISION: precision, **sample.attributes, FREF_SOURCE: result.fref_source})
+                    {**sample.attributes, FREF_SOURCE: result.fref_source})
             out += [
                 MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs),
                 MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs),
@@ -116,13 +118,13 @@ class OfuProcessor(Processor):
             out += self._input_points(sample, resource, point_attrs, t, result)
         return out
 
-    def _point_attributes(self, job: str, precision: str,
-                          extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
-        """The inputs' point attributes and the OFU points' (by f_ref source), shared by a job's GPUs.
+    def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
+        """The inputs' point attributes and the OFU points' (by f_ref source), shared by many GPUs.
 
-        Why: every GPU of a job carries the same attribute sets; one tuple object for all of
-        them is sorted once and lets the exporter encode it once per batch. Cached only when
-        every value is a string: 1, 1.0 and True are equal keys that encode differently.
+        Why: GPUs with the same extra attributes (usually none) carry the same attribute sets;
+        one tuple object for all of them is sorted once and lets the exporter encode it once per
+        batch. Cached only when every value is a string: 1, 1.0 and True are equal keys that
+        encode differently.
         """
         items = tuple(extra.items())
         key = None
@@ -130,16 +132,15 @@ class OfuProcessor(Processor):
             if type(value) is not str:
                 break
         else:
-            if type(job) is str:
-                key = (job, precision, items)
+            key = items
         if key is not None:
             cached = self._attributes_cache.get(key)
             if cached is not None:
                 return cached
-        entry: tuple[Attributes, dict[str, Attributes]] = (attrs({JOB_ID: job, PRECISION: precision, **extra}), {})
+        entry: tuple[Attributes, dict[str, Attributes]] = (attrs(extra), {})
         if key is not None:
             if len(self._attributes_cache) >= _ATTRIBUTES_CACHE_SIZE:
-                self._attributes_cache.clear()  # jobs come and go: start over rather than grow
+                self._attributes_cache.clear()  # attribute sets come and go: start over rather than grow
             self._attributes_cache[key] = entry
         return entry
 

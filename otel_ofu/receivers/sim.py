@@ -156,17 +156,17 @@ def window_batch(results: list[tuple[object, sim.WindowTruth]], emit_truth: bool
         batch.samples.append(sample)  # type: ignore[arg-type]
         t = sample.time_unix_nano  # type: ignore[attr-defined]
         job = sample.job_id  # type: ignore[attr-defined]
-        point_attrs = attrs({JOB_ID: job, PRECISION: specs.normalize_precision(sample.precision)})  # type: ignore[attr-defined]
-        if emit_truth:
-            batch.points.append(MetricPoint("sim.gpu.mfu.true", truth.true_mfu, t,
-                                            sample.resource_attributes(), point_attrs))  # type: ignore[attr-defined]
+        precision = specs.normalize_precision(sample.precision)  # type: ignore[attr-defined]
+        if emit_truth:  # on the GPU's resource with its job identity, as the ofu processor's points
+            resource = sample.resource_attributes({JOB_ID: job, PRECISION: precision})  # type: ignore[attr-defined]
+            batch.points.append(MetricPoint("sim.gpu.mfu.true", truth.true_mfu, t, resource))
         if truth.reported_mfu is not None:
             reported.setdefault(job, []).append(truth.reported_mfu)
-            precision_of[job] = specs.normalize_precision(sample.precision)  # type: ignore[attr-defined]
+            precision_of[job] = precision
     for job, values in reported.items():
-        resource = attrs({"service.name": "training-framework", JOB_ID: job})
-        batch.points.append(MetricPoint("training.mfu", sum(values) / len(values), t, resource,
-                                        attrs({JOB_ID: job, PRECISION: precision_of[job]})))
+        # As a training process would send it: its own resource, naming its job.
+        resource = attrs({"service.name": "training-framework", JOB_ID: job, PRECISION: precision_of[job]})
+        batch.points.append(MetricPoint("training.mfu", sum(values) / len(values), t, resource))
     return batch
 
 

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.model import JOB_ID, Attributes, Event, MetricPoint
+from otel_ofu.core.model import JOB_ID, Attributes, Event, MetricPoint, job_id_of
 from otel_ofu.jobs.findings import MFU_GAP
 from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobsConfig, JobSummary, Update
 from otel_ofu.otlp import codec as otlp
@@ -230,7 +230,7 @@ def build_report(path: str | Path, config: JobsConfig | None = None, recompute: 
             t = p.time_unix_nano / 1e9
             first, last = min(first, t), max(last, t)
             if p.name == TRUTH_METRIC:
-                job = dict(p.attributes).get(JOB_ID)
+                job = job_id_of(p)
                 if job is not None:
                     bin_end = (math.floor(t / resolution - 1e-9) + 1) * resolution
                     truth.setdefault(str(job), {}).setdefault(bin_end, []).append(p.value)
