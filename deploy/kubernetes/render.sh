@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Render the plain manifests in this folder from the Helm chart, one file per example values file
+# (deploy/helm/otel-ofu/examples/NAME.yaml -> deploy/kubernetes/NAME.yaml). Run after changing the
+# chart or an example; tests/test_deploy_helm.py fails while a file is out of date.
+#
+#   deploy/kubernetes/render.sh
+#
+# Helm comes from collector/build-helm.sh (built from Go modules once, cached); $HELM overrides.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+HELM="${HELM:-$("$ROOT/collector/build-helm.sh" | tail -1)}"
+CHART="$ROOT/deploy/helm/otel-ofu"
+OUT="$ROOT/deploy/kubernetes"
+RELEASE=otel-ofu
+NAMESPACE=gpu-monitoring
+
+rm -f "$OUT"/*.yaml
+for values in "$CHART"/examples/*.yaml; do
+  name="$(basename "$values" .yaml)"
+  {
+    echo "# Rendered from the Helm chart deploy/helm/otel-ofu with examples/$name.yaml by"
+    echo "# deploy/kubernetes/render.sh (do not edit: change the chart or the example, then re-run it)."
+    echo "# Namespace $NAMESPACE; release $RELEASE. Create the namespace, then:"
+    echo "#   kubectl apply -f deploy/kubernetes/$name.yaml"
+    "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" -f "$values"
+  } > "$OUT/$name.yaml"
+  echo "$OUT/$name.yaml"
+done
