@@ -1,0 +1,370 @@
+"""The Helm chart (deploy/helm/otel-ofu) with the real Helm, its example values and the plain manifests.
+
+Every rendered object is validated strictly (unknown fields rejected) against the Kubernetes
+schemas kubernetes-validate ships; every otel-ofu config inside passes ``otel-ofu validate`` with
+the env and mounts its container gets, every Collector config ``otelcol validate`` with the real
+Collector.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy_util import (
+    CHART,
+    EXAMPLES,
+    NAMESPACE,
+    OLDEST_K8S,
+    RENDERED,
+    assert_otel_ofu_config_valid,
+    by_kind,
+    container_env,
+    helm,
+    one,
+    pod_spec,
+    template,
+    template_text,
+)
+from tests.e2e_util import collector_binary
+
+EXAMPLE_IDS = [p.stem for p in EXAMPLES]
+# Prometheus Operator kinds: no schema in kubernetes-validate; checked against the Service/pods below.
+CRD_KINDS = {"ServiceMonitor", "PodMonitor"}
+WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet"}
+
+
+def k8s_versions() -> list[str]:
+    return [OLDEST_K8S, kubernetes_validate.latest_version()]
+
+
+@pytest.fixture(scope="module", params=EXAMPLES, ids=EXAMPLE_IDS)
+def example(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]]:
+    return request.param, template(request.param)
+
+
+def test_examples_exist_for_each_source_and_the_fleet() -> None:
+    assert {"dcgm-exporter", "dcgm", "nvml", "fleet"} <= set(EXAMPLE_IDS)
+    assert GATEWAY_EXAMPLES
+
+
+@pytest.mark.parametrize("values", [None, *EXAMPLES], ids=["defaults", *EXAMPLE_IDS])
+def test_helm_lint_strict(values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    done = helm(*args, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+def test_every_object_validates_strictly(example: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, objects = example
+    assert objects
+    for obj in objects:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        for version in k8s_versions():
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} against {version}: {path}: {exc.message}")
+
+
+def test_otel_ofu_configs_pass_validate(example: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    _, objects = example
+    checked = 0
+    for workload in objects:
+        if workload["kind"] not in WORKLOADS:
+            continue
+        spec = pod_spec(workload)
+        container = spec["containers"][0]
+        if container["name"] != "otel-ofu":
+            continue
+        config = configmap_of(objects, spec, "config.yaml")
+        workdir = tmp_path / workload["metadata"]["name"]
+        workdir.mkdir()
+        assert_otel_ofu_config_valid(config, spec, container, workdir)
+        checked += 1
+    assert checked >= 1
+
+
+GATEWAY_EXAMPLES = [p for p in EXAMPLES if (yaml.safe_load(p.read_text()).get("gateway") or {}).get("enabled")]
+
+
+@pytest.mark.parametrize("resolver", ["k8s", "dns"])
+@pytest.mark.parametrize("values", GATEWAY_EXAMPLES, ids=[p.stem for p in GATEWAY_EXAMPLES])
+def test_collector_configs_pass_otelcol_validate(values: Path, resolver: str, tmp_path: Path) -> None:
+    objects = template(values, sets=(f"gateway.resolver={resolver}",))
+    gateway = one(objects, "Deployment", "gateway")
+    spec = pod_spec(gateway)
+    (container,) = spec["containers"]
+    path = tmp_path / "relay.yaml"
+    path.write_text(configmap_of(objects, spec, "relay.yaml"))
+    env = {"PATH": "/usr/bin:/bin", **container_env(container)}
+    done = subprocess.run([collector_binary(), "validate", f"--config=file:{path}"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def configmap_of(objects: list[dict[str, Any]], spec: dict[str, Any], key: str) -> str:
+    names = [v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v]
+    maps = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] in names and key in o["data"]]
+    assert len(maps) == 1, f"expected one ConfigMap with {key} among {names}"
+    return maps[0]["data"][key]
+
+
+def test_every_container_is_locked_down(example: tuple[Path, list[dict[str, Any]]]) -> None:
+    path, objects = example
+    for workload in objects:
+        if workload["kind"] not in WORKLOADS:
+            continue
+        for container in pod_spec(workload)["containers"]:
+            sc = container["securityContext"]
+            where = f"{path.stem}: {workload['kind']}/{container['name']}"
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc.get("privileged", False) is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert set(sc["capabilities"].get("add", [])) <= {"SYS_ADMIN", "SYS_PTRACE"}, where
+            assert container["resources"]["requests"] and container["resources"]["limits"]["memory"], where
+
+
+def test_rbac_is_read_only_and_never_touches_secrets(example: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, objects = example
+    for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+            assert "secrets" not in rule["resources"] and "*" not in rule["resources"], rule
+            assert "*" not in rule["apiGroups"], rule
+
+
+def test_monitors_select_a_metrics_port(example: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, objects = example
+    for monitor in by_kind(objects, "ServiceMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        services = [s for s in by_kind(objects, "Service")
+                    if wanted.items() <= s["metadata"]["labels"].items()]
+        assert len(services) == 1, f"ServiceMonitor {monitor['metadata']['name']} selects {len(services)} Services"
+        ports = {p["name"] for p in services[0]["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+    for monitor in by_kind(objects, "PodMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        pods = [w for w in objects if w["kind"] in WORKLOADS
+                and wanted.items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(pods) == 1
+        ports = {p["name"] for c in pod_spec(pods[0])["containers"] for p in c.get("ports", [])}
+        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+
+
+@pytest.mark.parametrize("values", EXAMPLES, ids=EXAMPLE_IDS)
+def test_plain_manifests_are_in_sync_with_the_chart(values: Path) -> None:
+    rendered = RENDERED / f"{values.stem}.yaml"
+    assert rendered.is_file(), f"{rendered} missing: run deploy/kubernetes/render.sh"
+    text = rendered.read_text()
+    header, _, body = text.partition("\n---\n")
+    assert body, f"{rendered}: no header"
+    assert "---\n" + body == template_text(values), f"{rendered} is stale: run deploy/kubernetes/render.sh"
+
+
+def test_no_extra_plain_manifests() -> None:
+    stems = {p.stem for p in RENDERED.glob("*.yaml")}
+    assert stems == set(EXAMPLE_IDS), "deploy/kubernetes/ has one file per example values file"
+
+
+# --- what each value does ---------------------------------------------------------------------
+
+
+def agent_of(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = pod_spec(one(objects, "DaemonSet", "agent"))
+    return spec, spec["containers"][0]
+
+
+def agent_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(one(objects, "ConfigMap", "agent")["data"]["config.yaml"])
+
+
+def test_default_agent_scrapes_dcgm_exporter_as_non_root_without_host_access() -> None:
+    objects = template()
+    spec, container = agent_of(objects)
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["runAsUser"] != 0
+    assert "add" not in container["securityContext"]["capabilities"]
+    assert not spec.get("hostPID") and not spec.get("hostNetwork")
+    assert not any("hostPath" in v for v in spec["volumes"])
+    assert spec["automountServiceAccountToken"] is False
+    assert not by_kind(objects, "ClusterRole")
+    config = agent_config(objects)
+    assert config["service"]["pipelines"]["metrics"]["receivers"] == ["dcgm_exporter"]
+    assert config["processors"]["attribution"]["kubelet"]["enabled"] is False
+    # The node-local Service in the GPU Operator's namespace, and the agent scraping it.
+    local = one(objects, "Service", "dcgm-exporter")
+    assert local["metadata"]["namespace"] == "gpu-operator"
+    assert local["spec"]["internalTrafficPolicy"] == "Local"
+    assert local["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    assert config["receivers"]["dcgm_exporter"]["endpoint"] == (
+        f"http://{local['metadata']['name']}.gpu-operator.svc:9400/metrics")
+    # GPU nodes only, including tainted ones.
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_dcgm_source_mounts_the_kubelet_socket_read_only_and_runs_as_root_without_capabilities() -> None:
+    objects = template(sets=("source=dcgm", "dcgm.address=nv-hostengine.example:5555"))
+    spec, container = agent_of(objects)
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert container["securityContext"]["runAsUser"] == 0
+    assert "add" not in container["securityContext"]["capabilities"]
+    assert not spec.get("hostPID")
+    assert not any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in container["env"])
+    config = agent_config(objects)
+    assert config["receivers"]["dcgm"]["address"] == "nv-hostengine.example:5555"
+    assert config["processors"]["attribution"]["kubelet"]["enabled"] is True
+    assert not any(o["metadata"]["name"].endswith("dcgm-exporter") for o in by_kind(objects, "Service"))
+
+
+def test_kubelet_source_can_be_switched_off() -> None:
+    spec, container = agent_of(template(sets=("source=dcgm", "attribution.kubelet=false")))
+    assert not any("hostPath" in v for v in spec["volumes"])
+    assert container["securityContext"]["runAsNonRoot"] is True
+
+
+def test_nvml_source_adds_only_the_profiling_capability_and_sees_the_gpus() -> None:
+    spec, container = agent_of(template(sets=("source=nvml",)))
+    assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+    assert not spec.get("hostPID")
+    spec, container = agent_of(template(sets=("source=nvml", "nvml.profilingCapability=false")))
+    assert "add" not in container["securityContext"]["capabilities"]
+
+
+def test_host_pid_only_with_process_attribution() -> None:
+    for source in ("dcgm_exporter", "dcgm", "nvml"):
+        spec, _ = agent_of(template(sets=(f"source={source}",)))
+        assert "hostPID" not in spec, source
+        objects = template(sets=(f"source={source}", "attribution.processes.enabled=true"))
+        spec, container = agent_of(objects)
+        assert spec["hostPID"] is True, source
+        processes = agent_config(objects)["processors"]["attribution"]["processes"]
+        assert processes["enabled"] is True
+        assert processes["pid_sources"] == (["samples"] if source == "nvml" else ["nvml"])
+
+
+def test_kubernetes_api_adds_the_pod_watch_and_its_rbac() -> None:
+    objects = template(sets=(
+        "attribution.kubernetesApi.enabled=true",
+        "attribution.kubernetesApi.ownerLookups[0].kind=RayCluster",
+        "attribution.kubernetesApi.ownerLookups[0].group=ray.io",
+        "attribution.kubernetesApi.ownerLookups[0].resource=rayclusters",
+    ))
+    spec, container = agent_of(objects)
+    assert spec["automountServiceAccountToken"] is True
+    api = agent_config(objects)["processors"]["attribution"]["kubernetes_api"]
+    assert api == {"enabled": True, "node_name": "${env:K8S_NODE_NAME}", "owner_lookups": ["RayCluster.ray.io"]}
+    assert container_env(container)["K8S_NODE_NAME"]
+    (role,) = by_kind(objects, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get"]},
+    ]
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
+
+
+def test_config_value_merges_over_the_defaults(tmp_path: Path) -> None:
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"agent": {"config": {
+        "processors": {"ofu": {"tile_correction": {"enabled": False}}},
+        "exporters": {"file": {"path": "/tmp/ofu.jsonl"}},
+        "service": {"pipelines": {"metrics": {"exporters": ["prometheus", "file"]}}},
+    }}}))
+    config = agent_config(template(override))
+    assert config["processors"]["ofu"]["tile_correction"]["enabled"] is False
+    assert config["processors"]["attribution"]["precision_key"] == "ofu.dev/precision"  # default kept
+    assert set(config["exporters"]) == {"prometheus", "file"}
+    metrics = config["service"]["pipelines"]["metrics"]
+    assert metrics["exporters"] == ["prometheus", "file"]  # lists are replaced
+    assert metrics["receivers"] == ["dcgm_exporter"]  # siblings kept
+    assert "metrics/self" in config["service"]["pipelines"]
+
+
+def test_config_change_rolls_the_pods() -> None:
+    first = one(template(), "DaemonSet", "agent")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    second = one(template(sets=("agent.config.processors.ofu.tile_correction.enabled=false",)), "DaemonSet",
+                 "agent")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert first != second
+
+
+def test_otlp_headers_from_secrets_stay_out_of_the_configmap() -> None:
+    objects = template(sets=(
+        "otlp.endpoint=otlp.example.com:4317",
+        "otlp.headersFromSecrets[0].header=authorization",
+        "otlp.headersFromSecrets[0].secretName=otlp-auth",
+        "otlp.headersFromSecrets[0].secretKey=authorization",
+        "otlp.tls.secretName=otlp-ca",
+    ))
+    spec, container = agent_of(objects)
+    otlp = agent_config(objects)["exporters"]["otlp"]
+    assert otlp["headers"] == {"authorization": "${env:OTEL_OFU_HEADER_0}"}
+    assert otlp["tls"] == {"insecure": False, "ca_file": "/etc/otel-ofu/otlp-tls/ca.crt"}
+    env = next(e for e in container["env"] if e["name"] == "OTEL_OFU_HEADER_0")
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "otlp-auth", "key": "authorization"}
+    assert {"name": "otlp-tls", "secret": {"secretName": "otlp-ca"}} in spec["volumes"]
+
+
+def test_fleet_wires_agents_to_the_gateway_and_the_gateway_to_the_jobs_tier() -> None:
+    objects = template(next(p for p in EXAMPLES if p.stem == "fleet"))
+    gateway_service = one(objects, "Service", "gateway")
+    exporters = agent_config(objects)["exporters"]
+    assert exporters["otlp/gateway"]["endpoint"] == f"{gateway_service['metadata']['name']}.{NAMESPACE}.svc:4317"
+    headless = one(objects, "Service", "jobs")
+    assert headless["spec"]["clusterIP"] == "None"
+    jobs = one(objects, "StatefulSet", "jobs")
+    assert jobs["spec"]["serviceName"] == headless["metadata"]["name"]
+    relay = yaml.safe_load(one(objects, "ConfigMap", "gateway")["data"]["relay.yaml"])
+    lb = relay["exporters"]["load_balancing"]
+    assert lb["routing_key"] == "attributes" and lb["routing_attributes"] == ["ofu.job.id"]
+    assert lb["resolver"]["k8s"]["service"] == f"{headless['metadata']['name']}.{NAMESPACE}"
+    role = one(objects, "Role", "gateway")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]
+    jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
+    assert jobs_config["service"]["pipelines"]["metrics"]["processors"] == ["jobs"]
+    assert jobs_config["receivers"]["otlp"]["auth"]["bearer_token_file"] == "/etc/otel-ofu/jobs-auth/token"
+    assert jobs["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+
+
+def test_dns_resolver_needs_no_rbac() -> None:
+    fleet = next(p for p in EXAMPLES if p.stem == "fleet")
+    objects = template(fleet, sets=("gateway.resolver=dns",))
+    assert not by_kind(objects, "Role")
+    relay = yaml.safe_load(one(objects, "ConfigMap", "gateway")["data"]["relay.yaml"])
+    assert set(relay["exporters"]["load_balancing"]["resolver"]) == {"dns"}
+    assert pod_spec(one(objects, "Deployment", "gateway"))["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (("gateway.enabled=true",), "gateway.enabled needs jobs.enabled"),
+    (("prometheus.enabled=false",), "the agent has nowhere to send OFU"),
+    (("source=dcgmexporter",), "at '/source': value must be one of"),
+    (("attribution.kubelet=yes",), "at '/attribution/kubelet': value must be one of 'auto'"),
+    (("otlp.endpoint=x:4317", "otlp.tls.certKey=tls.crt", "otlp.tls.secretName=s"),
+     "otlp.tls.keyKey goes with otlp.tls.certKey"),
+    (("sorce=nvml",), "additional properties 'sorce' not allowed"),
+])
+def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
+    args = ["template", "x", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    done = helm(*args, check=False)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
