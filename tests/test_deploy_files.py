@@ -233,3 +233,36 @@ def test_sidecar_job_identity_comes_from_the_downward_api(tmp_path: Path) -> Non
     assert rule["job_id"] == "k8s:${env:K8S_NAMESPACE}/${env:OFU_JOB_NAME}"
     assert set(re.findall(r"\$\{env:(\w+)", config)) <= set(container_env(sidecar))
     assert_otel_ofu_config_valid(config, spec, sidecar, tmp_path)
+
+
+# --- docs/deploy.md -----------------------------------------------------------------------------
+
+# Each otel-ofu message the troubleshooting table quotes: (as the doc shows it, as the code writes it).
+QUOTED_MESSAGES = [
+    ("(connection_refused): connection refused; other endpoints carry on", "; other endpoints carry on"),
+    ("(connection_refused): connection refused", '"connection_refused", "connection refused"'),
+    ("no_gpus: DCGM sees no supported GPU: check `dcgmi discovery -l` and `nvidia-smi`",
+     "DCGM sees no supported GPU"),
+    ("[nvml_missing]", "libnvidia-ml.so.1 not found"),
+    ("profiling_in_use: another client holds the GPU profiling counters, and only one can per machine: stop it "
+     "(Nsight Compute/Systems, another nv-hostengine, dcgm-exporter's embedded engine) or point address at the "
+     "host engine that owns them",
+     "another client holds the GPU profiling counters, and only one can per machine: stop it (Nsight "
+     "Compute/Systems, another nv-hostengine, dcgm-exporter's embedded engine) or point address at the host "
+     "engine that owns them"),
+    ("attribution source kubelet failed (", "attribution source %s failed (%s); using its last answer for"),
+    ("the device plugin uses the index id strategy, and indexes are never matched; set the NVIDIA device plugin's "
+     "deviceIDStrategy to uuid",
+     "the device plugin uses the index id strategy, and indexes are never matched; set the NVIDIA device plugin's "
+     "deviceIDStrategy to uuid"),
+]
+
+
+def test_troubleshooting_quotes_what_the_code_logs() -> None:
+    doc = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
+    # Source text with adjacent string literals joined, as Python joins them.
+    code = " ".join(re.sub(r'"\s*\n\s*f?"', "", p.read_text()) for p in (ROOT / "otel_ofu").rglob("*.py"))
+    code = " ".join(code.split())
+    for in_doc, in_code in QUOTED_MESSAGES:
+        assert in_doc in doc, f"docs/deploy.md no longer quotes: {in_doc}"
+        assert in_code in code, f"otel-ofu no longer logs: {in_code}"
