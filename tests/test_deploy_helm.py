@@ -51,6 +51,8 @@ def example(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]]
 def test_examples_exist_for_each_source_and_the_fleet() -> None:
     assert {"dcgm-exporter", "dcgm", "nvml", "fleet"} <= set(EXAMPLE_IDS)
     assert GATEWAY_EXAMPLES
+    # The chart claims the oldest version the objects are validated against.
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == f">= {OLDEST_K8S}-0"
 
 
 @pytest.mark.parametrize("values", [None, *EXAMPLES], ids=["defaults", *EXAMPLE_IDS])
