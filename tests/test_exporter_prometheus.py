@@ -77,6 +77,8 @@ def test_names_units_and_labels_as_the_collector_converts_them():
     assert prometheus_name("gpu.ofu.dropped", "{window}", counter=True) == "gpu_ofu_dropped"  # + _total on samples
     assert prometheus_name("requests.total", "", counter=True) == "requests"
     assert prometheus_name("latency.seconds", "s", counter=False) == "latency_seconds"  # no double suffix
+    assert prometheus_name("job.gpu_seconds", "s", counter=True) == "job_gpu_seconds"  # "_" separates tokens too
+    assert prometheus_name("job.wasted_gpu_hours", "h", counter=True) == "job_wasted_gpu_hours"
     assert prometheus_name("gpu.power.usage", "W", counter=False, add_suffixes=False) == "gpu_power_usage"
     assert prometheus_name("9lives", "", counter=False, namespace="") == "_9lives"
     assert prometheus_name("gpu.ofu", "1", counter=False, namespace="fleet") == "fleet_gpu_ofu"

@@ -88,6 +88,10 @@ def test_service_builds_shared_exporters_and_per_pipeline_processors(monkeypatch
     # Both pipelines delivered the same windows to the one exporter.
     times = [b.points[0].time_unix_nano for b in recorder.batches if b.points]
     assert len(times) >= 4 and len(times) % 2 == 0
+    # What came in is counted once per receiver, not per pipeline: per window 2 GPU samples, 2 truth points,
+    # 1 reported MFU.
+    windows = len(times) // 2
+    assert service.telemetry.counter("otel_ofu.receiver.accepted", receiver="sim") == windows * 5
 
 
 def test_console_plain_and_live_rendering():

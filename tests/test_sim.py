@@ -10,6 +10,7 @@ from otel_ofu.pipeline.config import build_config
 from otel_ofu.receivers import sim as sim_receiver
 from otel_ofu.receivers.sim import SimReceiver, SimReceiverConfig, build_fleet, window_batch
 from otel_ofu.sim import fleet as sim
+from otel_ofu.core.values import DCGM_FP64_BLANK
 
 START = 1_800_000_000.0
 
@@ -120,6 +121,16 @@ def test_checkpoint_dips_are_short_and_periodic():
     dipped = [i for i, v in enumerate(truth) if v < 0.1]
     assert len(dipped) == pytest.approx(4 * 3, abs=3)  # 4 checkpoints of ~3 windows
     assert all(truth[i] > 0.35 for i in range(120) if i not in dipped and i - 1 not in dipped)
+
+
+def test_a_profiler_blanks_tpa_on_the_jobs_first_gpu_only_for_its_span():
+    jobs = [{"id": "p", "scenario": "steady", "gpus": 2, "start": "1m", "profiler_at": "2m", "profiler_length": "1m"}]
+    windows = run(fleet_of(jobs), 360)
+    first = [s.tensor_active for w in windows for s in (w[0][0],)]
+    second = [s.tensor_active for w in windows for s in (w[1][0],)]
+    blank = [i for i, v in enumerate(first) if v == DCGM_FP64_BLANK]
+    assert blank == list(range(18, 24))  # windows ending in (3m, 4m]: job start 1m + 2m, for 1m
+    assert DCGM_FP64_BLANK not in second and all(w[0][0].sm_clock_mhz for w in windows)
 
 
 def test_job_start_and_duration():

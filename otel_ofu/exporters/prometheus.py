@@ -47,6 +47,7 @@ UNIT_WORDS = {
 PER_UNIT_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 
 _INVALID_NAME = re.compile(r"[^a-zA-Z0-9_:]+")
+_NAME_SEPARATORS = re.compile(r"[^a-zA-Z0-9:]+")  # name tokens: "_" separates too, as in the Collector
 _INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -77,7 +78,7 @@ def prometheus_name(name: str, unit: str, *, counter: bool, namespace: str = "",
     A counter's samples are exposed with ``_total`` appended by the exposition format, so
     this returns the family name: an existing ``total`` token is removed.
     """
-    tokens = [t for t in _INVALID_NAME.split(name) if t]
+    tokens = [t for t in _NAME_SEPARATORS.split(name) if t]  # job.gpu_seconds (s): no second "seconds"
     if add_suffixes:
         for suffix in unit_suffixes(unit):
             if suffix not in tokens or suffix == "per":

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from otel_ofu.core.metrics import RECEIVER_ACCEPTED
 from otel_ofu.core.model import Batch
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.component import Component, Context, Exporter, Processor, Receiver
@@ -98,6 +99,16 @@ def _fan_out(pipelines: list[Pipeline]):
     return consume
 
 
+def _counted(consume, telemetry: Telemetry, receiver_id: str):
+    """Count what a receiver hands in (otel_ofu.receiver.accepted): the self-telemetry's "points in"."""
+
+    def consume_counted(batch: Batch) -> None:
+        telemetry.add(RECEIVER_ACCEPTED, len(batch), receiver=receiver_id)
+        consume(batch)
+
+    return consume_counted
+
+
 class Service:
     def __init__(self, config: ServiceConfig, telemetry: Telemetry | None = None):
         self.config = config
@@ -125,7 +136,7 @@ class Service:
                 feeds.setdefault(rid, []).append(pipeline)
         for rid, pipelines in feeds.items():
             self.receivers[rid] = self._create(factories["receivers"], rid, config.components["receivers"][rid],  # type: ignore[assignment]
-                                               consumer=_fan_out(pipelines))
+                                               consumer=_counted(_fan_out(pipelines), self.telemetry, rid))
 
     def _create(self, section_factories, comp_id: str, cfg, ctx_id: str | None = None, **kwargs) -> Component:
         factory = section_factories[component_type(comp_id)]

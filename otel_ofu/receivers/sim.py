@@ -47,6 +47,9 @@ class SimJobConfig:
     checkpoint_length: Duration = field(default_factory=lambda: Duration(60))
     power_cap_mhz: float | None = None
     phases: list[SimPhaseConfig] = field(default_factory=list)  # mixed_precision
+    # A profiler (Nsight) on the job's first GPU from this time into the job: DCGM blanks, no OFU there.
+    profiler_at: Duration | None = None
+    profiler_length: Duration = field(default_factory=lambda: Duration(600))
 
     def validate(self) -> None:
         require(self.gpus >= 1, "gpus", "must be at least 1")
@@ -54,6 +57,7 @@ class SimJobConfig:
         require(self.precision is None or specs.normalize_precision(self.precision) != specs.UNKNOWN_PRECISION,
                 "precision", f"unknown precision {self.precision!r} (known: {', '.join(specs.PRECISIONS)})")
         require(self.regress_factor >= 1, "regress_factor", "must be >= 1")
+        require(self.profiler_length > 0, "profiler_length", "must be positive")
         require(self.checkpoint_length < self.checkpoint_every, "checkpoint_length", "must be shorter than "
                 "checkpoint_every")
         for i, phase in enumerate(self.phases):
@@ -76,6 +80,8 @@ class SimJobConfig:
             checkpoint_every=float(self.checkpoint_every), checkpoint_length=float(self.checkpoint_length),
             power_cap_mhz=self.power_cap_mhz if self.power_cap_mhz is not None else defaults.get("power_cap_mhz"),
             phases=phases or list(defaults.get("phases", [])),
+            profiler_at=float(self.profiler_at) if self.profiler_at is not None else None,
+            profiler_length=float(self.profiler_length),
         )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from otel_ofu.core import specs, tiles
 from otel_ofu.core.model import NO_JOB, GpuSample
+from otel_ofu.core.values import DCGM_FP64_BLANK
 
 SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint")
 
@@ -53,6 +54,10 @@ class JobSpec:
     power_cap_mhz: float | None = None
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (precision, mfu, seconds)
     efficiency: float | None = None  # overrides the tile x pipe efficiency from shapes (benchmarks: one GEMM)
+    # A user's profiler (Nsight) takes DCGM's profiling lock on the job's first GPU for this span
+    # (seconds into the job): DCGM publishes blanks for profiling fields, so that GPU has no OFU.
+    profiler_at: float | None = None
+    profiler_length: float = 600.0
 
 
 SCENARIO_DEFAULTS: dict[str, dict] = {
@@ -78,6 +83,7 @@ class _Gpu:
     clock_walk: float = 0.0
     last_clock: float = 0.0
     load: float = 0.0  # activity as the power controller sees it: smoothed over ~2 s
+    first_of_job: bool = False  # the GPU a profiler attaches to (JobSpec.profiler_at)
     # accumulators for the current window
     sum_af: float = 0.0
     sum_f: float = 0.0
@@ -165,7 +171,8 @@ class Fleet:
                 eff = efficiency[(job.id, spec.key)] if job is not None else 1.0
                 if job is not None and job.efficiency is not None:  # drawn anyway: same random stream
                     eff = job.efficiency
-                self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff))
+                first = job is not None and not any(g.job is job for g in self.gpus)
+                self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff, first_of_job=first))
 
     @staticmethod
     def _place(nodes: int, gpus_per_node: int, jobs: list[JobSpec]) -> dict[tuple[int, int], JobSpec]:
@@ -264,9 +271,12 @@ class Fleet:
         if job is None:
             precision = None
         reported = true_mfu * job.reported_mfu_factor if job else None
+        tensor_active: float = round(tpa, 6)
+        if job is not None and gpu.first_of_job and _profiled(job, start_t, self.t):
+            tensor_active = DCGM_FP64_BLANK
         sample = GpuSample(
             time_unix_nano=end_ns, window_s=self.t - start_t, host=gpu.host, gpu_index=gpu.index, uuid=gpu.uuid,
-            model=_model_string(spec), tensor_active=round(tpa, 6), sm_clock_mhz=clock, sm_clock_samples=n,
+            model=_model_string(spec), tensor_active=tensor_active, sm_clock_mhz=clock, sm_clock_samples=n,
             max_sm_clock_mhz=spec.max_sm_clock_mhz, power_w=round(gpu.sum_power / max(gpu.ticks, 1), 1),
             clock_event_reasons=gpu.reasons, source="sim", job_id=job.id if job else NO_JOB,
             precision=precision,
@@ -275,6 +285,14 @@ class Fleet:
 
     def running_jobs(self) -> list[JobSpec]:
         return [j for j in self.jobs if job_state(j, self.t)[2]]
+
+
+def _profiled(job: JobSpec, start_t: float, end_t: float) -> bool:
+    """Whether a profiler held the job's first GPU during any of the window [start_t, end_t]."""
+    if job.profiler_at is None:
+        return False
+    begin = job.start + job.profiler_at
+    return start_t < begin + job.profiler_length and end_t > begin
 
 
 # Model strings as DCGM/NVML print them, so the sim exercises the spec table's matching.

@@ -1,0 +1,1 @@
+"""Developer tools: dashboard and rule generators, the demo loaded into Prometheus, previews."""
