@@ -1,0 +1,629 @@
+"""otel-ofu's Grafana dashboards, generated: deploy/grafana/*.json.
+
+One place builds every panel, so each gets the ``${datasource}`` data source, a description,
+a unit and a unique id, and every query uses the same label selectors as the template
+variables. Names come from the ``prometheus`` exporter (gpu_ofu, job_finding, ...) and the
+recording rules of deploy/prometheus/otel-ofu.rules.yml. Only Grafana's core panels.
+
+    python -m tools.dashboards           # write deploy/grafana/*.json
+    python -m tools.dashboards --check   # exit 1 if a committed dashboard differs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "deploy" / "grafana"
+SCHEMA_VERSION = 39  # Grafana 10.3+; newer Grafana migrates it on import
+DS = {"type": "prometheus", "uid": "${datasource}"}
+TAGS = ["otel-ofu", "gpu"]
+NO_JOB = '"|none|unknown"'  # ofu_job_id values that are not a job
+
+# Units (Grafana unit ids); "suffix:" units render the text after the number.
+PERCENT = "percentunit"
+GPU_HOURS = "suffix: GPU h"
+GPUS = "suffix: GPUs"
+FLOPS = "flops"
+HERTZ = "hertz"
+WATTS = "watt"
+PER_SECOND = "suffix: /s"
+COUNT = "none"
+
+# Recording rules (deploy/prometheus/otel-ofu.rules.yml).
+FLEET_SUM = "cluster_namespace_model_precision:gpu_ofu:sum5m"
+FLEET_COUNT = "cluster_namespace_model_precision:gpu_ofu:count5m"
+FLEET_GPUS = "cluster_namespace_model_precision:gpus:count"
+FLEET_WASTED = "cluster_namespace_model_precision:gpus_wasted:sum5m"
+FLEET_BUCKETS = "cluster_namespace_model_precision:gpu_ofu_avg5m_bucket:count"
+WITHOUT_OFU = "cluster_namespace_model_reason:gpus_without_ofu:count"
+JOB_OFU_5M = "cluster_namespace_job:gpu_ofu:avg5m"
+JOB_WASTED = "cluster_namespace_job:gpus_wasted:sum5m"
+JOB_GPUS = "cluster_namespace_job:gpus:count"
+
+# OFU colours: below 20 % of peak is poor for training, 35 %+ is good (the paper's fleet: 25-55 %).
+OFU_STEPS = [{"color": "red", "value": None}, {"color": "orange", "value": 0.2}, {"color": "green", "value": 0.35}]
+ZERO_IS_GOOD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+NEUTRAL = [{"color": "blue", "value": None}]
+
+
+def target(expr: str, legend: str = "__auto", *, instant: bool = False, fmt: str = "time_series",
+           interval: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"datasource": DS, "editorMode": "code", "expr": expr.strip(), "legendFormat": legend,
+                           "range": not instant, "instant": instant, "format": fmt}
+    if interval:
+        out["interval"] = interval
+    return out
+
+
+@dataclass
+class Panel:
+    """A panel before layout: kind, title, description, unit, targets, size and extra JSON."""
+
+    kind: str
+    title: str
+    description: str
+    unit: str
+    targets: list[dict[str, Any]]
+    width: int = 12
+    height: int = 8
+    thresholds: list[dict[str, Any]] = field(default_factory=lambda: NEUTRAL)
+    options: dict[str, Any] = field(default_factory=dict)
+    custom: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # extra fieldConfig.defaults (min, max, mappings)
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # transformations, interval, ...
+
+
+def _json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    targets = [dict(t, refId=chr(ord("A") + i)) for i, t in enumerate(panel.targets)]
+    defaults: dict[str, Any] = {"unit": panel.unit, "color": {"mode": "palette-classic"},
+                                "thresholds": {"mode": "absolute", "steps": panel.thresholds}, **panel.defaults}
+    if panel.custom:
+        defaults["custom"] = panel.custom
+    if panel.kind in ("stat", "bargauge"):
+        defaults["color"] = {"mode": "thresholds"}
+    return {"id": panel_id, "type": panel.kind, "title": panel.title, "description": panel.description,
+            "datasource": DS, "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+            "targets": targets, "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
+            "options": panel.options, **panel.extra}
+
+
+def _layout(rows: list[tuple[str, list[Panel]]]) -> list[dict[str, Any]]:
+    """Rows of panels, left to right, wrapping at Grafana's 24 columns; a row panel above each."""
+    out: list[dict[str, Any]] = []
+    y, next_id = 0, 1
+    for title, panels in rows:
+        out.append({"id": next_id, "type": "row", "title": title, "collapsed": False, "panels": [],
+                    "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}})
+        next_id += 1
+        y += 1
+        x, line_height = 0, 0
+        for panel in panels:
+            if x + panel.width > 24:
+                x, y, line_height = 0, y + line_height, 0
+            out.append(_json(panel, next_id, x, y))
+            next_id += 1
+            x += panel.width
+            line_height = max(line_height, panel.height)
+        y += line_height
+    return out
+
+
+def datasource_variable() -> dict[str, Any]:
+    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+            "description": "The Prometheus-compatible data source that holds otel-ofu's metrics.",
+            "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [], "refresh": 1, "regex": ""}
+
+
+def query_variable(name: str, label: str, query: str, description: str, *, multi: bool = True,
+                   include_all: bool = True) -> dict[str, Any]:
+    """A label_values variable; "All" is the regex .* so it also matches series without the label."""
+    out: dict[str, Any] = {
+        "name": name, "label": label, "type": "query", "datasource": DS, "description": description,
+        "definition": query, "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor"},
+        "current": {}, "hide": 0, "includeAll": include_all, "multi": multi, "options": [], "refresh": 2,
+        "regex": "", "sort": 1,
+    }
+    if include_all:
+        out["allValue"] = ".*"
+    return out
+
+
+CLUSTER_VARIABLE_HELP = ("The cluster label your remote write, federation or scrape config adds (Prometheus "
+                         "external_labels or a target label). Without one, \"All\" matches every series.")
+
+
+def dashboard(uid: str, title: str, description: str, variables: list[dict[str, Any]],
+              rows: list[tuple[str, list[Panel]]], *, annotations: list[dict[str, Any]] | None = None,
+              time_from: str = "now-6h") -> dict[str, Any]:
+    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
+    return {
+        "uid": uid, "title": title, "description": description, "tags": TAGS, "editable": True,
+        "graphTooltip": 1, "timezone": "browser", "time": {"from": time_from, "to": "now"}, "refresh": "1m",
+        "schemaVersion": SCHEMA_VERSION, "version": 1, "fiscalYearStartMonth": 0, "liveNow": False,
+        "links": [{"title": "otel-ofu dashboards", "type": "dashboards", "tags": ["otel-ofu"], "asDropdown": True,
+                   "includeVars": False, "keepTime": True, "icon": "external link", "targetBlank": False,
+                   "tooltip": "", "url": ""}],
+        "annotations": {"list": [builtin, *(annotations or [])]},
+        "templating": {"list": variables},
+        "panels": _layout(rows),
+    }
+
+
+def timeseries(title: str, description: str, unit: str, targets: list[dict[str, Any]], *, width: int = 12,
+               height: int = 8, bars: bool = False, fill: int = 10, stack: bool = False, minimum: float | None = 0,
+               **kwargs: Any) -> Panel:
+    custom = {"drawStyle": "bars" if bars else "line", "lineWidth": 1, "fillOpacity": fill, "showPoints": "never",
+              "spanNulls": False, "axisSoftMin": minimum, "stacking": {"mode": "normal" if stack else "none",
+                                                                      "group": "A"}}
+    if minimum is None:
+        del custom["axisSoftMin"]
+    options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+               "tooltip": {"mode": "multi", "sort": "desc"}}
+    return Panel("timeseries", title, description, unit, targets, width, height, custom=custom, options=options,
+                 **kwargs)
+
+
+def stat(title: str, description: str, unit: str, expr: str, *, steps: list[dict[str, Any]] | None = None,
+         width: int = 4, height: int = 5, decimals: int | None = None, no_value: str = "") -> Panel:
+    defaults: dict[str, Any] = {}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if no_value:
+        defaults["noValue"] = no_value
+    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "background",
+               "graphMode": "none", "justifyMode": "center", "orientation": "auto", "textMode": "value",
+               "wideLayout": True, "showPercentChange": False}
+    return Panel("stat", title, description, unit, [target(expr, instant=True)], width, height,
+                 thresholds=steps or NEUTRAL, options=options, defaults=defaults)
+
+
+# --- Fleet ----------------------------------------------------------------------------------------
+
+FLEET_SEL = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace", hw_model=~"$gpu_model", ofu_precision=~"$precision"'
+FLEET_NO_PRECISION = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace", hw_model=~"$gpu_model"'
+JOBS_SEL = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace"'
+
+
+def fleet() -> dict[str, Any]:
+    variables = [
+        datasource_variable(),
+        query_variable("cluster", "Cluster", "label_values(gpu_ofu, cluster)", CLUSTER_VARIABLE_HELP),
+        query_variable("namespace", "Namespace", 'label_values(gpu_ofu{cluster=~"$cluster"}, k8s_namespace_name)',
+                       "Kubernetes namespace of the GPUs' pods (k8s.namespace.name, set by attribution)."),
+        query_variable("gpu_model", "GPU model",
+                       'label_values(gpu_ofu{cluster=~"$cluster", k8s_namespace_name=~"$namespace"}, hw_model)',
+                       "GPU model as the driver names it (hw.model)."),
+        query_variable("precision", "Precision", 'label_values(gpu_ofu{cluster=~"$cluster", '
+                       'k8s_namespace_name=~"$namespace", hw_model=~"$gpu_model"}, ofu_precision)',
+                       "The number format the job runs in (ofu.precision): OFU is a fraction of the peak at it."),
+    ]
+    fleet_ofu_range = f"""
+sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
+/ sum(sum_over_time({FLEET_COUNT}{{{FLEET_SEL}}}[$__range]))"""
+    top_jobs = [
+        target(f"topk(15, sum by (cluster, k8s_namespace_name, ofu_job_id) "
+               f"(sum_over_time({JOB_WASTED}{{{JOBS_SEL}}}[$__range:1m])) / 60)", instant=True, fmt="table"),
+        target(f"sum by (cluster, k8s_namespace_name, ofu_job_id) "
+               f"(sum_over_time({JOB_GPUS}{{{JOBS_SEL}}}[$__range:1m])) / 60", instant=True, fmt="table"),
+        target(f"avg by (cluster, k8s_namespace_name, ofu_job_id) (avg_over_time({JOB_OFU_5M}{{{JOBS_SEL}}}[$__range]))",
+               instant=True, fmt="table"),
+    ]
+    job_link = {"title": "Open the job view", "url": "/d/otel-ofu-job/otel-ofu-job?var-datasource=${datasource}"
+                "&var-cluster=${__data.fields.cluster}&var-namespace=${__data.fields.k8s_namespace_name}"
+                "&var-job=${__data.fields.ofu_job_id}&${__url_time_range}"}
+    table = Panel(
+        "table", "Top jobs by wasted GPU hours",
+        "Jobs sorted by wasted GPU hours over the dashboard's range: GPU time x (1 - OFU), summed over the job's "
+        "GPUs from the recording rule cluster_namespace_job:gpus_wasted:sum5m (one sample a minute). GPU hours "
+        "and the GPU-time-weighted mean OFU beside it. Click a job to open its view.",
+        GPU_HOURS, top_jobs, width=24, height=9,
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+                 "sortBy": [{"displayName": "Wasted GPU hours", "desc": True}]},
+        defaults={"decimals": 2, "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False}},
+        overrides=[
+            {"matcher": {"id": "byName", "options": "OFU"},
+             "properties": [{"id": "unit", "value": PERCENT}, {"id": "decimals", "value": 1},
+                            {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}},
+                            {"id": "thresholds", "value": {"mode": "absolute", "steps": OFU_STEPS}}]},
+            {"matcher": {"id": "byName", "options": "Job"},
+             "properties": [{"id": "links", "value": [job_link]}]},
+        ],
+        extra={"transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "indexByName": {"ofu_job_id": 0, "k8s_namespace_name": 1, "cluster": 2, "Value #A": 3,
+                                "Value #B": 4, "Value #C": 5},
+                "renameByName": {"ofu_job_id": "Job", "k8s_namespace_name": "Namespace", "cluster": "Cluster",
+                                 "Value #A": "Wasted GPU hours", "Value #B": "GPU hours", "Value #C": "OFU"}}},
+            {"id": "filterByValue", "options": {"type": "include", "match": "all", "filters": [
+                {"fieldName": "Wasted GPU hours", "config": {"id": "greater", "options": {"value": 0}}}]}},
+        ]},
+    )
+    rows = [
+        ("Over the selected range", [
+            stat("Fleet OFU", "Overall FLOP Utilization of the selected GPUs over the dashboard's range, weighted by "
+                 "GPU time: the sum of every per-GPU OFU sample divided by their number (recording rules "
+                 f"{FLEET_SUM} / {FLEET_COUNT}). OFU = tensor pipe activity x SM clock / reference clock, tile-"
+                 "corrected: a fraction of the dense peak at the precision in use. Red below 20 %, green from 35 %.",
+                 PERCENT, fleet_ofu_range, steps=OFU_STEPS, width=5, decimals=1),
+            stat("GPUs reporting OFU", "GPUs with an OFU point now (distinct GPUs, recording rule "
+                 f"{FLEET_GPUS}).", GPUS, f"sum({FLEET_GPUS}{{{FLEET_SEL}}})", width=4, decimals=0),
+            stat("GPUs without OFU", "Should be 0. GPUs whose windows the ofu processor dropped in the last 5 minutes "
+                 "(blank or unsupported profiling counters, zero clock, ...) plus GPUs that reported OFU within the "
+                 f"last hour and nothing now (stale). Recording rule {WITHOUT_OFU}; reasons in the panel below.",
+                 GPUS, f"sum({WITHOUT_OFU}{{{FLEET_NO_PRECISION}}}) or vector(0)", steps=ZERO_IS_GOOD, width=5,
+                 decimals=0),
+            stat("GPU hours", "GPU time of the selected GPUs over the range: the per-minute count of GPUs reporting "
+                 f"OFU ({FLEET_GPUS}) summed and divided by 60.", GPU_HOURS,
+                 f"sum(sum_over_time({FLEET_GPUS}{{{FLEET_SEL}}}[$__range:1m])) / 60", width=5, decimals=1),
+            stat("Wasted GPU hours", "GPU time x (1 - OFU) over the range: the compute the GPUs held but did not use "
+                 f"({FLEET_WASTED}, per minute, summed and divided by 60).", GPU_HOURS,
+                 f"sum(sum_over_time({FLEET_WASTED}{{{FLEET_SEL}}}[$__range:1m])) / 60",
+                 steps=[{"color": "orange", "value": None}], width=5, decimals=1),
+        ]),
+        ("Over time", [
+            timeseries("Fleet OFU by GPU model and precision",
+                       "GPU-time-weighted OFU over the last 5 minutes at each point, for the whole selection (fleet) "
+                       "and per GPU model and precision: sum of per-GPU OFU samples / their number, from the "
+                       "recording rules. A fraction of the dense peak at each precision.", PERCENT,
+                       [target(f"sum({FLEET_SUM}{{{FLEET_SEL}}}) / sum({FLEET_COUNT}{{{FLEET_SEL}}})", "fleet"),
+                        target(f"sum by (hw_model, ofu_precision) ({FLEET_SUM}{{{FLEET_SEL}}}) / sum by (hw_model, "
+                               f"ofu_precision) ({FLEET_COUNT}{{{FLEET_SEL}}})", "{{hw_model}} {{ofu_precision}}")],
+                       width=12, thresholds=OFU_STEPS,
+                       overrides=[{"matcher": {"id": "byName", "options": "fleet"},
+                                   "properties": [{"id": "custom.lineWidth", "value": 3},
+                                                  {"id": "color", "value": {"mode": "fixed", "fixedColor": "text"}}]}]),
+            Panel("heatmap", "Distribution of GPU OFU",
+                  "How many GPUs ran at each OFU level (each GPU's 5-minute mean, in bands of 10 % of peak) over "
+                  f"time, from the recording rule {FLEET_BUCKETS}. A band near 0 with many GPUs is idle or stalled "
+                  "capacity.", GPUS,
+                  [target(f"sum by (le) ({FLEET_BUCKETS}{{{FLEET_SEL}}})", "{{le}}", fmt="heatmap")], 12, 8,
+                  options={"calculate": False, "yAxis": {"axisPlacement": "left", "unit": PERCENT, "reverse": False},
+                           "rowsFrame": {"layout": "le"}, "color": {"mode": "scheme", "scheme": "Oranges",
+                                                                   "fill": "dark-orange", "scale": "exponential",
+                                                                   "exponent": 0.5, "steps": 64, "reverse": False},
+                           "cellGap": 1, "filterValues": {"le": 1e-9}, "legend": {"show": True},
+                           "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": True},
+                           "exemplars": {"color": "rgba(255,0,255,0.7)"}, "showValue": "never",
+                           "cellValues": {"unit": GPUS, "decimals": 0}},
+                  custom={"hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                          "scaleDistribution": {"type": "linear"}}),
+            timeseries("GPU hours and wasted GPU hours per day",
+                       "GPU hours (GPUs reporting OFU x time) and wasted GPU hours (GPU time x (1 - OFU)) in the "
+                       "24 hours up to each point; at the right edge: the last day. From the recording rules "
+                       f"{FLEET_GPUS} and {FLEET_WASTED}, one sample a minute.", GPU_HOURS,
+                       [target(f"sum(sum_over_time({FLEET_GPUS}{{{FLEET_SEL}}}[1d:1m])) / 60", "GPU hours"),
+                        target(f"sum(sum_over_time({FLEET_WASTED}{{{FLEET_SEL}}}[1d:1m])) / 60", "wasted GPU hours")],
+                       width=12, fill=20),
+            timeseries("GPUs without OFU, by reason",
+                       "Should stay at 0. GPUs that gave no OFU, by why: blank (a profiler such as Nsight holds "
+                       "DCGM's profiling lock, or profiling is paused), not_supported, zero_clock, ... from the ofu "
+                       "processor's gpu_ofu_dropped_total, and stale (OFU within the last hour, nothing now).",
+                       GPUS, [target(f"sum by (ofu_drop_reason) ({WITHOUT_OFU}{{{FLEET_NO_PRECISION}}})",
+                                     "{{ofu_drop_reason}}")],
+                       width=12, bars=True, fill=60, stack=True),
+        ]),
+        ("Jobs", [table]),
+    ]
+    return dashboard("otel-ofu-fleet", "otel-ofu / Fleet",
+                     "GPU fleet efficiency from otel-ofu: OFU over time by GPU model and precision, its distribution, "
+                     "GPU hours and waste, GPUs without OFU, and the jobs that waste the most.", variables, rows)
+
+
+# --- Job ------------------------------------------------------------------------------------------
+
+JOB_SEL = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace", ofu_job_id="$job", host_name=~"$host"'
+JOB_ONLY = 'cluster=~"$cluster", ofu_job_id="$job"'
+JOB_NS = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace", ofu_job_id="$job"'
+
+
+def job() -> dict[str, Any]:
+    variables = [
+        datasource_variable(),
+        query_variable("cluster", "Cluster", "label_values(gpu_ofu, cluster)", CLUSTER_VARIABLE_HELP),
+        query_variable("namespace", "Namespace", 'label_values(gpu_ofu{cluster=~"$cluster"}, k8s_namespace_name)',
+                       "Kubernetes namespace of the job's pods (k8s.namespace.name)."),
+        query_variable("job", "Job", f'label_values(gpu_ofu{{cluster=~"$cluster", k8s_namespace_name=~"$namespace", '
+                       f'ofu_job_id!~{NO_JOB}}}, ofu_job_id)', "The job (ofu.job.id, named by attribution).",
+                       multi=False, include_all=False),
+        query_variable("host", "Host", 'label_values(gpu_ofu{cluster=~"$cluster", ofu_job_id="$job"}, host_name)',
+                       "Narrow the job's GPUs to some of its hosts."),
+    ]
+    job_ofu = f"""
+sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
+/ sum(count_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))"""
+    finding_table = Panel(
+        "table", "Open findings",
+        "Findings otel-ofu's jobs processor has open for the job now (job_finding == 1): mfu_gap (the job's reported "
+        "MFU disagrees with OFU; cause flop_formula_overcount or uncounted_padding_or_recompute) and regression "
+        "(sustained_ofu_drop below its own baseline). The same findings are the annotations on the timelines.",
+        COUNT, [target(f"max by (ofu_finding_kind, ofu_finding_cause) (job_finding{{{JOB_ONLY}}} == 1)",
+                       instant=True, fmt="table")], width=8, height=6,
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"], "fields": ""}},
+        defaults={"noValue": "no open findings", "custom": {"align": "auto", "cellOptions": {"type": "auto"},
+                                                            "inspect": False}},
+        extra={"transformations": [{"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value": True},
+            "renameByName": {"ofu_finding_kind": "Finding", "ofu_finding_cause": "Likely cause"}}}]},
+    )
+    rows = [
+        ("Over the selected range", [
+            stat("OFU", "The job's OFU over the range, weighted by GPU time: the sum of its GPUs' OFU samples divided "
+                 "by their number. A fraction of the dense peak at the job's precision.", PERCENT, job_ofu,
+                 steps=OFU_STEPS, width=4, decimals=1),
+            stat("Reported MFU", "The MFU the job reports about itself (training_mfu, sent by its framework), "
+                 "averaged over the range. Far above OFU: its FLOP formula counts work that did not run.", PERCENT,
+                 f"avg(avg_over_time(training_mfu{{{JOB_ONLY}}}[$__range]))", width=4, decimals=1,
+                 no_value="not reported"),
+            stat("GPUs", "GPUs that report OFU for the job now.", GPUS,
+                 f"count(group by (hw_id) (gpu_ofu{{{JOB_SEL}}}))", width=3, decimals=0),
+            stat("GPU hours", "The job's GPU time over the range (recording rule "
+                 f"{JOB_GPUS}, per minute, summed and divided by 60).", GPU_HOURS,
+                 f"sum(sum_over_time({JOB_GPUS}{{{JOB_NS}}}[$__range:1m])) / 60", width=3, decimals=2),
+            stat("Wasted GPU hours", "GPU time x (1 - OFU) over the range: compute the job held and did not use "
+                 f"({JOB_WASTED}).", GPU_HOURS,
+                 f"sum(sum_over_time({JOB_WASTED}{{{JOB_NS}}}[$__range:1m])) / 60",
+                 steps=[{"color": "orange", "value": None}], width=3, decimals=2),
+            stat("Achieved FLOP/s", "The job's useful tensor FLOP/s, all its GPUs together, averaged over the range: "
+                 "OFU x the dense peak at its precision. Only where the precision is known (gpu_flops_achieved).",
+                 FLOPS, f"sum(avg_over_time(gpu_flops_achieved_per_second{{{JOB_SEL}}}[$__range]))", width=3,
+                 no_value="precision unknown"),
+        ]),
+        ("Over time", [
+            timeseries("OFU, reported MFU and the regression baseline",
+                       "The job's OFU (GPU-time-weighted over its GPUs, at each step), the MFU it reports about "
+                       "itself, and otel-ofu's regression baseline (the median of its recent per-minute OFU, frozen "
+                       "while a regression is open). Annotations: findings (MFU gap, regression) while open.",
+                       PERCENT,
+                       [target(f"sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__rate_interval])) / "
+                               f"sum(count_over_time(gpu_ofu{{{JOB_SEL}}}[$__rate_interval]))", "OFU (measured)"),
+                        target(f"avg(training_mfu{{{JOB_ONLY}}})", "reported MFU"),
+                        target(f"max(job_ofu_baseline{{{JOB_ONLY}}})", "regression baseline")],
+                       width=16, thresholds=OFU_STEPS,
+                       overrides=[{"matcher": {"id": "byName", "options": "regression baseline"},
+                                   "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                                  {"id": "custom.fillOpacity", "value": 0}]}]),
+            finding_table,
+            Panel("heatmap", "OFU per GPU",
+                  "Each row is one of the job's GPUs (host / GPU index), coloured by its OFU. In a synchronous job "
+                  "all rows look alike; a row that stays lighter is a straggler or a GPU that lost OFU.", PERCENT,
+                  [target(f"avg by (host_name, gpu_index) (gpu_ofu{{{JOB_SEL}}})", "{{host_name}}/{{gpu_index}}")],
+                  16, 9,
+                  options={"calculate": False, "yAxis": {"axisPlacement": "left", "reverse": False},
+                           "rowsFrame": {"layout": "auto"}, "color": {"mode": "scheme", "scheme": "RdYlGn",
+                                                                     "fill": "dark-orange", "scale": "linear",
+                                                                     "steps": 64, "reverse": False, "min": 0,
+                                                                     "max": 0.7},
+                           "cellGap": 1, "legend": {"show": True},
+                           "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": True},
+                           "exemplars": {"color": "rgba(255,0,255,0.7)"}, "showValue": "never",
+                           "cellValues": {"unit": PERCENT, "decimals": 1}},
+                  custom={"hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                          "scaleDistribution": {"type": "linear"}}),
+            timeseries("Achieved FLOP/s",
+                       "The job's achieved tensor FLOP/s by precision (OFU x dense peak at the precision), all its "
+                       "GPUs together. Empty where the precision is unknown: OFU alone cannot say how many FLOPs.",
+                       FLOPS, [target(f"sum by (ofu_precision) (gpu_flops_achieved_per_second{{{JOB_SEL}}})",
+                                      "{{ofu_precision}}")], width=8, height=9, stack=True),
+            timeseries("GPU hours and waste since the job started",
+                       "otel-ofu's jobs processor's running totals for the job: GPU hours it has held and wasted GPU "
+                       "hours (GPU time x (1 - OFU)) since it started (job_gpu_seconds_total, "
+                       "job_wasted_gpu_hours_total).", GPU_HOURS,
+                       [target(f"max(job_gpu_seconds_total{{{JOB_ONLY}}}) / 3600", "GPU hours"),
+                        target(f"max(job_wasted_gpu_hours_total{{{JOB_ONLY}}})", "wasted GPU hours")], width=24,
+                       height=7),
+        ]),
+    ]
+    annotations = [{
+        "name": "Findings", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
+        "expr": f"max by (ofu_finding_kind, ofu_finding_cause) (job_finding{{{JOB_ONLY}}}) == 1",
+        "step": "1m", "titleFormat": "{{ofu_finding_kind}}", "textFormat": "likely cause: {{ofu_finding_cause}}",
+        "tagKeys": "ofu_finding_kind", "useValueForTime": False,
+    }]
+    return dashboard("otel-ofu-job", "otel-ofu / Job",
+                     "One job through otel-ofu: OFU beside the MFU it reports, the regression baseline, findings, its "
+                     "GPUs as a heatmap, achieved FLOP/s, GPU hours and waste.", variables, rows,
+                     annotations=annotations)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+GPU_SEL = 'cluster=~"$cluster", host_name=~"$host", hw_id=~"$gpu"'
+GPU_LEGEND = "{{host_name}} GPU {{gpu_index}}"
+
+
+def _reason_bit(bit: int, name: str) -> dict[str, Any]:
+    return target(f"max by (host_name, gpu_index) (floor(gpu_clock_event_reasons{{{GPU_SEL}}} / {bit}) % 2)",
+                  f"{GPU_LEGEND}: {name}")
+
+
+def gpu() -> dict[str, Any]:
+    variables = [
+        datasource_variable(),
+        query_variable("cluster", "Cluster", "label_values(gpu_ofu, cluster)", CLUSTER_VARIABLE_HELP),
+        query_variable("host", "Host", 'label_values(gpu_ofu{cluster=~"$cluster"}, host_name)',
+                       "The node (host.name)."),
+        query_variable("gpu", "GPU", 'label_values(gpu_ofu{cluster=~"$cluster", host_name=~"$host"}, hw_id)',
+                       "The GPU's UUID (hw.id)."),
+    ]
+    rows = [
+        ("Inputs", [
+            timeseries("Tensor pipe activity (TPA)",
+                       "Fraction of cycles any tensor pipe was busy, averaged over each counter window (DCGM 1004 / "
+                       "NVML GPM): the main input of OFU.", PERCENT,
+                       [target(f"max by (host_name, gpu_index) (gpu_tensor_activity{{{GPU_SEL}}})", GPU_LEGEND)]),
+            timeseries("SM clock against the reference clock",
+                       "The SM clock (mean of the samples in each window), the reference clock f_ref the GPU's "
+                       "tensor peak is quoted at, and the maximum SM clock. OFU scales with SM clock / f_ref: a "
+                       "clock held below f_ref (power or thermal cap) lowers OFU and the job's speed.", HERTZ,
+                       [target(f"max by (host_name, gpu_index) (gpu_sm_clock_frequency_hertz{{{GPU_SEL}}})",
+                               f"{GPU_LEGEND} SM clock"),
+                        target(f"max by (host_name, gpu_index) (gpu_ofu_reference_clock_hertz{{{GPU_SEL}}})",
+                               f"{GPU_LEGEND} reference clock"),
+                        target(f"max by (host_name, gpu_index) (gpu_sm_clock_max_hertz{{{GPU_SEL}}})",
+                               f"{GPU_LEGEND} max clock")], minimum=None,
+                       overrides=[{"matcher": {"id": "byRegexp", "options": ".*(reference|max) clock"},
+                                   "properties": [{"id": "custom.lineStyle",
+                                                   "value": {"fill": "dash", "dash": [10, 10]}},
+                                                  {"id": "custom.fillOpacity", "value": 0}]}]),
+        ]),
+        ("OFU", [
+            timeseries("OFU: raw and tile-corrected",
+                       "Raw OFU = TPA x SM clock / f_ref; OFU applies the tile-quantization correction (padded tiles "
+                       "run tensor work the job's FLOP count does not include). A fraction of the dense peak at "
+                       "the job's precision.", PERCENT,
+                       [target(f"max by (host_name, gpu_index) (gpu_ofu_raw{{{GPU_SEL}}})", f"{GPU_LEGEND} raw"),
+                        target(f"max by (host_name, gpu_index) (gpu_ofu{{{GPU_SEL}}})", f"{GPU_LEGEND} corrected")],
+                       thresholds=OFU_STEPS),
+            timeseries("Power", "Board power draw, averaged over each window (DCGM 155), where the source reports it.",
+                       WATTS, [target(f"max by (host_name, gpu_index) (gpu_power_usage_watts{{{GPU_SEL}}})",
+                                      GPU_LEGEND)]),
+        ]),
+        ("Why and for whom", [
+            Panel("state-timeline", "Clock event reasons",
+                  "Why the SM clock was held down, from the clock event (throttle) reason bitmask (DCGM 112) where "
+                  "the source reports it: 1 = the reason was active during the window. SW power cap (0x4), HW "
+                  "slowdown (0x8), SW / HW thermal (0x20 / 0x40), HW power brake (0x80); idle (0x1) is benign.",
+                  COUNT, [_reason_bit(1, "idle"), _reason_bit(4, "SW power cap"), _reason_bit(8, "HW slowdown"),
+                          _reason_bit(32, "SW thermal"), _reason_bit(64, "HW thermal"),
+                          _reason_bit(128, "HW power brake")], 12, 9,
+                  thresholds=[{"color": "transparent", "value": None}, {"color": "orange", "value": 1}],
+                  options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8, "alignValue": "left",
+                           "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+                           "tooltip": {"mode": "single", "sort": "none"}},
+                  defaults={"color": {"mode": "thresholds"},
+                            "mappings": [{"type": "value", "options": {"0": {"text": "no"}, "1": {"text": "yes"}}}]},
+                  custom={"lineWidth": 0, "fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False,
+                                                                          "viz": False}}),
+            Panel("state-timeline", "Which job held the GPU",
+                  "One row per GPU and job (ofu.job.id, from attribution): coloured while that job held the GPU. "
+                  '"none": no job; "unknown": attribution could not tell.', COUNT,
+                  [target(f"max by (host_name, gpu_index, ofu_job_id) (group by (host_name, gpu_index, ofu_job_id, "
+                          f"hw_id) (gpu_sm_clock_frequency_hertz{{{GPU_SEL}}}))",
+                          "{{host_name}} GPU {{gpu_index}}: {{ofu_job_id}}")], 12, 9,
+                  thresholds=[{"color": "green", "value": None}],
+                  options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8, "alignValue": "left",
+                           "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+                           "tooltip": {"mode": "single", "sort": "none"}},
+                  defaults={"color": {"mode": "palette-classic"},
+                            "mappings": [{"type": "value", "options": {"1": {"text": "held"}}}]},
+                  custom={"lineWidth": 0, "fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False,
+                                                                          "viz": False}}),
+        ]),
+    ]
+    return dashboard("otel-ofu-gpu", "otel-ofu / GPU",
+                     "One GPU through otel-ofu: the inputs (TPA, SM clock against the reference clock), raw and "
+                     "corrected OFU, power and clock event reasons, and which job held it when.", variables, rows)
+
+
+# --- otel-ofu itself ------------------------------------------------------------------------------
+
+SELF_SEL = 'cluster=~"$cluster", service_instance_id=~"$instance"'
+
+
+def self_telemetry() -> dict[str, Any]:
+    variables = [
+        datasource_variable(),
+        query_variable("cluster", "Cluster", "label_values(otel_ofu_receiver_accepted_total, cluster)",
+                       CLUSTER_VARIABLE_HELP),
+        query_variable("instance", "Instance", 'label_values(otel_ofu_receiver_accepted_total{cluster=~"$cluster"}, '
+                       "service_instance_id)", "An otel-ofu process (service.instance.id: host:pid)."),
+    ]
+
+    def rate(metric: str, by: str, legend: str) -> dict[str, Any]:
+        return target(f"sum by (service_instance_id, {by}) (rate({metric}{{{SELF_SEL}}}[$__rate_interval]))", legend)
+
+    rows = [
+        ("In", [
+            stat("Instances", "otel-ofu processes sending self-telemetry now (the selftelemetry receiver in a "
+                 "pipeline to this data source).", COUNT,
+                 f"count(group by (service_instance_id) (otel_ofu_receiver_accepted_total{{{SELF_SEL}}}))",
+                 width=4, height=8, decimals=0),
+            timeseries("Items in, per receiver",
+                       "What each receiver handed to its pipelines per second: GPU windows, metric points, events "
+                       "(otel_ofu_receiver_accepted_total).", PER_SECOND,
+                       [rate("otel_ofu_receiver_accepted_total", "receiver", "{{service_instance_id}} {{receiver}}")],
+                       width=10),
+            timeseries("GPU windows without OFU, by reason",
+                       "Windows the ofu processor could not turn into OFU, per second, by reason: blank (profiling "
+                       "paused or a profiler holds DCGM's lock), not_supported, nan, out_of_range, zero_clock, ... "
+                       "Never reported as 0 OFU (otel_ofu_ofu_dropped_total).", PER_SECOND,
+                       [rate("otel_ofu_ofu_dropped_total", "reason", "{{service_instance_id}} {{reason}}")],
+                       width=10, bars=True, fill=60),
+        ]),
+        ("Out", [
+            timeseries("Exporter queue", "Export requests waiting or in flight in each exporter's sending queue, and "
+                       "its capacity (sending_queue.queue_size). A queue near capacity is about to drop data.",
+                       "suffix: batches",
+                       [target(f"max by (service_instance_id, exporter) (otel_ofu_exporter_queue_size{{{SELF_SEL}}})",
+                               "{{service_instance_id}} {{exporter}} queued"),
+                        target(f"max by (service_instance_id, exporter) "
+                               f"(otel_ofu_exporter_queue_capacity{{{SELF_SEL}}})",
+                               "{{service_instance_id}} {{exporter}} capacity")], width=12,
+                       overrides=[{"matcher": {"id": "byRegexp", "options": ".*capacity"},
+                                   "properties": [{"id": "custom.lineStyle",
+                                                   "value": {"fill": "dash", "dash": [10, 10]}},
+                                                  {"id": "custom.fillOpacity", "value": 0}]}]),
+            timeseries("Sent", "Data points (and log records) the backend accepted, per second, by exporter and "
+                       "signal (otel_ofu_exporter_sent_total).", PER_SECOND,
+                       [rate("otel_ofu_exporter_sent_total", "exporter, signal",
+                             "{{service_instance_id}} {{exporter}} {{signal}}")], width=12),
+            timeseries("Retried", "Send attempts that failed retryably and were retried, per second, by reason "
+                       "(UNAVAILABLE, http_503, ...; otel_ofu_exporter_retried_total).", PER_SECOND,
+                       [rate("otel_ofu_exporter_retried_total", "exporter, reason",
+                             "{{service_instance_id}} {{exporter}} {{reason}}")], width=12, bars=True, fill=60),
+            timeseries("Dropped", "Data given up on, per second: by exporters (queue_full, retries_exhausted, "
+                       "permanent_error, ...; otel_ofu_exporter_dropped_total) and by pipelines whose processor or "
+                       "exporter failed (otel_ofu_pipeline_dropped_total). Should be 0: these points are lost.",
+                       PER_SECOND,
+                       [rate("otel_ofu_exporter_dropped_total", "exporter, reason",
+                             "{{service_instance_id}} {{exporter}} {{reason}}"),
+                        rate("otel_ofu_pipeline_dropped_total", "pipeline, reason",
+                             "{{service_instance_id}} {{pipeline}} {{reason}}")],
+                       width=12, bars=True, fill=60, thresholds=ZERO_IS_GOOD),
+        ]),
+    ]
+    return dashboard("otel-ofu-self", "otel-ofu / Self-telemetry",
+                     "otel-ofu's own health per instance: items in, windows dropped and why, exporter queue, sent, "
+                     "retried and dropped.", variables, rows, time_from="now-1h")
+
+
+DASHBOARDS = {"otel-ofu-fleet.json": fleet, "otel-ofu-job.json": job, "otel-ofu-gpu.json": gpu,
+              "otel-ofu-self.json": self_telemetry}
+
+
+def render(name: str) -> str:
+    return json.dumps(DASHBOARDS[name](), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write (or --check) otel-ofu's Grafana dashboards.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for name in DASHBOARDS:
+        path = OUT_DIR / name
+        text = render(name)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print("out of date (run python -m tools.dashboards): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
