@@ -1,13 +1,19 @@
 """The demo fleet's output in a real Prometheus, at the demo's own (simulated) times.
 
 The demo (collector-config/demo.yaml: a simulated fleet with an MoE job whose MFU is
-inflated, a 2.5x regression, a checkpointing job, a power-capped job, mixed precision and an
-idle reservation) runs with time acceleration through the ``prometheus`` exporter; a real
-Prometheus scrapes it often enough to keep every window. The exporter serves its points with
-their timestamps (``send_timestamps: true``), so Prometheus stores the fleet's hour at the
-fleet's times, not squeezed into the seconds it took: ``avg_over_time(...[5m])`` means five
-minutes of fleet time, as it would on a real fleet. The simulation is set to start one span
-before the wall clock, so the data ends about "now" and the TSDB head accepts all of it.
+inflated, a 2.5x regression, a checkpointing job, a power-capped job, mixed precision, a GPU
+a profiler holds, an idle reservation) runs with time acceleration through the
+``prometheus`` exporter, with its points' timestamps (``send_timestamps: true``). After every
+batch the exporter's exposition is recorded, so no window is lost to scrape timing on a busy
+machine; ``promtool tsdb create-blocks-from openmetrics`` turns it into TSDB blocks and a real
+Prometheus serves them, at the fleet's times: ``avg_over_time(...[5m])`` means five minutes of
+fleet time, as on a real fleet. Then the recording rules are backfilled over the same span
+(``promtool tsdb create-blocks-from rules``; Prometheus evaluates rules only at "now").
+Live scraping of the exporter is covered by tests/test_prometheus_e2e.py.
+
+Labels a real deployment adds outside otel-ofu are added here the same way: ``cluster`` as the
+exporter's const label (or a scrape / remote-write external label), ``k8s_namespace_name`` as a
+metric relabeling in place of the kubelet attribution a real cluster has.
 
 The file exporter records the same run, so ``otel-ofu report`` can be compared with what
 Prometheus answers. Used by the dashboard tests and ``python -m tools.render_dashboards``.
@@ -39,12 +45,30 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = ROOT / "collector-config" / "demo.yaml"
 CLUSTER = "demo"  # the target label standing in for the cluster label remote write / federation adds
+RULES = ROOT / "deploy" / "prometheus" / "otel-ofu.rules.yml"
+# The demo's jobs by Kubernetes namespace: a metric relabeling stands in for the kubelet
+# attribution a real cluster has (k8s.namespace.name on every GPU and job series).
+NAMESPACES = {"pretraining": ("llama-70b-pretrain", "moe-236b", "gpt-mixed-precision"),
+              "finetuning": ("sft-debug-flag", "capped-finetune"),
+              "research": ("vit-ckpt", "idle-reservation")}
+OUTAGE_S = 2.0  # wall seconds the OTLP backend is down at the start: retries, a full queue, drops
 
 log = logging.getLogger("tools.demo_prometheus")
 
 
 class PrometheusError(RuntimeError):
     """Prometheus refused a query or could not be started."""
+
+
+def promtool_binary(prometheus: str | None = None) -> str | None:
+    """$PROMTOOL, promtool beside the prometheus binary, or on PATH (Debian's prometheus package has it)."""
+    if os.environ.get("PROMTOOL"):
+        return os.environ["PROMTOOL"]
+    if prometheus:
+        beside = Path(prometheus).with_name("promtool")
+        if os.access(beside, os.X_OK):
+            return str(beside)
+    return shutil.which("promtool")
 
 
 def prometheus_binary() -> str | None:
@@ -117,22 +141,128 @@ class DemoData:
     self_end: float
 
 
-def _demo_document(port: int, recording: Path, start_time: float, acceleration: float) -> dict[str, Any]:
+def _demo_document(recording: Path, start_time: float, acceleration: float, sink_port: int) -> dict[str, Any]:
+    """demo.yaml, accelerated, into the prometheus exporter (with timestamps), a file and an OTLP backend."""
     from otel_ofu.config import load_document
 
     doc = load_document(DEMO_CONFIG)
     sim = doc["receivers"]["sim"]
     sim["time_acceleration"] = acceleration
     sim["start_time"] = datetime.fromtimestamp(start_time, UTC).isoformat()
-    doc["receivers"]["selftelemetry"] = {"collection_interval": "1s"}
+    doc["receivers"]["selftelemetry"] = {"collection_interval": "250ms"}
     doc["exporters"] = {
-        "prometheus": {"endpoint": f"127.0.0.1:{port}", "send_timestamps": True, "metric_expiration": "1h"},
+        "prometheus": {"endpoint": "127.0.0.1:0", "send_timestamps": True, "metric_expiration": "1h",
+                       "const_labels": {"cluster": CLUSTER}},
         "file": {"path": str(recording)},
+        # An OTLP backend that is down for the first OUTAGE_S: the self-telemetry shows retries,
+        # a full (small) queue and drops, then recovery.
+        "otlphttp": {"endpoint": f"http://127.0.0.1:{sink_port}", "timeout": "2s",
+                     "retry_on_failure": {"initial_interval": "100ms", "max_interval": "500ms",
+                                          "max_elapsed_time": "1s"},
+                     "sending_queue": {"queue_size": 10, "num_consumers": 2}},
     }
     pipelines = doc["service"]["pipelines"]
     pipelines["metrics"]["exporters"] = ["prometheus", "file"]
+    # Per-GPU OFU only (no job events: the backend, otel-ofu's otlp receiver, takes metrics only).
+    pipelines["metrics/backend"] = {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["otlphttp"]}
     pipelines["metrics/self"] = {"receivers": ["selftelemetry"], "exporters": ["prometheus"]}
     return doc
+
+
+def _sink_service(port: int, workdir: Path):
+    """The OTLP backend: another otel-ofu with an otlp receiver, writing what it gets to a file."""
+    from otel_ofu import registry
+    from otel_ofu.config import parse_service_config
+    from otel_ofu.service import Service
+
+    doc = {"receivers": {"otlp": {"protocols": {"http": {"endpoint": f"127.0.0.1:{port}"}}}},
+           "exporters": {"file": {"path": str(workdir / "otlp-backend.jsonl")}},
+           "service": {"pipelines": {"metrics": {"receivers": ["otlp"], "exporters": ["file"]}}}}
+    return Service(parse_service_config(doc, "otlp-backend", registry.factories()))
+
+
+def namespace_of(job_id: str) -> str | None:
+    for namespace, jobs in NAMESPACES.items():
+        if job_id in jobs:
+            return namespace
+    return None
+
+
+class ExpositionRecorder:
+    """Every sample the exporter served, by family and series, as one OpenMetrics document.
+
+    Called after each export: what a scrape at that moment would have returned (with the
+    points' timestamps), so nothing depends on when a scraper happened to come by.
+    """
+
+    def __init__(self) -> None:
+        self.families: dict[str, tuple[str, str, dict[tuple, dict[float, float]]]] = {}
+        self.gpu_namespace: dict[str, str] = {}  # hw_id -> namespace of the job seen on it
+
+    def record(self, exporter: Any) -> None:
+        for metric in exporter.collect():
+            if metric.type == "info":
+                continue
+            _, _, series = self.families.setdefault(metric.name, (metric.type, metric.documentation, {}))
+            for sample in metric.samples:
+                labels = dict(sample.labels)
+                # As attribution would: the namespace of the job on the GPU, on every series of the GPU.
+                namespace = namespace_of(labels.get("ofu_job_id", ""))
+                if namespace and "hw_id" in labels:
+                    self.gpu_namespace[labels["hw_id"]] = namespace
+                if namespace is None and "ofu_job_id" not in labels:
+                    namespace = self.gpu_namespace.get(labels.get("hw_id", ""))
+                if namespace and "k8s_namespace_name" not in labels:
+                    labels["k8s_namespace_name"] = namespace
+                if sample.timestamp is None:
+                    continue
+                key = (sample.name, tuple(sorted(labels.items())))
+                series.setdefault(key, {})[float(sample.timestamp)] = sample.value
+
+    def write(self, path: Path) -> int:
+        def escape(value: str) -> str:
+            return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+        count = 0
+        with open(path, "w", encoding="utf-8") as out:
+            for name, (kind, help_text, series) in sorted(self.families.items()):
+                out.write(f"# TYPE {name} {kind}\n# HELP {name} {escape(help_text)}\n")
+                for (sample_name, labels), points in sorted(series.items()):
+                    text = ",".join(f'{k}="{escape(str(v))}"' for k, v in labels)
+                    for t in sorted(points):
+                        out.write(f"{sample_name}{{{text}}} {points[t]!r} {t:.3f}\n")
+                        count += 1
+            out.write("# EOF\n")
+        return count
+
+
+def _start_prometheus(binary: str, workdir: Path, port: int, data: Path) -> tuple[subprocess.Popen, Prometheus]:
+    (workdir / "prometheus.yml").write_text("global:\n  evaluation_interval: 1m\n")
+    log_file = workdir / "prometheus.log"
+    with open(log_file, "ab") as out:
+        process = subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    api = Prometheus(f"http://127.0.0.1:{port}")
+    _wait("prometheus to be ready", api.ready, 60, process, log_file)
+    return process, api
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def _promtool(promtool: str, *args: str) -> None:
+    done = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise PrometheusError(f"promtool {' '.join(args[:3])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
 def _wait(what: str, check, timeout: float, process: subprocess.Popen | None = None, log_file: Path | None = None):
@@ -148,60 +278,67 @@ def _wait(what: str, check, timeout: float, process: subprocess.Popen | None = N
         time.sleep(0.1)
 
 
-@contextlib.contextmanager
-def demo_in_prometheus(workdir: Path, prometheus_bin: str, *, span_s: float = 3600.0, acceleration: float = 150.0,
-                       scrape_interval_ms: int = 40) -> Iterator[DemoData]:
-    """Run the demo for ``span_s`` of fleet time into a fresh Prometheus; yield it for queries.
-
-    ``scrape_interval_ms`` x ``acceleration`` must stay below the demo's 10 s windows (here
-    6 s), so every window is scraped at least once; a window scraped twice is one sample.
-    """
+def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600.0) -> tuple[Path, float, float,
+                                                                                             float, float]:
+    """Run the demo pipeline; (OpenMetrics file, data start, data end, self-telemetry start, end)."""
     from otel_ofu import registry
     from otel_ofu.config import parse_service_config
     from otel_ofu.service import Service
 
     workdir.mkdir(parents=True, exist_ok=True)
-    exporter_port, prometheus_port = _free_ports(2)
-    recording = workdir / "demo.jsonl"
-    window_s = 10.0
+    (sink_port,) = _free_ports(1)
     wall_s = span_s / acceleration
     start_time = math.floor(time.time() - span_s - wall_s)
-    doc = _demo_document(exporter_port, recording, start_time, acceleration)
+    doc = _demo_document(workdir / "demo.jsonl", start_time, acceleration, sink_port)
     service = Service(parse_service_config(doc, str(DEMO_CONFIG), registry.factories()))
+    sink = _sink_service(sink_port, workdir)
+    exporter = service.exporters["prometheus"].exporter
+    recorder = ExpositionRecorder()
+    export = exporter.export
 
-    interval = f"{scrape_interval_ms}ms"
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": "1m"},
-        "scrape_configs": [{"job_name": "otel-ofu", "scrape_interval": interval, "scrape_timeout": interval,
-                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"],
-                                                "labels": {"cluster": CLUSTER}}]}],
-    }))
-    log_file = workdir / "prometheus.log"
-    with open(log_file, "wb") as out:
-        process = subprocess.Popen(
-            [prometheus_bin, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}", "--storage.tsdb.retention.time=30d",
-             "--query.lookback-delta=5m"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
-    api = Prometheus(f"http://127.0.0.1:{prometheus_port}")
+    def export_and_record(batch: Any) -> None:
+        export(batch)
+        recorder.record(exporter)
+
+    exporter.export = export_and_record  # type: ignore[method-assign]
+    self_start = time.time()
+    service.start()
+    sim = service.receivers["sim"]
+    sink_started = False
     try:
-        _wait("prometheus to be ready", api.ready, 60, process, log_file)
-        self_start = time.time()
-        service.start()
-        sim = service.receivers["sim"]
-        try:
-            _wait("the simulated span", lambda: sim.fleet is not None and sim.fleet.t >= span_s,
-                  wall_s * 4 + 60, process, log_file)
-            time.sleep(0.5)  # a few more scrapes of the last windows
-        finally:
-            service.shutdown()
-        self_end = time.time()
-        time.sleep(0.5)
-        yield DemoData(api, start_time + window_s, start_time + span_s, recording, self_start, self_end)
+        time.sleep(min(OUTAGE_S, wall_s / 3))
+        sink.start()
+        sink_started = True
+        _wait("the simulated span", lambda: sim.fleet is not None and sim.fleet.t >= span_s, wall_s * 10 + 60)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        service.shutdown()
+        if sink_started:
+            sink.shutdown()
+    self_end = time.time()
+    samples = recorder.write(workdir / "demo.om")
+    log.info("recorded %d samples of %d families", samples, len(recorder.families))
+    return workdir / "demo.om", start_time + 10.0, start_time + span_s, self_start, self_end
+
+
+@contextlib.contextmanager
+def demo_in_prometheus(workdir: Path, prometheus_bin: str, promtool_bin: str, *, span_s: float = 3600.0,
+                       acceleration: float = 600.0) -> Iterator[DemoData]:
+    """Run the demo for ``span_s`` of fleet time, load it and the recording rules into a fresh
+    Prometheus, and yield it for queries."""
+    openmetrics, start, end, self_start, self_end = run_demo(workdir, span_s=span_s, acceleration=acceleration)
+    data = workdir / "tsdb"
+    _promtool(promtool_bin, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(data))
+    (port,) = _free_ports(1)
+    process, api = _start_prometheus(prometheus_bin, workdir, port, data)
+    try:
+        rule_blocks = workdir / "rule-blocks"
+        _promtool(promtool_bin, "tsdb", "create-blocks-from", "rules", f"--start={int(start) - 10}",
+                  f"--end={int(max(end, self_end)) + 60}", f"--url={api.url}", "--eval-interval=1m",
+                  f"--output-dir={rule_blocks}", str(RULES))
+        _stop(process)
+        for block in rule_blocks.iterdir():
+            shutil.move(str(block), data / block.name)
+        process, api = _start_prometheus(prometheus_bin, workdir, port, data)
+        yield DemoData(api, start, end, workdir / "demo.jsonl", self_start, self_end)
+    finally:
+        _stop(process)

@@ -292,9 +292,16 @@ def report_json(report: Report) -> dict[str, Any]:
                   "job_gpu_hours": attributed / 3600.0,
                   "unattributed_gpu_hours": book.unattributed.gpu_hours,
                   "job_ofu_mean": ofu_seconds / attributed if attributed else None,
+                  # Every GPU's time, with a job or not: what a fleet OFU panel shows.
+                  "ofu_mean": _ratio(ofu_seconds + book.unattributed.ofu_gpu_seconds,
+                                     attributed + book.unattributed.gpu_seconds),
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs)},
         "jobs": [job_record(j) for j in report.jobs],
     })
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
 
 
 def _si(value: float | None, unit: str) -> str:
