@@ -50,6 +50,7 @@ JOB_GPUS = "cluster_namespace_job:gpus:count"
 OFU_STEPS = [{"color": "red", "value": None}, {"color": "orange", "value": 0.2}, {"color": "green", "value": 0.35}]
 ZERO_IS_GOOD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 NEUTRAL = [{"color": "blue", "value": None}]
+DASHED = {"fill": "dash", "dash": [10, 10]}
 
 
 def target(expr: str, legend: str = "__auto", *, instant: bool = False, fmt: str = "time_series",
@@ -213,8 +214,8 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
                f"(sum_over_time({JOB_WASTED}{{{JOBS_SEL}}}[$__range:1m])) / 60)", instant=True, fmt="table"),
         target(f"sum by (cluster, k8s_namespace_name, ofu_job_id) "
                f"(sum_over_time({JOB_GPUS}{{{JOBS_SEL}}}[$__range:1m])) / 60", instant=True, fmt="table"),
-        target(f"avg by (cluster, k8s_namespace_name, ofu_job_id) (avg_over_time({JOB_OFU_5M}{{{JOBS_SEL}}}[$__range]))",
-               instant=True, fmt="table"),
+        target(f"avg by (cluster, k8s_namespace_name, ofu_job_id) "
+               f"(avg_over_time({JOB_OFU_5M}{{{JOBS_SEL}}}[$__range]))", instant=True, fmt="table"),
     ]
     job_link = {"title": "Open the job view", "url": "/d/otel-ofu-job/otel-ofu-job?var-datasource=${datasource}"
                 "&var-cluster=${__data.fields.cluster}&var-namespace=${__data.fields.k8s_namespace_name}"
@@ -364,7 +365,7 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                  "averaged over the range. Far above OFU: its FLOP formula counts work that did not run.", PERCENT,
                  f"avg(avg_over_time(training_mfu{{{JOB_ONLY}}}[$__range]))", width=4, decimals=1,
                  no_value="not reported"),
-            stat("GPUs", "GPUs that report OFU for the job now.", GPUS,
+            stat("GPUs", "The job's GPUs that report OFU now (distinct GPU UUIDs among its gpu_ofu series).", GPUS,
                  f"count(group by (hw_id) (gpu_ofu{{{JOB_SEL}}}))", width=3, decimals=0),
             stat("GPU hours", "The job's GPU time over the range (recording rule "
                  f"{JOB_GPUS}, per minute, summed and divided by 60).", GPU_HOURS,
@@ -390,7 +391,7 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                         target(f"max(job_ofu_baseline{{{JOB_ONLY}}})", "regression baseline")],
                        width=16, thresholds=OFU_STEPS,
                        overrides=[{"matcher": {"id": "byName", "options": "regression baseline"},
-                                   "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                   "properties": [{"id": "custom.lineStyle", "value": DASHED},
                                                   {"id": "custom.fillOpacity", "value": 0}]}]),
             finding_table,
             Panel("heatmap", "OFU per GPU",

@@ -40,8 +40,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = ROOT / "collector-config" / "demo.yaml"
 CLUSTER = "demo"  # the target label standing in for the cluster label remote write / federation adds

@@ -62,7 +62,8 @@ def register(info: MetricInfo) -> MetricInfo:
 
 RECEIVER_ACCEPTED = register(MetricInfo(
     "otel_ofu.receiver.accepted", "{item}", "sum",
-    "Self-telemetry: items (GPU windows, metric points, events) each receiver handed to its pipelines, by receiver.")).name
+    "Self-telemetry: items (GPU windows, metric points, events) each receiver handed to its pipelines, "
+    "by receiver.")).name
 
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
 # ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (README.md, section Shipping OTLP).

@@ -1,0 +1,163 @@
+"""deploy/grafana: the dashboards import into Grafana unchanged and hold together.
+
+Structure is checked with Grafana's own dashboard models (the Grafana Foundation SDK, generated
+from Grafana's schema): a dashboard that round-trips through them loses no key, so no field is
+misspelled or misplaced. Then our own rules: unique panel ids, the data source variable on
+every panel and query, a description and a unit on every panel, every variable used, only
+core panel types, and only metric names the exporter serves or the recording rules record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e_util import ROOT
+from tests.promql_names import read_names, served_names
+from tools import dashboards
+from tools.grafana_queries import panels, variable_query, variables
+
+FILES = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
+CORE_PANELS = {"timeseries", "stat", "table", "heatmap", "bargauge", "histogram", "text", "state-timeline"}
+# Keys Grafana keeps that the SDK's schema models do not list: a query variable's display
+# text, and the Prometheus data source's annotation options.
+SCHEMA_EXTRAS = {"definition", "step", "titleFormat", "textFormat", "tagKeys", "useValueForTime"}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(params=FILES, ids=lambda p: p.stem)
+def dashboard(request) -> dict:
+    return load(request.param)
+
+
+def test_four_dashboards_generated_and_up_to_date():
+    assert [p.name for p in FILES] == sorted(dashboards.DASHBOARDS)
+    assert dashboards.main(["--check"]) == 0, "run python -m tools.dashboards"
+
+
+def _lost_keys(original, round_tripped, path=""):
+    if isinstance(original, dict):
+        out = []
+        for key, value in original.items():
+            if key not in round_tripped:
+                out.append(f"{path}/{key}")
+            else:
+                out += _lost_keys(value, round_tripped[key], f"{path}/{key}")
+        return out
+    if isinstance(original, list):
+        assert len(original) == len(round_tripped), path
+        return [lost for i, (a, b) in enumerate(zip(original, round_tripped))
+                for lost in _lost_keys(a, b, f"{path}[{i}]")]
+    assert original == round_tripped, f"{path}: {original!r} became {round_tripped!r}"
+    return []
+
+
+def grafana_round_trip(document: dict) -> dict:
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()  # panel options and Prometheus queries decode into their own models
+    return json.loads(json.dumps(Dashboard.from_json(document), cls=JSONEncoder))
+
+
+def test_grafana_schema_models_keep_every_key(dashboard):
+    lost = [k for k in _lost_keys(dashboard, grafana_round_trip(dashboard))
+            if k.rsplit("/", 1)[-1] not in SCHEMA_EXTRAS]
+    assert not lost, f"not in Grafana's dashboard schema: {lost}"
+
+
+def test_the_schema_check_catches_a_misspelled_key():
+    document = load(FILES[0])
+    panel = next(p for p in document["panels"] if p["type"] == "stat")
+    panel["options"]["colourMode"] = panel["options"].pop("colorMode")
+    panel["targets"][0]["exp"] = panel["targets"][0].pop("expr")
+    lost = _lost_keys(document, grafana_round_trip(document))
+    assert any(k.endswith("/colourMode") for k in lost) and any(k.endswith("/exp") for k in lost)
+
+
+def test_current_schema_and_a_prometheus_data_source_variable(dashboard):
+    assert 39 <= dashboard["schemaVersion"] <= 41
+    assert dashboard["uid"].startswith("otel-ofu-") and len(dashboard["uid"]) <= 40
+    first = variables(dashboard)[0]
+    assert (first["name"], first["type"], first["query"]) == ("datasource", "datasource", "prometheus")
+    names = [v["name"] for v in variables(dashboard)]
+    assert len(names) == len(set(names))
+
+
+def test_panel_ids_are_unique_and_panels_are_core(dashboard):
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert {p["type"] for p in panels(dashboard)} <= CORE_PANELS
+
+
+def test_every_panel_has_the_data_source_a_description_and_a_unit(dashboard):
+    for panel in panels(dashboard):
+        title = panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+        assert all(t["datasource"] == panel["datasource"] for t in panel["targets"]), title
+        assert len(panel.get("description", "")) >= 60, f"{title}: say what the number means and how it is computed"
+        assert panel["fieldConfig"]["defaults"].get("unit"), title
+        assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), title
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), title
+
+
+def test_percent_panels_use_fractions_and_hour_panels_gpu_hours(dashboard):
+    for panel in panels(dashboard):
+        unit, title = panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        if panel["type"] == "heatmap" and "Distribution" in title:
+            assert panel["options"]["yAxis"]["unit"] == "percentunit", title  # bands of OFU, counted in GPUs
+        elif "OFU" in title and "without" not in title and "GPUs" not in title:
+            assert unit == "percentunit", title  # OFU is a 0..1 fraction of peak
+        if "hours" in title.lower():
+            assert unit == "suffix: GPU h", title
+        if "FLOP/s" in title:
+            assert unit == "flops", title
+
+
+def test_every_variable_is_used(dashboard):
+    texts = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
+    texts += [variable_query(v) for v in variables(dashboard) if v["type"] == "query"]
+    texts += [a.get("expr", "") for a in dashboard["annotations"]["list"]]
+    texts += [json.dumps(p.get("datasource")) for p in panels(dashboard)]
+    for variable in variables(dashboard):
+        pattern = re.compile(r"\$(\{)?" + variable["name"] + r"\b")
+        users = [t for t in texts if pattern.search(t)]
+        own = variable_query(variable) if variable["type"] == "query" else ""
+        assert any(t != own for t in users), f"${variable['name']} is used by no query"
+
+
+def test_all_matches_series_without_the_label(dashboard):
+    """"All" must be the regex .* : Grafana's default (a|b|c) drops series that lack the label (no cluster label)."""
+    for variable in variables(dashboard):
+        if variable.get("includeAll"):
+            assert variable["allValue"] == ".*", variable["name"]
+
+
+def test_every_name_a_panel_reads_is_served_or_recorded(dashboard):
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "otel-ofu.rules.yml").read_text())["groups"]
+    known = served_names() | {r["record"] for g in rules for r in g["rules"]}
+    texts = [(p["title"], t["expr"]) for p in panels(dashboard) for t in p["targets"]]
+    texts += [(v["name"], variable_query(v)) for v in variables(dashboard) if v["type"] == "query"]
+    texts += [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+    for where, expr in texts:
+        unknown = read_names(expr) - known
+        assert not unknown, f"{where}: {sorted(unknown)}"
+
+
+def test_the_fleet_table_links_to_the_job_view():
+    fleet = load(ROOT / "deploy" / "grafana" / "otel-ofu-fleet.json")
+    job_uid = load(ROOT / "deploy" / "grafana" / "otel-ofu-job.json")["uid"]
+    table = next(p for p in panels(fleet) if p["type"] == "table")
+    links = [link for o in table["fieldConfig"]["overrides"] for prop in o["properties"] if prop["id"] == "links"
+             for link in prop["value"]]
+    assert links and all(f"/d/{job_uid}/" in link["url"] and "var-job=${__data.fields.ofu_job_id}" in link["url"]
+                         for link in links)
