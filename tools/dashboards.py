@@ -38,13 +38,13 @@ COUNT = "none"
 # Recording rules (deploy/prometheus/otel-ofu.rules.yml).
 FLEET_SUM = "cluster_namespace_model_precision:gpu_ofu:sum5m"
 FLEET_COUNT = "cluster_namespace_model_precision:gpu_ofu:count5m"
-FLEET_GPUS = "cluster_namespace_model_precision:gpus:count"
-FLEET_WASTED = "cluster_namespace_model_precision:gpus_wasted:sum5m"
+FLEET_GPUS = "cluster_namespace_model_precision:gpus:avg5m"
+FLEET_WASTED = "cluster_namespace_model_precision:gpus_wasted:avg5m"
 FLEET_BUCKETS = "cluster_namespace_model_precision:gpu_ofu_avg5m_bucket:count"
 WITHOUT_OFU = "cluster_namespace_model_reason:gpus_without_ofu:count"
 JOB_OFU_5M = "cluster_namespace_job:gpu_ofu:avg5m"
-JOB_WASTED = "cluster_namespace_job:gpus_wasted:sum5m"
-JOB_GPUS = "cluster_namespace_job:gpus:count"
+JOB_WASTED = "cluster_namespace_job:gpus_wasted:avg5m"
+JOB_GPUS = "cluster_namespace_job:gpus:avg5m"
 
 # OFU colours: below 20 % of peak is poor for training, 35 %+ is good (the paper's fleet: 25-55 %).
 OFU_STEPS = [{"color": "red", "value": None}, {"color": "orange", "value": 0.2}, {"color": "green", "value": 0.35}]
@@ -223,7 +223,7 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
     table = Panel(
         "table", "Top jobs by wasted GPU hours",
         "Jobs sorted by wasted GPU hours over the dashboard's range: GPU time x (1 - OFU), summed over the job's "
-        "GPUs from the recording rule cluster_namespace_job:gpus_wasted:sum5m (one sample a minute). GPU hours "
+        "GPUs from the recording rule cluster_namespace_job:gpus_wasted:avg5m (one sample a minute). GPU hours "
         "and the GPU-time-weighted mean OFU beside it. Click a job to open its view.",
         GPU_HOURS, top_jobs, width=24, height=9,
         options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"], "fields": ""},

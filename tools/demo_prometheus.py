@@ -49,6 +49,11 @@ RULES = ROOT / "deploy" / "prometheus" / "otel-ofu.rules.yml"
 NAMESPACES = {"pretraining": ("llama-70b-pretrain", "moe-236b", "gpt-mixed-precision"),
               "finetuning": ("sft-debug-flag", "capped-finetune"),
               "research": ("vit-ckpt", "idle-reservation")}
+# Backfilled blocks carry no staleness markers: a series a live Prometheus would mark stale (a
+# rule's group that stopped, a GPU's previous precision) would stay visible for the default 5m
+# lookback. 90s covers the sparsest series (one sample a minute: rules, job metrics) and lets the
+# ended ones go about as quickly as staleness would.
+LOOKBACK = "90s"
 OUTAGE_S = 2.0  # wall seconds the OTLP backend is down at the start: retries, a full queue, drops
 
 log = logging.getLogger("tools.demo_prometheus")
@@ -240,7 +245,8 @@ def _start_prometheus(binary: str, workdir: Path, port: int, data: Path) -> tupl
     with open(log_file, "ab") as out:
         process = subprocess.Popen(
             [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d"],
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d",
+             f"--query.lookback-delta={LOOKBACK}"],
             stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     api = Prometheus(f"http://127.0.0.1:{port}")
     _wait("prometheus to be ready", api.ready, 60, process, log_file)
