@@ -159,5 +159,7 @@ def test_the_fleet_table_links_to_the_job_view():
     table = next(p for p in panels(fleet) if p["type"] == "table")
     links = [link for o in table["fieldConfig"]["overrides"] for prop in o["properties"] if prop["id"] == "links"
              for link in prop["value"]]
-    assert links and all(f"/d/{job_uid}/" in link["url"] and "var-job=${__data.fields.ofu_job_id}" in link["url"]
+    assert links and all(f"/d/{job_uid}/" in link["url"] and "var-job=${__value.raw}" in link["url"]
                          for link in links)
+    job_column = next(o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "Job")
+    assert any(p["id"] == "links" for p in job_column["properties"])

@@ -217,9 +217,9 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
         target(f"avg by (cluster, k8s_namespace_name, ofu_job_id) "
                f"(avg_over_time({JOB_OFU_5M}{{{JOBS_SEL}}}[$__range]))", instant=True, fmt="table"),
     ]
-    job_link = {"title": "Open the job view", "url": "/d/otel-ofu-job/otel-ofu-job?var-datasource=${datasource}"
-                "&var-cluster=${__data.fields.cluster}&var-namespace=${__data.fields.k8s_namespace_name}"
-                "&var-job=${__data.fields.ofu_job_id}&${__url_time_range}"}
+    # On the Job column: the clicked job; the fleet's cluster and namespace choices carry over.
+    job_link = {"title": "Open the job view", "url": "/d/otel-ofu-job/otel-ofu-job?${datasource:queryparam}"
+                "&${cluster:queryparam}&${namespace:queryparam}&var-job=${__value.raw}&${__url_time_range}"}
     table = Panel(
         "table", "Top jobs by wasted GPU hours",
         "Jobs sorted by wasted GPU hours over the dashboard's range: GPU time x (1 - OFU), summed over the job's "
