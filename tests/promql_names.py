@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from otel_ofu import metrics, registry
+from otel_ofu.core import metrics
 from otel_ofu.exporters.prometheus import prometheus_name
+from otel_ofu.pipeline import registry
 
 # Prefixes of otel-ofu's own metrics once converted (gpu_*, job_*, otel_ofu_*, ...).
 OWN_PREFIXES = ("gpu_", "job_", "otel_ofu_", "training_", "sim_")

@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from otel_ofu.report import _jobs_config, build_report, report_json
+from otel_ofu.report.build import build_report, report_json
+from otel_ofu.report.command import _jobs_config
 from tests.e2e_util import ROOT, prometheus_binary, unavailable
 from tools import grafana_queries as gq
 from tools.demo_prometheus import DemoData, PrometheusError, demo_in_prometheus, promtool_binary

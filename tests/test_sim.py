@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from otel_ofu.core.values import DCGM_FP64_BLANK
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import build_config
 from otel_ofu.receivers import sim as sim_receiver
 from otel_ofu.receivers.sim import SimReceiver, SimReceiverConfig, build_fleet, window_batch
 from otel_ofu.sim import fleet as sim
-from otel_ofu.core.values import DCGM_FP64_BLANK
 
 START = 1_800_000_000.0
 

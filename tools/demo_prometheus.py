@@ -146,7 +146,7 @@ class DemoData:
 
 def _demo_document(recording: Path, start_time: float, acceleration: float, sink_port: int) -> dict[str, Any]:
     """demo.yaml, accelerated, into the prometheus exporter (with timestamps), a file and an OTLP backend."""
-    from otel_ofu.config import load_document
+    from otel_ofu.pipeline.config import load_document
 
     doc = load_document(DEMO_CONFIG)
     sim = doc["receivers"]["sim"]
@@ -174,9 +174,9 @@ def _demo_document(recording: Path, start_time: float, acceleration: float, sink
 
 def _sink_service(port: int, workdir: Path):
     """The OTLP backend: another otel-ofu with an otlp receiver, writing what it gets to a file."""
-    from otel_ofu import registry
-    from otel_ofu.config import parse_service_config
-    from otel_ofu.service import Service
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import parse_service_config
+    from otel_ofu.pipeline.service import Service
 
     doc = {"receivers": {"otlp": {"protocols": {"http": {"endpoint": f"127.0.0.1:{port}"}}}},
            "exporters": {"file": {"path": str(workdir / "otlp-backend.jsonl")}},
@@ -285,9 +285,9 @@ def _wait(what: str, check, timeout: float, process: subprocess.Popen | None = N
 def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600.0) -> tuple[Path, float, float,
                                                                                              float, float]:
     """Run the demo pipeline; (OpenMetrics file, data start, data end, self-telemetry start, end)."""
-    from otel_ofu import registry
-    from otel_ofu.config import parse_service_config
-    from otel_ofu.service import Service
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import parse_service_config
+    from otel_ofu.pipeline.service import Service
 
     workdir.mkdir(parents=True, exist_ok=True)
     (sink_port,) = _free_ports(1)
