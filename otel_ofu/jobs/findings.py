@@ -17,6 +17,17 @@ SUSTAINED_DROP = "sustained_ofu_drop"  # OFU well below the job's own baseline
 OPEN = "open"
 CLOSE = "close"
 
+# What the jobs processor emits (events and attribute names); readers such as the console use them too.
+WINDOW = "ofu.window"
+FINDING_KIND = "ofu.finding.kind"
+FINDING_CAUSE = "ofu.finding.cause"
+FINDING_ID = "ofu.finding.id"
+EVENT_JOB_START = "ofu.job.start"
+EVENT_JOB_END = "ofu.job.end"
+EVENT_FINDING_OPEN = "ofu.finding.open"
+EVENT_FINDING_CLOSE = "ofu.finding.close"
+JOB_END_REASON = "ofu.job.end_reason"
+
 
 @dataclass
 class Finding:

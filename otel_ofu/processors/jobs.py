@@ -15,19 +15,24 @@ import math
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
-from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN, Finding, Transition
+from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
+    CLOSE,
+    EVENT_FINDING_CLOSE,
+    EVENT_FINDING_OPEN,
+    EVENT_JOB_END,
+    EVENT_JOB_START,
+    FINDING_CAUSE,
+    FINDING_ID,
+    FINDING_KIND,
+    JOB_END_REASON,
+    MFU_GAP,
+    OPEN,
+    WINDOW,
+    Finding,
+    Transition,
+)
 from otel_ofu.jobs.tracker import JobBook, JobsConfig, JobSummary, JobTracker, Snapshot, Update
 from otel_ofu.pipeline.component import Context, Factory, Processor
-
-WINDOW = "ofu.window"
-FINDING_KIND = "ofu.finding.kind"
-FINDING_CAUSE = "ofu.finding.cause"
-FINDING_ID = "ofu.finding.id"
-
-EVENT_JOB_START = "ofu.job.start"
-EVENT_JOB_END = "ofu.job.end"
-EVENT_FINDING_OPEN = "ofu.finding.open"
-EVENT_FINDING_CLOSE = "ofu.finding.close"
 
 for _info in (
     MetricInfo("job.ofu", "1", "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
@@ -90,7 +95,7 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
 def summary_attributes(summary: JobSummary) -> Attributes:
     t = summary.totals
     out: dict[str, object] = {
-        JOB_ID: summary.job_id, "ofu.job.end_reason": summary.reason,
+        JOB_ID: summary.job_id, JOB_END_REASON: summary.reason,
         "ofu.job.duration_s": summary.end - summary.start, "ofu.job.gpus": summary.gpus,
         "ofu.job.gpus.peak": summary.peak_gpus, "ofu.job.gpu_hours": t.gpu_hours,
         "ofu.job.wasted_gpu_hours": t.wasted_gpu_hours, "ofu.job.ofu.mean": t.ofu_mean,
