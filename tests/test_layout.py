@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "otel_ofu"
 
 CORE = "core"
 PIPELINE = "pipeline"
-LIBRARIES = {"otlp", "delivery", "gpu", "attribution", "jobs", "sim"}
+LIBRARIES = {"otlp", "delivery", "gpu", "attribution", "jobs", "sim", "console"}
 COMPONENTS = {"receivers", "processors", "exporters"}
 APPLICATIONS = {"cli", "report"}
 

@@ -1,10 +1,9 @@
 """The service: wiring, fan-out, start/shutdown order, failures contained."""
 
-import io
 import threading
 
-from otel_ofu.core.model import Batch, GpuSample, MetricPoint
-from otel_ofu.exporters.console import ConsoleExporter, ConsoleExporterConfig
+from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.exporters.console import ConsoleExporterConfig
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.component import Context, Exporter, Factory, Processor
 from otel_ofu.pipeline.config import parse_service_config
@@ -93,20 +92,3 @@ def test_service_builds_shared_exporters_and_per_pipeline_processors(monkeypatch
     windows = len(times) // 2
     assert service.telemetry.counter("otel_ofu.receiver.accepted", receiver="sim") == windows * 5
 
-
-def test_console_plain_and_live_rendering():
-    stream = io.StringIO()
-    exporter = ConsoleExporter(ConsoleExporterConfig(), Context("console"), stream=stream)
-    assert not exporter.live
-    resource = (("gpu.index", "3"), ("host.name", "node-a"), ("hw.id", "GPU-x"), ("hw.model", "NVIDIA H100 80GB HBM3"))
-    attrs = (("ofu.job.id", "train"), ("ofu.precision", "bf16"))
-    exporter.export(Batch(points=[MetricPoint("gpu.ofu", 0.4321, 10**18, resource, attrs),
-                                  MetricPoint("gpu.sm.clock.frequency", 1755e6, 10**18, resource, attrs, "Hz")]))
-    exporter.shutdown()
-    text = stream.getvalue()
-    assert "node-a" in text and "H100 80GB HBM3" in text and "train" in text and "0.432" in text and "1755" in text
-    assert "\x1b[" not in text and "mean OFU 0.432" in text
-    live = ConsoleExporter(ConsoleExporterConfig(mode="live"), Context("console"), stream=io.StringIO())
-    live.export(Batch(points=[MetricPoint("gpu.ofu", 0.5, 1, resource, attrs)]))
-    live.shutdown()
-    assert live.stream.getvalue().startswith("\x1b[H\x1b[2J")

@@ -225,6 +225,7 @@ def auto_document(report: Report) -> dict[str, Any]:
 
 def run_autodetect(args: argparse.Namespace) -> int:
     """``otel-ofu run`` without ``--config``: the best real source, said on stderr; never a simulation."""
+    from otel_ofu.cli.run import run_service
     from otel_ofu.pipeline import registry
     from otel_ofu.pipeline.config import parse_service_config
     from otel_ofu.pipeline.service import Service
@@ -244,11 +245,7 @@ def run_autodetect(args: argparse.Namespace) -> int:
           "Give --config for anything else.", file=sys.stderr)
     config = parse_service_config(auto_document(report), "<auto-detected>", registry.factories())
     configure_logging(args.log_level or "info")
-    try:
-        Service(config).run(duration=args.duration)
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(Service(config), args.duration)
 
 
 def register(subparsers: Any) -> None:

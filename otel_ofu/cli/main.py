@@ -9,13 +9,14 @@ import sys
 
 from otel_ofu import __version__
 from otel_ofu.cli.logs import configure_logging
+from otel_ofu.cli.run import run_service
 from otel_ofu.pipeline.config import ConfigError
 
 log = logging.getLogger("otel_ofu.cli")
 
 # Modules that add subcommands: each defines ``register(subparsers)``, which adds its parser
 # and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES: tuple[str, ...] = ("otel_ofu.report.command", "otel_ofu.cli.doctor")
+COMMAND_MODULES: tuple[str, ...] = ("otel_ofu.report.command", "otel_ofu.cli.doctor", "otel_ofu.cli.top")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -44,12 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 1
     configure_logging(args.log_level or config.log_level)
-    service = Service(config)
-    try:
-        service.run(duration=args.duration)
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(Service(config), args.duration)
 
 
 def build_parser() -> argparse.ArgumentParser:

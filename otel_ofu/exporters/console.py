@@ -1,109 +1,126 @@
-"""The ``console`` exporter: a live per-GPU table.
+"""The ``console`` exporter: the fleet, its jobs and findings, and its GPUs, live on a terminal.
 
-On a terminal the table is redrawn in place every ``refresh_interval``; when the output is
-piped it prints the table as plain lines every ``refresh_interval`` instead, so logs stay
-readable. It shows the latest window of each GPU; the timestamp is the data's own
-(simulated time under the ``sim`` receiver).
+On a terminal it draws a rich live layout (a fleet header, a jobs panel with OFU trends and
+open findings, the per-GPU table) redrawn every ``refresh_interval``; log lines print above
+it when the CLI routes logging through its console (:mod:`otel_ofu.console.logs`). When the
+output is piped it prints plain lines instead: the header and the jobs every
+``refresh_interval`` (when something changed), the per-GPU table every ``plain_gpu_table``
+and at shutdown. Times shown are the data's own (simulated time under the ``sim``
+receiver). What it shows and why: :mod:`otel_ofu.console.state`, docs/console.md.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal, TextIO
 
-from otel_ofu.core.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, Batch, job_id_of, precision_of
+from rich.console import Console, RenderableType
+from rich.live import Live
+
+from otel_ofu.console.render import live_layout, plain_lines
+from otel_ofu.console.state import FleetState
+from otel_ofu.core.model import Batch
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, require
-
-_COLUMNS = ("host", "gpu", "model", "job", "precision", "tpa", "sm_mhz", "ofu_raw", "ofu")
-_METRIC_COLUMNS = {"gpu.tensor.activity": "tpa", "gpu.sm.clock.frequency": "sm_mhz", "gpu.ofu.raw": "ofu_raw",
-                   "gpu.ofu": "ofu"}
 
 
 @dataclass
 class ConsoleExporterConfig:
     refresh_interval: Duration = field(default_factory=lambda: Duration(2.0))
-    max_rows: int = 64
+    max_rows: int = 64  # GPU rows at most (fewer when the terminal is shorter)
+    max_jobs: int = 12  # job rows at most
     output: Literal["stdout", "stderr"] = "stdout"
-    # auto: redraw in place on a terminal, plain lines otherwise.
+    # auto: the live layout on a terminal, plain lines otherwise.
     mode: Literal["auto", "live", "plain"] = "auto"
+    # Plain mode: the per-GPU table this often (and at shutdown); header and jobs every refresh.
+    plain_gpu_table: Duration = field(default_factory=lambda: Duration(60.0))
+    # The jobs' OFU trend: one sparkline block per this much data time.
+    sparkline_bucket: Duration = field(default_factory=lambda: Duration(60.0))
+    # A GPU with no data for this long (wall time) shows as stale; default: three of its own
+    # intervals between data, at least 5 s.
+    stale_after: Duration | None = None
+    title: str = "otel-ofu"
 
     def validate(self) -> None:
         require(self.refresh_interval > 0, "refresh_interval", "must be positive")
         require(self.max_rows > 0, "max_rows", "must be positive")
-
-
-def _short_model(model: str) -> str:
-    return model.removeprefix("NVIDIA ").strip()
+        require(self.max_jobs > 0, "max_jobs", "must be positive")
+        require(self.plain_gpu_table >= 0, "plain_gpu_table", "must not be negative")
+        require(self.sparkline_bucket > 0, "sparkline_bucket", "must be positive")
+        require(self.stale_after is None or self.stale_after > 0, "stale_after", "must be positive")
 
 
 class ConsoleExporter(Exporter):
     def __init__(self, config: ConsoleExporterConfig, context: Context, stream: TextIO | None = None):
         super().__init__(config, context)
         self.stream = stream or (sys.stdout if config.output == "stdout" else sys.stderr)
-        live = config.mode == "live" or (config.mode == "auto" and self.stream.isatty())
-        self.live = live
-        self._rows: dict[str, dict[str, object]] = {}
-        self._latest_ns = 0
+        self.live = config.mode == "live" or (config.mode == "auto" and _isatty(self.stream))
+        # Live: rich detects size and colour (NO_COLOR respected); forced for mode "live" on a non-terminal.
+        self.console = Console(file=self.stream, force_terminal=True if config.mode == "live" else None) \
+            if self.live else None
+        self.state = FleetState(sparkline_bucket_s=float(config.sparkline_bucket),
+                                stale_after_s=None if config.stale_after is None else float(config.stale_after))
         self._lock = threading.Lock()
         self._dirty = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._live: Live | None = None
+        self._table_at: float | None = None  # plain mode: when the GPU table was last printed
+        self._last_had_table = False
 
     def export(self, batch: Batch) -> None:
         with self._lock:
-            for p in batch.points:
-                column = _METRIC_COLUMNS.get(p.name)
-                if column is None:
-                    continue
-                resource = dict(p.resource)
-                key = str(resource.get(HW_ID, resource.get(HOST_NAME, "?")))
-                row = self._rows.setdefault(key, {})
-                row.update(host=resource.get(HOST_NAME, "?"), gpu=resource.get(GPU_INDEX, "?"),
-                           model=_short_model(str(resource.get(HW_MODEL, "?"))),
-                           job=job_id_of(p) or "?", precision=precision_of(p) or "?")
-                row[column] = p.value / 1e6 if column == "sm_mhz" else p.value
-                row["_t"] = p.time_unix_nano
-                self._latest_ns = max(self._latest_ns, p.time_unix_nano)
-                self._dirty = True
+            self._dirty |= self.state.update(batch)
 
-    def render(self) -> list[str]:
-        """The current table as lines (header first)."""
+    def layout(self) -> RenderableType:
+        """The live screen as a rich renderable, sized to the console."""
         with self._lock:
-            rows = sorted(self._rows.values(), key=lambda r: (str(r["host"]), _gpu_sort_key(r["gpu"])))
-            latest = self._latest_ns
-        stamp = datetime.fromtimestamp(latest / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if latest else "-"
-        ofus = [float(r["ofu"]) for r in rows if isinstance(r.get("ofu"), float)]
-        mean = f"{sum(ofus) / len(ofus):.3f}" if ofus else "n/a"
-        cells = [[_fmt(r.get(c)) for c in _COLUMNS] for r in rows[: self.config.max_rows]]
-        widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(_COLUMNS)]
-        lines = [f"otel-ofu  {stamp}  {len(rows)} GPUs  mean OFU {mean}",
-                 "  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-        if len(rows) > self.config.max_rows:
-            lines.append(f"... {len(rows) - self.config.max_rows} more GPUs")
-        return lines
+            view = self.state.view()
+        assert self.console is not None
+        return live_layout(view, self.console, title=self.config.title, max_gpus=self.config.max_rows,
+                           max_jobs=self.config.max_jobs)
 
-    def _draw(self) -> None:
+    def render(self, gpus: bool = True) -> list[str]:
+        """The current state as plain lines (header first)."""
         with self._lock:
-            if not self._dirty:
-                return
-            self._dirty = False
-        lines = self.render()
-        if self.live:
-            self.stream.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
-        else:
-            self.stream.write("\n".join(lines) + "\n\n")
+            view = self.state.view()
+        return plain_lines(view, title=self.config.title, gpus=gpus, max_gpus=self.config.max_rows)
+
+    def _draw(self, final: bool = False) -> None:
+        if self._live is not None:
+            self._live.refresh()  # also when nothing arrived: staleness is wall time
+            return
+        with self._lock:
+            dirty, self._dirty = self._dirty, False
+        # The last frame ends with the GPU table, unless the frame before already showed this state with it.
+        if not dirty and (not final or self._last_had_table):
+            return
+        now = time.monotonic()
+        table = final or self._table_at is None or now - self._table_at >= float(self.config.plain_gpu_table)
+        if table:
+            self._table_at = now
+        self._last_had_table = table
+        lines = self.render(gpus=table)
+        if final and not self.state.gpus and not self.state.jobs:
+            return
+        self.stream.write("\n".join(lines) + "\n\n")
         self.stream.flush()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.refresh_interval):
-            self._draw()
+        while not self._stop.wait(float(self.config.refresh_interval)):
+            try:
+                self._draw()
+            except Exception:  # a drawing bug must not kill the display thread for good
+                self.log.exception("console: drawing failed")
 
     def start(self) -> None:
+        if self.live:
+            self._live = Live(console=self.console, auto_refresh=False, transient=False, redirect_stdout=True,
+                              redirect_stderr=_isatty(sys.stderr), get_renderable=self.layout)
+            self._live.start(refresh=True)
         self._thread = threading.Thread(target=self._loop, name=self.context.component_id, daemon=True)
         self._thread.start()
 
@@ -111,20 +128,29 @@ class ConsoleExporter(Exporter):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._draw()
+        try:
+            self._draw(final=True)
+        finally:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
 
 
-def _gpu_sort_key(value: object) -> tuple[int, str]:
-    text = str(value)
-    return (int(text), "") if text.isdigit() else (1 << 30, text)
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
-def _fmt(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.0f}" if value >= 10 else f"{value:.3f}"
-    return str(value)
+def live_console(service) -> Console | None:
+    """The rich Console of a live console exporter in ``service`` (None when there is none)."""
+    for slot in getattr(service, "exporters", {}).values():
+        exporter = slot.exporter
+        if isinstance(exporter, ConsoleExporter) and exporter.console is not None:
+            return exporter.console
+    return None
 
 
-FACTORY = Factory("console", ConsoleExporterConfig, ConsoleExporter, "prints a live per-GPU table")
+FACTORY = Factory("console", ConsoleExporterConfig, ConsoleExporter,
+                  "a live console: fleet header, jobs with findings, per-GPU table")

@@ -1,0 +1,262 @@
+"""The console's state and rendering: keys, missing values, staleness, findings, truncation, colour."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from otel_ofu.console import render
+from otel_ofu.console.state import STALE, FleetState
+from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
+from otel_ofu.exporters.console import ConsoleExporter, ConsoleExporterConfig
+from otel_ofu.pipeline.component import Context
+
+ANSI = re.compile(r"\x1b\[")
+COLOUR = re.compile(r"\x1b\[[0-9;]*?(?:3[0-7]|9[0-7]|38;[25])[;m]")  # a foreground colour, any form
+S = 1_000_000_000
+T0 = 1_790_000_000 * S
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_resource(host="node-a", index="0", uuid="GPU-a", mig=None, model="NVIDIA H100 80GB HBM3"):
+    return attrs({"host.name": host, "gpu.index": index, "hw.id": uuid, "hw.model": model,
+                  "gpu.mig.instance_id": mig})
+
+
+def ofu_points(resource, t, ofu, job="train", precision="bf16", tpa=None, clock_mhz=1830.0):
+    """A GPU window's points as the ofu processor emits them: job and precision on the resource."""
+    resource = attrs({**dict(resource), "ofu.job.id": job, "ofu.precision": precision})
+    a = attrs({"ofu.fref.source": "spec"})
+    return [MetricPoint("gpu.ofu", ofu, t, resource, a), MetricPoint("gpu.ofu.raw", ofu * 1.02, t, resource, a),
+            MetricPoint("gpu.ofu.reference_clock", 1830e6, t, resource, a, "Hz"),
+            MetricPoint("gpu.tensor.activity", tpa if tpa is not None else ofu, t, resource, a),
+            MetricPoint("gpu.sm.clock.frequency", clock_mhz * 1e6, t, resource, a, "Hz")]
+
+
+def dropped(resource, t, reason):
+    return MetricPoint("gpu.ofu.dropped", 1, t, resource, attrs({"ofu.drop.reason": reason}), "{window}", True)
+
+
+def finding_event(name, job, t, **numbers):
+    a = {"ofu.job.id": job, "ofu.finding.id": f"{job}/{numbers.pop('kind')}/1", **numbers}
+    a["ofu.finding.kind"] = a["ofu.finding.id"].split("/")[1]
+    return Event(name, t, attrs({"ofu.job.id": job}), attrs(a))
+
+
+def test_gpus_without_uuid_and_mig_instances_are_rows_of_their_own():
+    state = FleetState()
+    points = []
+    for host in ("dmon-1", "dmon-2"):  # dmon replays: no UUID, the index is the identity
+        for index in range(4):
+            points += ofu_points(gpu_resource(host, str(index), uuid=""), T0, 0.3)
+    for mig in ("1", "2"):  # two MIG instances share their parent's UUID and index
+        points += ofu_points(gpu_resource("hgx", "0", "GPU-b200", mig=mig, model="NVIDIA B200"), T0, 0.2)
+    state.update(Batch(points=points))
+    view = state.view()
+    assert len(view.gpus) == 10
+    assert [render.gpu_label(r) for r in view.gpus if r.state.host == "hgx"] == ["0 mig1", "0 mig2"]
+    assert render.header_facts(view)[0].startswith("GPUs 10 on 3 hosts, 10 with OFU")
+
+
+def test_a_gpu_without_a_value_shows_why_never_zero_and_recovers():
+    clock = Clock()
+    state = FleetState(clock=clock)
+    good, blank = gpu_resource(index="0", uuid="GPU-0"), gpu_resource(index="1", uuid="GPU-1")
+    state.update(Batch(points=[*ofu_points(good, T0, 0.4), dropped(blank, T0, "blank")]))
+    view = state.view()
+    assert [r.reason for r in view.gpus] == ["", "blank"]
+    assert view.no_value == {"blank": 1} and view.ofu_now == pytest.approx(0.4)
+    lines = render.plain_lines(view)
+    row = next(line for line in lines if "GPU-1" in line or line.strip().startswith("node-a  1"))
+    assert "- (blank)" in row and "0.0%" not in row
+    # A later window with a value replaces the reason; an unsupported counter reads as such.
+    clock.now += 1
+    state.update(Batch(points=[*ofu_points(blank, T0 + 10 * S, 0.5), dropped(good, T0 + 10 * S, "not_supported")]))
+    view = state.view()
+    assert [r.reason for r in view.gpus] == ["not_supported", ""]
+    assert "1 without (1 unsupported)" in render.header_facts(view)[1]
+
+
+def test_a_gpu_that_stops_reporting_turns_stale_after_three_of_its_intervals():
+    clock = Clock()
+    state = FleetState(clock=clock)
+    a, b = gpu_resource(index="0", uuid="GPU-0"), gpu_resource(index="1", uuid="GPU-1")
+    for k in range(3):  # both report every 10 s
+        state.update(Batch(points=[*ofu_points(a, T0 + k * 10 * S, 0.4), *ofu_points(b, T0 + k * 10 * S, 0.4)]))
+        clock.now += 10
+    clock.now -= 10
+    for k in range(3, 7):  # then only GPU 0, for four of its intervals
+        clock.now += 10
+        state.update(Batch(points=ofu_points(a, T0 + k * 10 * S, 0.4)))
+    view = state.view()
+    assert [r.reason for r in view.gpus] == ["", STALE]
+    assert view.no_value == {STALE: 1}
+    assert view.ofu_now == pytest.approx(0.4)  # the stale GPU's last value is not "now"
+
+
+def test_fleet_mean_is_weighted_by_gpu_time_and_waste_counts_the_rest():
+    clock = Clock()
+    state = FleetState(clock=clock)
+    a, b = gpu_resource(index="0", uuid="GPU-0"), gpu_resource(index="1", uuid="GPU-1")
+    # GPU 0 reports every 10 s at 0.6, GPU 1 every 30 s at 0.2: over 60 s both hold 60 GPU-s.
+    for k in range(7):
+        points = ofu_points(a, T0 + k * 10 * S, 0.6)
+        if k % 3 == 0:
+            points += ofu_points(b, T0 + k * 10 * S, 0.2)
+        state.update(Batch(points=points))
+    totals = state.view().totals
+    assert totals.gpu_seconds == pytest.approx(120)
+    assert totals.ofu_mean == pytest.approx(0.4)  # a plain mean over points would say (6 x 0.6 + 2 x 0.2) / 8 = 0.5
+    assert totals.wasted_gpu_seconds == pytest.approx(60 * 0.4 + 60 * 0.8)
+
+
+def test_findings_open_close_and_survive_the_pipeline_shutdown():
+    state = FleetState()
+    res = gpu_resource()
+    state.update(Batch(points=ofu_points(res, T0, 0.26, job="moe"), events=[
+        finding_event("ofu.finding.open", "moe", T0, kind="mfu_gap", **{
+            "ofu.finding.cause": "flop_formula_overcount", "ofu.finding.mfu_reported": 0.547,
+            "ofu.finding.ofu": 0.263, "ofu.finding.window": "5m", "ofu.finding.since_unix_nano": T0 - 600 * S})]))
+    job = state.view().jobs[0]
+    assert [f.kind for f in job.open_findings] == ["mfu_gap"]
+    text = render.finding_text(job.open_findings[0], T0)
+    assert text == ("mfu_gap: reported MFU 54.7% vs OFU 26.3% (5m), likely flop formula overcount, since "
+                    f"{render.clock(T0 - 600 * S)} (10m)")
+    # Shutdown: the jobs processor closes findings "with the job" and ends it (reason shutdown);
+    # the last frame still shows what was open.
+    state.update(Batch(events=[
+        finding_event("ofu.finding.close", "moe", T0 + S, kind="mfu_gap", **{"ofu.finding.reason": "job_end"}),
+        Event("ofu.job.end", T0 + S, attrs({"ofu.job.id": "moe"}),
+              attrs({"ofu.job.id": "moe", "ofu.job.end_reason": "shutdown"}))]))
+    view = state.view()
+    assert view.open_findings == 1 and not view.jobs[0].ended and view.gpus[0].job_finding
+    # A real end (timeout) moves it to closed; a cleared finding shows as cleared.
+    state.update(Batch(events=[Event("ofu.job.end", T0 + 2 * S, attrs({"ofu.job.id": "moe"}),
+                                     attrs({"ofu.job.id": "moe", "ofu.job.end_reason": "timeout"}))]))
+    job = state.view().jobs[0]
+    assert job.ended and not job.open_findings
+    assert render.finding_text(job.closed_findings[0], T0, is_open=False) == "mfu_gap open when the job ended"
+
+
+def test_jobs_with_findings_come_first_then_lowest_ofu():
+    state = FleetState()
+    points = []
+    for i, (job, ofu) in enumerate([("fast", 0.6), ("slow", 0.1), ("flagged", 0.5), ("mid", 0.3)]):
+        points += ofu_points(gpu_resource(index=str(i), uuid=f"GPU-{i}"), T0, ofu, job=job)
+    state.update(Batch(points=points, events=[finding_event(
+        "ofu.finding.open", "flagged", T0, kind="regression",
+        **{"ofu.finding.ofu": 0.2, "ofu.finding.baseline": 0.5, "ofu.finding.ratio": 2.5})]))
+    assert [j.job_id for j in state.view().jobs] == ["flagged", "slow", "mid", "fast"]
+
+
+def test_many_gpus_truncate_to_findings_missing_and_lowest_ofu_first():
+    state = FleetState()
+    points = []
+    for i in range(80):
+        job = "flagged" if i == 70 else "bulk"
+        points += ofu_points(gpu_resource(f"node-{i // 8:02d}", str(i % 8), f"GPU-{i}"), T0, 0.3 + i / 1000, job=job)
+    points.append(dropped(gpu_resource("node-09", "7", "GPU-79"), T0 + 1, "blank"))
+    state.update(Batch(points=points, events=[finding_event(
+        "ofu.finding.open", "flagged", T0, kind="regression",
+        **{"ofu.finding.ofu": 0.2, "ofu.finding.baseline": 0.5, "ofu.finding.ratio": 2.5})]))
+    lines = render.plain_lines(state.view(), max_gpus=10)
+    rows = [line for line in lines if line.startswith("  node-")]
+    assert len(rows) == 10 and "  ... 70 more GPUs" in lines[-1]
+    assert any("flagged" in r for r in rows) and any("- (blank)" in r for r in rows)
+    shown = [float(r.split()[-1].rstrip("%")) for r in rows if "flagged" not in r and "blank" not in r]
+    assert max(shown) < 31.0  # the rest are the lowest OFU
+    # Natural order among the shown rows.
+    assert rows == sorted(rows, key=lambda r: (r.split()[0], int(r.split()[1])))
+
+
+def _rich_text(view, monkeypatch, no_color: bool) -> str:
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    else:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=160, height=50)
+    console.print(render.live_layout(view, console))
+    return out.getvalue()
+
+
+def test_colour_only_for_meaning_and_the_screen_reads_the_same_without_it(monkeypatch):
+    state = FleetState()
+    flagged, blank = gpu_resource(index="0", uuid="GPU-0"), gpu_resource(index="1", uuid="GPU-1")
+    state.update(Batch(points=[*ofu_points(flagged, T0, 0.26, job="moe"), dropped(blank, T0, "blank")], events=[
+        finding_event("ofu.finding.open", "moe", T0, kind="mfu_gap", **{
+            "ofu.finding.mfu_reported": 0.547, "ofu.finding.ofu": 0.263, "ofu.finding.window": "5m"})]))
+    view = state.view()
+    coloured = _rich_text(view, monkeypatch, no_color=False)
+    plain = _rich_text(view, monkeypatch, no_color=True)
+    assert COLOUR.search(coloured) and not COLOUR.search(plain)
+    strip = re.compile(r"\x1b\[[0-9;]*m")
+    assert strip.sub("", coloured) == strip.sub("", plain)
+    text = strip.sub("", plain)
+    assert "⚠ moe" in text and "⚠ mfu_gap: reported MFU 54.7% vs OFU 26.3% (5m)" in text
+    assert "— blank" in text and "1 without (1 blank)" in text
+
+
+def test_plain_exporter_prints_header_and_jobs_each_refresh_and_the_gpu_table_at_the_end():
+    stream = io.StringIO()
+    exporter = ConsoleExporter(ConsoleExporterConfig(plain_gpu_table=3600), Context("console"), stream=stream)
+    assert not exporter.live and exporter.console is None
+    res = gpu_resource(index="3", uuid="GPU-x")
+    exporter.export(Batch(points=ofu_points(res, T0, 0.4321, clock_mhz=1755)))
+    exporter._draw()  # the first frame has the table
+    exporter.export(Batch(points=ofu_points(res, T0 + 10 * S, 0.4)))
+    exporter._draw()  # within plain_gpu_table: header and jobs only
+    exporter._draw()  # nothing new: nothing printed
+    exporter.shutdown()  # the last frame has the table again
+    frames = stream.getvalue().strip().split("\n\n")
+    assert len(frames) == 3
+    assert all(f.startswith("otel-ofu ") and "mean OFU" in f and "job train: 1 GPUs" in f for f in frames)
+    assert ["H100 80GB HBM3" in f for f in frames] == [True, False, True]
+    assert "1755 / 1830" in frames[0] and "43.2%" in frames[0] and not ANSI.search(stream.getvalue())
+
+
+def test_live_exporter_draws_through_rich():
+    stream = io.StringIO()
+    exporter = ConsoleExporter(ConsoleExporterConfig(mode="live", refresh_interval=60), Context("console"),
+                               stream=stream)
+    exporter.start()
+    exporter.export(Batch(points=ofu_points(gpu_resource(), T0, 0.5)))
+    exporter.shutdown()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+    assert exporter.live and "otel-ofu · data time" in text and "50.0%" in text
+
+
+@pytest.mark.parametrize("config,key", [({"refresh_interval": 0}, "refresh_interval"), ({"max_jobs": 0}, "max_jobs"),
+                                        ({"sparkline_bucket": "0s"}, "sparkline_bucket"),
+                                        ({"stale_after": -1}, "stale_after"), ({"mode": "fancy"}, "mode")])
+def test_bad_config_names_the_key(config, key):
+    from otel_ofu.pipeline.config import FieldError, build_config
+
+    with pytest.raises(FieldError) as error:
+        build_config(ConsoleExporterConfig, config)
+    assert key in str(error.value)
+
+
+def test_a_long_watch_forgets_gpus_gone_for_an_hour_and_keeps_the_newest_ended_jobs():
+    clock = Clock()
+    state = FleetState(clock=clock, keep_ended_jobs=2)
+    for i in range(4):
+        job = f"job-{i}"
+        state.update(Batch(points=ofu_points(gpu_resource(index=str(i), uuid=f"GPU-{i}"), T0 + i * S, 0.4, job=job),
+                           events=[Event("ofu.job.end", T0 + i * S, attrs({"ofu.job.id": job}),
+                                         attrs({"ofu.job.id": job, "ofu.job.end_reason": "timeout"}))]))
+    assert [j.job_id for j in state.view().jobs] == ["job-2", "job-3"]
+    assert len(state.view().gpus) == 4
+    clock.now += 3601
+    state.update(Batch(points=ofu_points(gpu_resource(index="0", uuid="GPU-0"), T0 + 3600 * S, 0.4, job="job-0")))
+    assert [r.state.index for r in state.view().gpus] == ["0"]
