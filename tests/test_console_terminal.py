@@ -1,0 +1,329 @@
+"""The console as a person sees it: the demo and `otel-ofu top --scrape` in a real terminal (tmux), and piped.
+
+tmux (Debian package ``tmux``, installed by .ci/run) runs the command in a pseudo-terminal of
+a fixed size; ``capture-pane`` reads back the screen and its scrollback as characters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
+
+ROOT = Path(__file__).parent.parent
+DATA = ROOT / "tests" / "data" / "dcgm-exporter"
+ANSI = re.compile(r"\x1b\[")
+HEADER = re.compile(r"╭─ otel-ofu · data time \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ ─")
+MOE_LOG = re.compile(r"WARNING\s+otel_ofu\.jobs@metrics: finding \(mfu_gap\): job moe-236b: reported MFU "
+                     r"\d+\.\d% vs OFU \d+\.\d% over 5m \(gap \+\d+\.\d pp\): likely flop_formula_overcount$")
+RUNNING_LOG = re.compile(r"INFO\s+otel_ofu\.service: otel-ofu running: 1 pipeline\(s\), receivers sim$")
+
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None and not os.environ.get("CI"),
+                                reason="tmux not installed (apt-get install tmux; .ci/run installs it)")
+
+
+class Tmux:
+    """One command in a detached tmux session on a private server; the pane stays after it exits."""
+
+    def __init__(self, command: str, width: int = 200, height: int = 60):
+        self.socket = f"otel-ofu-test-{uuid.uuid4().hex[:8]}"
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
+                   "sleep 3600")
+        # A fixed size: with no client attached, tmux may otherwise fall back to 80x24.
+        self._tmux("set-option", "-g", "window-size", "manual")
+        self._tmux("resize-window", "-t", "t", "-x", str(width), "-y", str(height))
+        self._tmux("set-option", "-t", "t", "remain-on-exit", "on")
+        # COLUMNS/LINES in the environment would override the terminal's real size.
+        self._tmux("respawn-pane", "-k", "-t", "t", f"unset COLUMNS LINES; {command}")
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
+                              timeout=30).stdout
+
+    def screen(self) -> list[str]:
+        """The scrollback and the visible screen, wrapped lines joined, trailing spaces removed."""
+        text = self._tmux("capture-pane", "-p", "-J", "-S", "-", "-t", "t")
+        return [line.rstrip() for line in text.splitlines()]
+
+    def exit_status(self) -> int | None:
+        """None while the command runs; its exit status, or minus the signal that ended it."""
+        dead, status, signal = (self._tmux("display-message", "-p", "-t", "t",
+                                           "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}").strip()
+                                .split(":"))
+        if dead != "1":
+            return None
+        return int(status) if status else -int(signal or 0)
+
+    def wait_for(self, done, timeout: float = 90.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.screen()
+            if done(lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def fast_demo(tmp_path: Path, acceleration: float = 300, refresh: str = "500ms") -> Path:
+    """The demo config, faster: both findings open within seconds of wall time."""
+    doc = yaml.safe_load((ROOT / "collector-config" / "demo.yaml").read_text())
+    doc["receivers"]["sim"]["time_acceleration"] = acceleration
+    doc["exporters"]["console"]["refresh_interval"] = refresh
+    doc["exporters"]["file"]["path"] = str(tmp_path / "demo.jsonl")
+    path = tmp_path / "demo-fast.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def index_of(lines: list[str], pattern: re.Pattern | str) -> list[int]:
+    match = pattern.search if isinstance(pattern, re.Pattern) else (lambda line: pattern in line)
+    return [i for i, line in enumerate(lines) if match(line)]
+
+
+def job_row(lines: list[str], job: str) -> str:
+    rows = [line for line in lines if re.match(rf"^ ⚠ {re.escape(job)}\s+\d+\s", line)]
+    return rows[-1] if rows else ""
+
+
+@needs_tmux
+def test_demo_in_a_terminal_shows_the_fleet_the_findings_and_keeps_log_lines_intact(tmp_path):
+    config = fast_demo(tmp_path)
+    command = f"cd {shlex.quote(str(ROOT))} && exec {shlex.quote(sys.executable)} -m otel_ofu run --config " \
+              f"{shlex.quote(str(config))} --duration 20"
+    tmux = Tmux(command)
+    try:
+        def both_open(lines: list[str]) -> bool:
+            return ("regression: OFU" in job_row(lines, "sft-debug-flag")
+                    and "mfu_gap: reported MFU" in job_row(lines, "moe-236b"))
+
+        lines = tmux.wait_for(both_open)
+        assert both_open(lines), "\n".join(lines)
+        # The header: one live region (no smeared copies), the fleet in numbers.
+        headers = index_of(lines, HEADER)
+        assert len(headers) == 1, "\n".join(lines)
+        header = headers[0]
+        assert re.match(r"^│ GPUs 16 on 2 hosts, 16 with OFU", lines[header + 1])
+        assert re.match(r"^│ OFU now \d+\.\d%, mean OFU \d+\.\d% over \d+\.\d\d GPU h, wasted \d+\.\d\d GPU h, "
+                        r"⚠ findings open: 2", lines[header + 2])
+        # The jobs panel: the two findings with both numbers; jobs with findings first.
+        jobs = index_of(lines, re.compile(r"^Jobs$"))[-1]
+        assert re.search(r"⚠ mfu_gap: reported MFU 5\d\.\d% vs OFU 2\d\.\d% \(5m\), likely flop formula",
+                         job_row(lines, "moe-236b"))
+        assert re.search(r"⚠ regression: OFU 1\d\.\d% vs baseline 4\d\.\d% \(2\.\d\dx slower\), since \d\d:\d\dZ",
+                         job_row(lines, "sft-debug-flag"))
+        first_rows = [line.split()[1] for line in lines[jobs + 3:jobs + 5]]
+        assert sorted(first_rows) == ["moe-236b", "sft-debug-flag"]
+        # The GPU table below it, every GPU a row.
+        gpus = index_of(lines, re.compile(r"^GPUs$"))[-1]
+        assert jobs < gpus and len([ln for ln in lines[gpus:] if re.match(r"^ sim-node-[01]\s+\d ", ln)]) == 16
+        # Log lines print above the live region, whole and once: never drawn over.
+        for pattern in (RUNNING_LOG, MOE_LOG):
+            at = index_of(lines, pattern)
+            assert len(at) == 1 and at[0] < header, (pattern.pattern, "\n".join(lines))
+        # After --duration: exit 0, the last frame stays, the job summaries were logged above it.
+        lines = tmux.wait_for(lambda _: tmux.exit_status() is not None, timeout=90)
+        assert tmux.exit_status() == 0, "\n".join(lines)
+        last_header = index_of(lines, HEADER)[-1]
+        ended = index_of(lines, "job llama-70b-pretrain ended (shutdown)")
+        assert len(ended) == 1 and ended[0] < last_header
+    finally:
+        tmux.close()
+
+
+def test_demo_piped_prints_plain_lines_with_the_findings(tmp_path):
+    config = fast_demo(tmp_path, refresh="1s")
+    proc = subprocess.run([sys.executable, "-m", "otel_ofu", "run", "--config", str(config), "--duration", "12"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not ANSI.search(proc.stdout) and not ANSI.search(proc.stderr)
+    frames = proc.stdout.strip().split("\n\n")
+    assert len(frames) >= 3
+    for frame in frames:
+        assert re.match(r"otel-ofu \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  GPUs 16 on 2 hosts, 16 with OFU; OFU now "
+                        r"\d+\.\d%, mean OFU \d+\.\d% over", frame)
+    text = proc.stdout
+    assert re.search(r"^  job moe-236b: 2 GPUs, OFU 2\d\.\d% now, 2\d\.\d% over the job, reported MFU 5\d\.\d%\n"
+                     r"    FINDING mfu_gap: reported MFU 5\d\.\d% vs OFU 2\d\.\d% \(5m\)", text, re.M)
+    assert re.search(r"^    FINDING regression: OFU 1\d\.\d% vs baseline 4\d\.\d% \(2\.\d\dx slower\)", text, re.M)
+    # The per-GPU table: first and last frame (plain_gpu_table is 60 s), one row per GPU.
+    last = frames[-1].splitlines()
+    assert last[-17].split() == ["host", "gpu", "model", "job", "precision", "tpa", "sm/ref_mhz", "ofu_raw", "ofu"]
+    assert len([line for line in last if line.startswith("  sim-node-")]) == 16
+    assert "sim-node-" not in frames[1]
+    # The findings were logged on stderr too, once each.
+    assert proc.stderr.count("finding (mfu_gap): job moe-236b") == 1
+
+
+# --- otel-ofu top --scrape against a served dcgm-exporter page ---------------------------------
+
+
+class _Pages(BaseHTTPRequestHandler):
+    routes = {"/h100/metrics": "h100.prom", "/b200/metrics": "b200-mig.prom"}
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        page = self.routes.get(self.path)
+        body = (DATA / page).read_bytes() if page else b"not found\n"
+        self.send_response(200 if page else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def exporter_pages():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def expected_ofu(url: str) -> dict[str, str]:
+    """GPU index -> OFU as the console prints it, from the same page through the receiver and the ofu processor."""
+    cfg = build_config(DcgmExporterReceiverConfig, {"endpoint": url})
+    receiver = DcgmExporterReceiver(cfg, Context("dcgm_exporter", Telemetry()), lambda batch: None)
+    batch = receiver.poll()
+    assert batch is not None
+    points = OfuProcessor(OfuProcessorConfig(), Context("ofu")).process(batch).points
+    return {dict(p.resource)["gpu.index"]: f"{p.value:.1%}" for p in points if p.name == "gpu.ofu"}
+
+
+def test_top_scrape_piped_shows_every_gpu_and_mig_instance(exporter_pages):
+    h100, b200 = f"{exporter_pages}/h100/metrics", f"{exporter_pages}/b200/metrics"
+    proc = subprocess.run([sys.executable, "-m", "otel_ofu", "top", "--scrape", h100, "--scrape", b200,
+                           "--duration", "3", "--refresh", "1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not ANSI.search(proc.stdout)
+    last = proc.stdout.strip().split("\n\n")[-1].splitlines()
+    assert last[0].startswith(f"otel-ofu top · {h100}, {b200} ")
+    assert "GPUs 4 on 2 hosts, 2 with OFU, 2 without (1 missing, 1 unsupported)" in last[0]
+    rows = {tuple(line.split()[:3]): line for line in last if line.startswith("  gpu-node-") or
+            line.startswith("  hgx-")}
+    assert set(rows) == {("gpu-node-h100-01", "0", "H100"), ("gpu-node-h100-01", "1", "H100"),
+                         ("hgx-b200-03", "0", "mig1"), ("hgx-b200-03", "0", "mig2")}
+    assert rows[("gpu-node-h100-01", "0", "H100")].endswith(expected_ofu(h100)["0"])
+    assert rows[("gpu-node-h100-01", "1", "H100")].endswith("- (unsupported)")  # a leaked blank sentinel
+    assert rows[("hgx-b200-03", "0", "mig2")].endswith("- (missing)")  # no tensor activity for this instance
+    # The pod label names the job (attribution's sample labels).
+    assert "  job k8s:ml-research/llama-70b-pretrain-0: 1 GPUs, OFU " in proc.stdout
+
+
+@needs_tmux
+def test_top_scrape_in_a_terminal(exporter_pages):
+    url = f"{exporter_pages}/h100/metrics"
+    command = f"cd {shlex.quote(str(ROOT))} && exec {shlex.quote(sys.executable)} -m otel_ofu top --scrape {url} " \
+              "--duration 30 --refresh 0.5"
+    tmux = Tmux(command, width=180, height=40)
+    try:
+        lines = tmux.wait_for(lambda ls: any(re.match(r"^ gpu-node-h100-01\s+1 ", ln) for ln in ls), timeout=30)
+        assert len(index_of(lines, f"╭─ otel-ofu top · {url} · data time ")) == 1, "\n".join(lines)
+        assert any(re.match(r"^│ GPUs 2 on 1 host, 1 with OFU, — 1 without \(1 unsupported\)", ln) for ln in lines)
+        gpu0 = next(ln for ln in lines if re.match(r"^ gpu-node-h100-01\s+0 ", ln))
+        gpu1 = next(ln for ln in lines if re.match(r"^ gpu-node-h100-01\s+1 ", ln))
+        assert gpu0.endswith(expected_ofu(url)["0"]) and "1410 / 1830" in gpu0
+        assert gpu1.endswith("— unsupported")
+    finally:
+        tmux.close()
+
+
+def test_top_without_a_gpu_says_what_to_do_instead():
+    proc = subprocess.run([sys.executable, "-m", "otel_ofu", "top"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert "no real GPU source is usable" in proc.stderr and "otel-ofu top --scrape" in proc.stderr
+    assert "collector-config/demo.yaml" in proc.stderr
+
+
+def test_top_help_says_what_each_source_needs():
+    proc = subprocess.run([sys.executable, "-m", "otel_ofu", "top", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for needed in ("DCGM profiling", "profiling permission", "NVML GPM (Hopper or newer", "--scrape URL",
+                   "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE and DCGM_FI_DEV_SM_CLOCK", "--otlp [ENDPOINT] OTLP from an "
+                   "OpenTelemetry Collector"):
+        assert needed in text
+
+
+def test_top_rejects_a_bad_url_naming_it():
+    proc = subprocess.run([sys.executable, "-m", "otel_ofu", "top", "--scrape", "ftp://x/metrics"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "endpoints[0]" in proc.stderr
+
+
+def test_the_screenshot_tool_draws_the_demo_with_both_findings_open(tmp_path):
+    out = tmp_path / "console.svg"
+    proc = subprocess.run([sys.executable, "tools/console_screenshot.py", "--out", str(out), "--minutes", "30"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    svg = out.read_text().replace("&#160;", " ")
+    assert "⚠ findings open: 2" in svg and "regression: OFU" in svg and "mfu_gap: reported MFU" in svg
+    assert "WARNING" in svg and "ended (shutdown)" not in svg  # the findings' log lines, not the shutdown's
+    assert "cdnjs" not in svg  # no web font to fetch: rendered with a local one
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_top_otlp_shows_what_a_collector_sends():
+    import urllib.request
+
+    from otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request
+
+    grpc, http = _free_port(), _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "otel_ofu", "top", "--otlp", f"127.0.0.1:{grpc}", "--otlp-http",
+                             f"127.0.0.1:{http}", "--duration", "8", "--refresh", "0.5"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        gpus = [Gpu(0, "GPU-aaaa-0", 0.62, 1755.0), Gpu(1, "GPU-aaaa-1", 0.31, 1980.0)]
+        body = dcgm_exporter_request(gpus, time.time_ns()).SerializeToString()
+        deadline = time.monotonic() + 30
+        while True:  # until the receiver listens
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{http}/v1/metrics", data=body, method="POST",
+                                                 headers={"Content-Type": "application/x-protobuf"})
+                with urllib.request.urlopen(request, timeout=5) as reply:
+                    assert reply.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.2)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    last = stdout.strip().split("\n\n")[-1].splitlines()
+    assert last[0].startswith(f"otel-ofu top · OTLP on gRPC 127.0.0.1:{grpc}, HTTP 127.0.0.1:{http} ")
+    assert "GPUs 2 on 1 host, 2 with OFU" in last[0]
+    for gpu in gpus:  # raw OFU is TPA x f_SM / f_ref, by definition
+        row = next(line for line in last if line.startswith("  node-1") and line.split()[1] == str(gpu.index))
+        assert row.split()[-2] == f"{gpu.tpa * gpu.clock_mhz / H100_FREF_MHZ:.1%}", row
