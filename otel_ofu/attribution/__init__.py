@@ -5,9 +5,9 @@ sources in this package together; README.md, section Attribution is the user-fac
 
 from __future__ import annotations
 
-from otel_ofu.core.model import JOB_SHARED, JOB_SOURCE
+from otel_ofu.core.model import JOB_KIND, JOB_SHARED, JOB_SOURCE
 
-__all__ = ["JOB_SHARED", "JOB_SOURCE"]
+__all__ = ["JOB_KIND", "JOB_SHARED", "JOB_SOURCE"]
 
 # Resource attributes (OpenTelemetry semantic-convention names for Kubernetes and processes).
 K8S_POD_NAME = "k8s.pod.name"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from otel_ofu.attribution.kubelet import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
 from otel_ofu.attribution.rules import RuleConfig
 from otel_ofu.core.model import NO_JOB
-from otel_ofu.pipeline.config import Duration, require
+from otel_ofu.pipeline.config import Duration, FieldError, require
 
 # Job ids that mean "no job known": attribution may fill these in without ``override``.
 UNSET_JOBS = frozenset({"", NO_JOB, "unknown"})
@@ -26,6 +27,46 @@ class KubeletSourceConfig:
         require(self.timeout > 0, "timeout", "must be positive")
         require(bool(self.socket), "socket", "must not be empty")
         require(bool(self.resource_names), "resource_names", "give at least one resource name")
+
+
+@dataclass
+class KubernetesApiSourceConfig:
+    """The pods of this node from the Kubernetes API: job identity, precision annotation, labels."""
+
+    enabled: bool = False
+    # The node whose pods are watched; "" = the K8S_NODE_NAME environment variable (set it from
+    # the downward API, fieldPath spec.nodeName).
+    node_name: str = ""
+    kubeconfig: str = ""  # "" = in-cluster config (the pod's service account)
+    context: str = ""  # kubeconfig context; "" = its current context
+    # Pod labels copied as k8s.pod.label.<key> resource attributes: regular expressions matched
+    # against the whole key, like dcgm-exporter's --kubernetes-pod-label-allowlist-regex.
+    copy_labels: list[str] = field(default_factory=list)
+    # Owner kinds read from the API to follow the owner chain when the job's name cannot be
+    # derived from the pod (e.g. RayCluster -> RayJob); "Kind" or "Kind.group". Each needs RBAC
+    # get on that resource.
+    owner_lookups: list[str] = field(default_factory=list)
+    stale_after: Duration = field(default_factory=lambda: Duration(60.0))  # failing this long = stale
+    watch_timeout: Duration = field(default_factory=lambda: Duration(300.0))  # server-side, per watch request
+    request_timeout: Duration = field(default_factory=lambda: Duration(10.0))  # connect, list, get
+    retry_initial_interval: Duration = field(default_factory=lambda: Duration(1.0))
+    retry_max_interval: Duration = field(default_factory=lambda: Duration(30.0))
+
+    def validate(self) -> None:
+        for i, pattern in enumerate(self.copy_labels):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise FieldError(f"copy_labels[{i}]", f"not a regular expression ({exc}): {pattern!r}") from None
+        for i, kind in enumerate(self.owner_lookups):
+            require(bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(\.[a-z0-9.-]+)?", kind)), f"owner_lookups[{i}]",
+                    f"expected a kind such as RayCluster or Job.batch, got {kind!r}")
+        require(self.stale_after > 0, "stale_after", "must be positive")
+        require(self.watch_timeout >= 1, "watch_timeout", "must be at least 1s")
+        require(self.request_timeout > 0, "request_timeout", "must be positive")
+        require(self.retry_initial_interval > 0, "retry_initial_interval", "must be positive")
+        require(self.retry_max_interval >= self.retry_initial_interval, "retry_max_interval",
+                "must not be below retry_initial_interval")
 
 
 @dataclass
@@ -51,13 +92,16 @@ class AttributionProcessorConfig:
     override: bool = False
     kubelet: KubeletSourceConfig = field(default_factory=KubeletSourceConfig)
     processes: ProcessSourceConfig = field(default_factory=ProcessSourceConfig)
+    kubernetes_api: KubernetesApiSourceConfig = field(default_factory=KubernetesApiSourceConfig)
     # Use k8s.* and hpc.job.id already on the sample (dcgm-exporter labels, upstream processors).
     sample_labels: bool = True
-    # Pod label/annotation (k8s.pod.label.<key> / k8s.pod.annotation.<key> on the sample) and
-    # process environment variable that declare the job's precision.
+    # Pod annotation/label (from the Kubernetes API, or k8s.pod.annotation.<key> /
+    # k8s.pod.label.<key> on the sample) and process environment variable that declare the
+    # job's precision.
     precision_key: str = "ofu.dev/precision"
     precision_env: str = "OFU_PRECISION"
-    # Pod label naming the job across its pods (e.g. batch.kubernetes.io/job-name); "" = pod name.
+    # Pod label naming the job across its pods, tried before every built-in rule of the
+    # Kubernetes API source; "" = those rules (or, without that source, the pod name).
     k8s_job_label: str = ""
     rules: list[RuleConfig] = field(default_factory=list)
     max_jobs: int = 1000

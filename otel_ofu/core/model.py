@@ -23,6 +23,9 @@ JOB_ID = "ofu.job.id"
 PRECISION = "ofu.precision"
 JOB_SHARED = "ofu.job.shared"  # true when several jobs hold the GPU
 JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, slurm, scrape, hpc_job, rule, sample
+# the Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, Job, Deployment, Pod, ...);
+# set by attribution's kubernetes_api source; a bounded set, kept on overflow
+JOB_KIND = "ofu.job.kind"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 SOURCE = "ofu.source"  # which receiver type produced the data

@@ -4,7 +4,8 @@ Place it before ``ofu`` (receiver -> attribution -> ofu -> ...): it sets ``sampl
 (exported as ``ofu.job.id``), ``sample.precision`` and resource attributes (``k8s.*``,
 ``slurm.job.*``) on GPU samples. Sources, each optional: the kubelet pod-resources API,
 GPU processes through /proc (cgroup and environment), dcgm-exporter labels already on the
-sample, and static rules. Lookups run on a background thread every ``refresh_interval``; the
+sample, the Kubernetes API (which job a pod belongs to, its precision and labels; a watch on
+its own thread), and static rules. Lookups run on a background thread every ``refresh_interval``; the
 hot path reads the last snapshot, plus one /proc read for a pid it has not seen before.
 README.md, section Attribution describes sources, precedence, attributes and limits.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from otel_ofu.attribution import (
     HPC_JOB_ID,
+    JOB_KIND,
     JOB_SHARED,
     JOB_SOURCE,
     K8S_CONTAINER,
@@ -34,6 +36,7 @@ from otel_ofu.attribution import (
 )
 from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, k8s_key, merge
 from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
+from otel_ofu.attribution.k8s_api import PodRecord, PodWatcher
 from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
@@ -86,6 +89,8 @@ class AttributionProcessor(Processor):
         self.pid_provider = pid_provider  # seam: tests inject {gpu uuid: [pids]}
         self._clock = clock
         self._kubelet: KubeletClient | None = None
+        # The Kubernetes API source: also the place other code asks for a pod's job id.
+        self.pods: PodWatcher | None = None
         self._nvml: Any = None
         self._kube = _Cached({})  # uuid -> [PodContainer]
         self._provider_pids = _Cached({})  # uuid -> [pid]
@@ -103,7 +108,12 @@ class AttributionProcessor(Processor):
     # --- lifecycle and refresh (background) ----------------------------------------------
 
     def start(self) -> None:
-        if self.config.kubelet.enabled or self.config.processes.enabled:
+        cfg = self.config
+        if cfg.kubernetes_api.enabled:
+            self.pods = PodWatcher(cfg.kubernetes_api, job_label=cfg.k8s_job_label, precision_key=cfg.precision_key,
+                                   telemetry=self.context.telemetry, name=f"{self.context.component_id}.kubernetes_api")
+            self.pods.start()
+        if cfg.kubelet.enabled or cfg.processes.enabled:
             self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
             self._thread.start()
 
@@ -111,6 +121,8 @@ class AttributionProcessor(Processor):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.pods is not None:
+            self.pods.stop()
         if self._kubelet is not None:
             self._kubelet.close()
         if self._nvml is not None:
@@ -331,7 +343,32 @@ class AttributionProcessor(Processor):
                                     precisions))
             else:
                 loose |= precisions
+        if self.pods is not None:
+            claims = [self._with_pod(claim) for claim in claims]
         return merge(claims), loose
+
+    def _with_pod(self, claim: Claim) -> Claim:
+        """A pod's claim completed from the Kubernetes API: its job, declared precision, uid, labels.
+
+        A pod known only by its uid (a cgroup) gets its name, so it joins the kubelet's claim.
+        """
+        pods = self.pods
+        record: PodRecord | None = None
+        if claim.key[0] == "k8s":
+            record = pods.pod(claim.key[1], claim.key[2])
+        elif claim.key[0] == "k8s-uid":
+            record = pods.pod_by_uid(claim.key[1])
+        if record is None:
+            return claim
+        resource = {**claim.resource, K8S_NAMESPACE: record.namespace, K8S_POD_NAME: record.name, **record.labels}
+        if record.uid:
+            resource[K8S_POD_UID] = record.uid
+        if record.job.kind:
+            resource[JOB_KIND] = record.job.kind
+        # The pod's own declaration wins over its processes' environment.
+        precisions = {record.precision} if record.precision else claim.precisions
+        source = "+".join(sorted({*claim.source.split("+"), "k8s_api"}))
+        return Claim(("k8s", record.namespace, record.name), source, resource, precisions, record.job_id)
 
     def _job_id(self, claim: Claim) -> str:
         if claim.job_id:
