@@ -31,6 +31,7 @@ from otel_ofu.attribution.k8s_identity import PodJob, api_group, controller_of, 
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.delivery.retry import Backoff
+from otel_ofu.pipeline.config import ConfigError
 from otel_ofu.pipeline.telemetry import Telemetry
 
 NODE_NAME_ENV = "K8S_NODE_NAME"
@@ -55,8 +56,8 @@ ERRORS_METRIC = register(MetricInfo(
     "unauthorized, forbidden, http_<code>, invalid."))
 
 
-class KubernetesApiError(RuntimeError):
-    """The source cannot start: no node name, no usable client configuration."""
+class KubernetesApiError(ConfigError):
+    """The source cannot start: no node name, no usable client configuration (a config problem)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,9 @@ def _describe(exc: BaseException) -> str:
         except (ValueError, AttributeError):
             pass
         return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".rstrip() + (f": {message}" if message else "")
+    cause = getattr(exc, "reason", None)  # urllib3's MaxRetryError wraps the connection error
+    if isinstance(cause, BaseException):
+        exc = cause
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -163,8 +167,8 @@ class PodWatcher:
     def start(self) -> None:
         if not self.node:
             raise KubernetesApiError(
-                f"{self.name}: no node name: set kubernetes_api.node_name, or the {NODE_NAME_ENV} environment "
-                "variable from the downward API (fieldRef fieldPath: spec.nodeName)")
+                f"no node name: set it, or the {NODE_NAME_ENV} environment variable from the downward API "
+                "(fieldRef fieldPath: spec.nodeName)", component=self.name, key="kubernetes_api.node_name")
         self._client = self._api_client()
         from kubernetes import client
 
@@ -199,7 +203,9 @@ class PodWatcher:
         except (config.ConfigException, OSError) as exc:
             where = (f"kubeconfig {self.config.kubeconfig}" if self.config.kubeconfig else
                      "in-cluster config (not running in a pod? set kubernetes_api.kubeconfig)")
-            raise KubernetesApiError(f"{self.name}: cannot load the {where}: {exc}") from None
+            raise KubernetesApiError(f"cannot load the {where}: {exc}", component=self.name,
+                                     key="kubernetes_api.kubeconfig") from None
+        configuration.retries = 0  # our own backoff retries; urllib3's would also log each attempt
         api = client.ApiClient(configuration)
         from otel_ofu import __version__
 

@@ -6,16 +6,23 @@ above the live region (:mod:`otel_ofu.console.logs`); the usual handlers come ba
 
 from __future__ import annotations
 
+import sys
+
 from otel_ofu.console.logs import route_logging
 from otel_ofu.exporters.console import live_console
+from otel_ofu.pipeline.config import ConfigError
 from otel_ofu.pipeline.service import Service
 
 
 def run_service(service: Service, duration: float | None) -> int:
-    """Exit code: 0 when it stopped as asked, 130 after a second Ctrl-C."""
+    """Exit code: 0 when it stopped as asked, 130 after a second Ctrl-C, 1 for a config problem
+    found when a component starts (e.g. an environment variable it needs is unset)."""
     with route_logging(live_console(service)):
         try:
             service.run(duration=duration)
         except KeyboardInterrupt:
             return 130
+        except ConfigError as exc:
+            print(f"invalid config: {exc}", file=sys.stderr)
+            return 1
     return 0

@@ -111,7 +111,7 @@ class AttributionProcessor(Processor):
         cfg = self.config
         if cfg.kubernetes_api.enabled:
             self.pods = PodWatcher(cfg.kubernetes_api, job_label=cfg.k8s_job_label, precision_key=cfg.precision_key,
-                                   telemetry=self.context.telemetry, name=f"{self.context.component_id}.kubernetes_api")
+                                   telemetry=self.context.telemetry, name=self.context.component_id)
             self.pods.start()
         if cfg.kubelet.enabled or cfg.processes.enabled:
             self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
