@@ -250,7 +250,8 @@ class PodWatcher:
             except Exception as exc:  # noqa: BLE001 - every failure is retried; the loop must not die
                 if self._stop.is_set():
                     break
-                if getattr(exc, "status", None) == 410:  # our resourceVersion is compacted away
+                if getattr(exc, "status", None) == 410 and self._resource_version is not None:
+                    # the watch's resourceVersion is compacted away (a list's 410 backs off below)
                     log.info("%s: watch expired (%s); listing the node's pods again", self.name, _describe(exc))
                     self._resource_version, reason = None, "expired"
                     continue
@@ -267,7 +268,10 @@ class PodWatcher:
             response = self._core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node}", limit=LIST_PAGE, _continue=token,
                 _preload_content=False, _request_timeout=float(self.config.request_timeout))
-            body = json.loads(response.data)
+            try:
+                body = json.loads(response.data)
+            finally:
+                response.release_conn()
             for item in body.get("items") or ():
                 record = self._record(item)
                 if record is not None:
@@ -279,6 +283,7 @@ class PodWatcher:
         with self._lock:
             self._pods = pods
             self._by_uid = {r.uid: r for r in pods.values() if r.uid}
+        self._warned_precision &= set(self._by_uid)
         self._resource_version = str(meta["resourceVersion"])
         self._prune_owners()
         self.telemetry.add(LISTS_METRIC.name, 1, reason=reason)
