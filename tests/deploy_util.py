@@ -38,13 +38,6 @@ FIELD_PLACEHOLDERS = {
     "metadata.uid": "0b8e9d2c-5f1a-4c2e-9d1b-7a6c5e4f3a21",
 }
 
-# TODO(k8s): remove when the branch `k8s` (the kubernetes_api attribution source) is merged.
-# Until then `otel-ofu validate` rejects processors.attribution.kubernetes_api, and only that key
-# is tolerated: the config must pass once it is removed.
-PENDING_KEY_ERRORS = {
-    "kubernetes_api": re.compile(r"processors\.attribution: kubernetes_api: unknown key"),
-}
-
 _helm: str | None = None
 
 
@@ -174,27 +167,10 @@ def otel_ofu_validate(config_text: str, env: dict[str, str], workdir: Path) -> s
                           capture_output=True, text=True, env={**clean, **env}, timeout=120, cwd=workdir)
 
 
-def drop_pending_keys(config_text: str, output: str) -> tuple[str, list[str]]:
-    """The config without the keys whose only fault is that their feature has not landed yet."""
-    doc = yaml.safe_load(config_text)
-    dropped = []
-    for key, error in PENDING_KEY_ERRORS.items():
-        if error.search(output):
-            doc["processors"]["attribution"].pop(key)
-            dropped.append(key)
-    return yaml.safe_dump(doc, sort_keys=False), dropped
-
-
 def assert_otel_ofu_config_valid(config_text: str, spec: dict[str, Any], container: dict[str, Any],
                                  workdir: Path) -> None:
     """``otel-ofu validate`` accepts the config with the container's env and mounts, and nothing else."""
     staged = stage_mounts(config_text, spec, container, workdir)
     env = container_env(container)
     done = otel_ofu_validate(staged, env, workdir)
-    if done.returncode != 0:
-        # TODO(k8s): tolerated only until the branch `k8s` lands (PENDING_KEY_ERRORS).
-        without, dropped = drop_pending_keys(staged, done.stdout + done.stderr)
-        assert dropped, f"otel-ofu validate failed:\n{done.stdout}{done.stderr}\n--- config ---\n{staged}"
-        again = otel_ofu_validate(without, env, workdir)
-        assert again.returncode == 0, (f"otel-ofu validate failed (without the pending {dropped}):\n"
-                                       f"{again.stdout}{again.stderr}\n--- config ---\n{without}")
+    assert done.returncode == 0, f"otel-ofu validate failed:\n{done.stdout}{done.stderr}\n--- config ---\n{staged}"

@@ -365,17 +365,17 @@ def test_kubelet_pod_resources_plus_api_names_one_job_with_its_precision(cluster
         attribution.shutdown()
     by_gpu = {dict(p.resource)["hw.id"]: p for p in points}
     llama = [by_gpu[u] for u in GPUS[:8]]
-    assert {dict(p.attributes)["ofu.job.id"] for p in llama} == {"k8s:nlp/llama"}  # 8 GPUs, 2 pods, 1 job
-    assert {dict(p.attributes)["ofu.precision"] for p in llama} == {"fp8"}
-    assert {dict(p.attributes)["ofu.job.source"] for p in llama} == {"k8s_api+kubelet"}
+    assert {dict(p.resource)["ofu.job.id"] for p in llama} == {"k8s:nlp/llama"}  # 8 GPUs, 2 pods, 1 job
+    assert {dict(p.resource)["ofu.precision"] for p in llama} == {"fp8"}
+    assert {dict(p.resource)["ofu.job.source"] for p in llama} == {"k8s_api+kubelet"}
     first = dict(llama[0].resource)
     assert first["ofu.job.kind"] == "PyTorchJob" and first["k8s.pod.label.team"] == "nlp"
     assert "k8s.pod.label.cost-center" not in first  # not in copy_labels
     assert first["k8s.pod.uid"] == attribution.pods.pod(ns, "llama-worker-0").uid
     vllm = by_gpu[GPUS[8]]
-    assert dict(vllm.attributes)["ofu.job.id"] == "k8s:nlp/vllm"
+    assert dict(vllm.resource)["ofu.job.id"] == "k8s:nlp/vllm"
     assert dict(vllm.resource)["ofu.job.kind"] == "Deployment"
-    assert dict(vllm.attributes)["ofu.precision"] == "unknown"  # nothing declared: no guess
+    assert dict(vllm.resource)["ofu.precision"] == "unknown"  # nothing declared: no guess
     assert attribution.pods.job_id(ns, "llama-worker-1") == "k8s:nlp/llama"  # the same answer for other code
 
 
@@ -404,7 +404,7 @@ def test_a_gpu_process_cgroup_joins_its_pod_through_the_api(cluster, watchers, t
         attribution.shutdown()
     assert out.job_id == "k8s:uid/gpt" and out.precision == "bf16"
     assert out.resource["k8s.pod.name"] == "gpt-workers-0-0-abcde" and out.resource["k8s.pod.uid"] == uid
-    assert out.attributes["ofu.job.source"] == "k8s_api+process"
+    assert out.resource["ofu.job.source"] == "k8s_api+process"
 
 
 class _Exporter(BaseHTTPRequestHandler):
@@ -450,7 +450,7 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
     def attributed():
         require_alive(run)
         return [p for p in read_points(out) if p.name == "gpu.ofu"
-                and dict(p.attributes).get("ofu.job.id") == "k8s:ml-research/llama-70b-pretrain"]
+                and dict(p.resource).get("ofu.job.id") == "k8s:ml-research/llama-70b-pretrain"]
 
     try:
         points = wait_for("points carrying the PyTorchJob's id", attributed, timeout=120, diagnostics=run.tail)
@@ -458,13 +458,13 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
         assert run.stop() == 0, run.tail()
         httpd.shutdown()
     point = points[-1]
-    assert dict(point.attributes)["ofu.precision"] == "bf16"
+    assert dict(point.resource)["ofu.precision"] == "bf16"
     resource = dict(point.resource)
     assert resource["k8s.pod.name"] == "llama-70b-pretrain-0" and resource["ofu.job.kind"] == "PyTorchJob"
     assert resource["k8s.pod.label.team"] == "research"
     # the page's second GPU has no pod: nobody's job, and nothing invented
     idle = [p for p in read_points(out) if p.name == "gpu.power.usage" and dict(p.resource)["hw.id"].endswith("5c61")]
-    assert idle and {dict(p.attributes)["ofu.job.id"] for p in idle} == {"unknown"}
+    assert idle and {dict(p.resource)["ofu.job.id"] for p in idle} == {"unknown"}
     assert not any(k.startswith("k8s.") for p in idle for k in dict(p.resource))
 
 
