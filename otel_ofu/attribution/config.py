@@ -47,7 +47,8 @@ class KubernetesApiSourceConfig:
     # get on that resource.
     owner_lookups: list[str] = field(default_factory=list)
     stale_after: Duration = field(default_factory=lambda: Duration(60.0))  # failing this long = stale
-    watch_timeout: Duration = field(default_factory=lambda: Duration(300.0))  # server-side, per watch request
+    # Server-side length of one watch request: between this and twice it (randomized).
+    watch_timeout: Duration = field(default_factory=lambda: Duration(300.0))
     request_timeout: Duration = field(default_factory=lambda: Duration(10.0))  # connect, list, get
     retry_initial_interval: Duration = field(default_factory=lambda: Duration(1.0))
     retry_max_interval: Duration = field(default_factory=lambda: Duration(30.0))

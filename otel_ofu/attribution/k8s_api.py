@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -262,11 +263,16 @@ class PodWatcher:
                 self._sleep(backoff.next())
 
     def _list(self, reason: str) -> None:
+        """All pods of the node. As client-go's reflector: the first list may come from the API
+        server's watch cache (resourceVersion "0", cheap for a fleet of node agents starting at
+        once); a list after 410 Gone is a consistent read (no resourceVersion), in pages."""
         pods: dict[tuple[str, str], PodRecord] = {}
         token: str | None = None
+        version = "0" if reason == "start" else None
         while True:
             response = self._core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node}", limit=LIST_PAGE, _continue=token,
+                resource_version=None if token else version,
                 _preload_content=False, _request_timeout=float(self.config.request_timeout))
             try:
                 body = json.loads(response.data)
@@ -302,11 +308,14 @@ class PodWatcher:
 
         # return_type "object": events arrive as the API's JSON dicts, no model classes.
         self._watch = watch.Watch(return_type="object")
-        read_timeout = float(self.config.watch_timeout) + float(self.config.request_timeout)
+        # Between watch_timeout and twice it, as client-go: node agents that reconnected together
+        # (after a control-plane restart) do not all come back at the same moment again.
+        server_timeout = int(float(self.config.watch_timeout) * (1 + random.random()))
+        read_timeout = server_timeout + float(self.config.request_timeout)
         try:
             for event in self._watch.stream(
                     request, field_selector=f"spec.nodeName={self.node}", resource_version=self._resource_version,
-                    allow_watch_bookmarks=True, timeout_seconds=int(self.config.watch_timeout),
+                    allow_watch_bookmarks=True, timeout_seconds=server_timeout,
                     _request_timeout=(float(self.config.request_timeout), read_timeout)):
                 if self._stop.is_set():
                     break
