@@ -200,8 +200,10 @@ def test_default_agent_scrapes_dcgm_exporter_as_non_root_without_host_access() -
     assert "add" not in container["securityContext"]["capabilities"]
     assert not spec.get("hostPID") and not spec.get("hostNetwork")
     assert not any("hostPath" in v for v in spec["volumes"])
-    assert spec["automountServiceAccountToken"] is False
-    assert not by_kind(objects, "ClusterRole")
+    # The Kubernetes API source (on by default) needs the token and read-only access to pods only.
+    assert spec["automountServiceAccountToken"] is True
+    [role] = by_kind(objects, "ClusterRole")
+    assert [(r["resources"], sorted(r["verbs"])) for r in role["rules"]] == [(["pods"], ["get", "list", "watch"])]
     config = agent_config(objects)
     assert config["service"]["pipelines"]["metrics"]["receivers"] == ["dcgm_exporter"]
     assert config["processors"]["attribution"]["kubelet"]["enabled"] is False
@@ -280,6 +282,12 @@ def test_kubernetes_api_adds_the_pod_watch_and_its_rbac() -> None:
     ]
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
+
+    # Switched off: no token mounted, no ClusterRole, no kubernetes_api block.
+    objects = template(sets=("attribution.kubernetesApi.enabled=false",))
+    spec, _ = agent_of(objects)
+    assert spec["automountServiceAccountToken"] is False and not by_kind(objects, "ClusterRole")
+    assert not agent_config(objects)["processors"]["attribution"].get("kubernetes_api", {}).get("enabled")
 
 
 def test_config_value_merges_over_the_defaults(tmp_path: Path) -> None:
