@@ -28,6 +28,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 1
     names = ", ".join(p.name for p in config.pipelines)
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.config}: valid ({len(config.pipelines)} pipeline(s): {names})")
     return 0
 
@@ -45,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 1
     configure_logging(args.log_level or config.log_level)
-    return run_service(Service(config), args.duration)
+    return run_service(Service(config, exit_when_done=True if args.exit_when_done else None), args.duration)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="pipeline config (YAML)")
     run.add_argument("--duration", type=float, default=None, help="stop after this many wall-clock seconds")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    run.add_argument("--exit-when-done", action="store_true",
+                     help="stop (flushing every exporter) once every receiver that ends by itself, such as a replay "
+                          "without loop, has sent everything; same as service.exit_when_done: true")
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a config; exit 0 when valid")

@@ -16,7 +16,8 @@ from otel_ofu.pipeline.service import Service
 
 def run_service(service: Service, duration: float | None) -> int:
     """Exit code: 0 when it stopped as asked, 130 after a second Ctrl-C, 1 for a config problem
-    found when a component starts (e.g. an environment variable it needs is unset)."""
+    found when a component starts (e.g. an environment variable it needs is unset) or for a
+    finite receiver that sent nothing (a replay that refused its file)."""
     with route_logging(live_console(service)):
         try:
             service.run(duration=duration)
@@ -25,4 +26,7 @@ def run_service(service: Service, duration: float | None) -> int:
         except ConfigError as exc:
             print(f"invalid config: {exc}", file=sys.stderr)
             return 1
-    return 0
+    failures = service.failures()
+    for receiver_id, why in failures.items():
+        print(f"otel-ofu: {receiver_id} sent nothing: {why}", file=sys.stderr)
+    return 1 if failures else 0

@@ -39,6 +39,51 @@ Attributes = tuple[tuple[str, Any], ...]
 JOB_RESOURCE_KEYS = frozenset({JOB_ID, PRECISION, JOB_SHARED, JOB_SOURCE})
 
 
+GpuKey = tuple[str, str, str]  # (host, UUID or "#<index>", MIG instance or "")
+
+
+def gpu_key(resource: Attributes | dict[str, Any]) -> GpuKey:
+    """One key per physical GPU or MIG instance: host + UUID (else the index) + MIG instance.
+
+    Why not the UUID alone: dmon and CSV recordings have none (every GPU would be one), and
+    MIG instances share their parent's UUID. Why not the index alone: two hosts both have a
+    GPU 0. Accepts a resource as attribute tuples or as a dict.
+    """
+    r = resource if isinstance(resource, dict) else dict(resource)
+    uuid = str(r.get(HW_ID) or "").strip()
+    ident = uuid.lower() if uuid else f"#{r.get(GPU_INDEX, '')}"
+    return str(r.get(HOST_NAME) or ""), ident, str(r.get(GPU_MIG_INSTANCE) or "")
+
+
+def gpu_label(key: GpuKey) -> str:
+    """``host GPU 3`` / ``host GPU-8f2e.. MIG 2``: a GPU key for people."""
+    host, ident, mig = key
+    gpu = f"GPU {ident[1:]}" if ident.startswith("#") else ident
+    return " ".join(part for part in (host, gpu, f"MIG {mig}" if mig else "") if part)
+
+
+def _lookup(point: Any, name: str) -> Any:
+    """A point's value for ``name``: its resource first (issue 12 moved job and precision there),
+    then its own attributes (recordings made before)."""
+    for layer in (point.resource, point.attributes):
+        for key, value in layer:
+            if key == name:
+                return value
+    return None
+
+
+def job_id_of(point: Any) -> str | None:
+    """The ``ofu.job.id`` of a metric point or event, wherever it is carried; None without one."""
+    value = _lookup(point, JOB_ID)
+    return None if value is None else str(value)
+
+
+def precision_of(point: Any) -> str | None:
+    """The ``ofu.precision`` of a metric point, wherever it is carried; None without one."""
+    value = _lookup(point, PRECISION)
+    return None if value is None else str(value)
+
+
 def attrs(mapping: dict[str, Any]) -> Attributes:
     """A hashable, order-independent attribute set (None values are left out)."""
     items = sorted(mapping.items())  # keys are unique: only keys are compared

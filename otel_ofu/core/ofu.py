@@ -23,6 +23,7 @@ from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean_clock, clean_rati
 FREF_SPEC = "spec"  # the spec table's tensor reference clock for the model
 FREF_CONFIG = "config"  # an override in the ofu processor's config
 FREF_MAX_CLOCK = "max_sm_clock"  # unknown model: the device's reported max SM clock
+ANY_MODEL = "*"  # reference_clocks key for GPUs whose model is missing from the spec table or unnamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ def reference_clock(model: str | None, precision: str, reported_max_mhz: float |
         return ReferenceClock(overrides[model], FREF_CONFIG, spec)
     if spec is not None:
         return _spec_reference(spec.key, precision)
+    if overrides and ANY_MODEL in overrides:  # every model missing from the table (or not named at all)
+        return ReferenceClock(overrides[ANY_MODEL], FREF_CONFIG, None)
     if reported_max_mhz:
         return ReferenceClock(reported_max_mhz, FREF_MAX_CLOCK, None)
     return None

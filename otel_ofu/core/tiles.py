@@ -40,6 +40,9 @@ class Tile:
 ARCH_TILES: dict[str, dict[str, Tile]] = {
     "ampere": {"tf32": Tile(128, 128, 16), "fp16": Tile(128, 256, 32), "bf16": Tile(128, 256, 32),
                "int8": Tile(128, 256, 64), "fp64": Tile(64, 64, 16)},
+    # Ada (sm_89) runs Ampere-style mma.sync kernels, with FP8.
+    "ada": {"tf32": Tile(128, 128, 16), "fp16": Tile(128, 256, 32), "bf16": Tile(128, 256, 32),
+            "fp8": Tile(128, 256, 64), "int8": Tile(128, 256, 64), "fp64": Tile(64, 64, 16)},
     "hopper": {"tf32": Tile(128, 128, 32), "fp16": Tile(128, 256, 64), "bf16": Tile(128, 256, 64),
                "fp8": Tile(128, 256, 128), "int8": Tile(128, 256, 128), "fp64": Tile(64, 64, 16)},
     "blackwell": {"tf32": Tile(256, 128, 32), "fp16": Tile(256, 256, 64), "bf16": Tile(256, 256, 64),

@@ -28,6 +28,9 @@ class Context:
 
     component_id: str
     telemetry: Telemetry = field(default_factory=Telemetry)
+    # Called by a receiver that has ended by itself (a replay at the end of its file), so the
+    # service can stop when every such receiver is done (``service.exit_when_done``).
+    on_finished: Callable[[], None] | None = None
 
     @property
     def logger(self) -> logging.Logger:
@@ -51,6 +54,22 @@ class Receiver(Component):
     def __init__(self, config: Any, context: Context, consumer: Consumer):
         super().__init__(config, context)
         self.consumer = consumer
+
+    def is_finite(self) -> bool:
+        """True for a receiver that ends by itself (a replay without loop); most run until stopped."""
+        return False
+
+    def is_finished(self) -> bool:
+        """True once a finite receiver has sent everything it will send."""
+        return False
+
+    def failure(self) -> str | None:
+        """Why a finite receiver ended without sending its data (e.g. a malformed recording), else None."""
+        return None
+
+    def notify_finished(self) -> None:
+        if self.context.on_finished is not None:
+            self.context.on_finished()
 
 
 class Processor(Component):
@@ -131,3 +150,10 @@ class Factory:
     config_type: type
     create: Callable[..., Component]
     description: str = ""
+    # What flows: a receiver's ``output`` ("samples": GPU samples the ofu processor turns into
+    # points; "points": metric points ready for exporters). A receiver config may answer per
+    # instance with ``output_kind()`` (a replay of OTLP JSON sends points). A processor's
+    # ``consumes`` / ``produces`` let the loader check the order of a pipeline's processors.
+    output: str = ""
+    consumes: str = ""
+    produces: str = ""

@@ -7,6 +7,7 @@ Every error names the file, the component and the key at fault.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import os
@@ -21,27 +22,79 @@ import yaml
 
 
 class ConfigError(Exception):
-    """A config problem, located: ``file: section.component: key: message``."""
+    """A config problem, located: ``file: section.component: key: message``.
+
+    One error may carry several (``problems``): a config is checked whole and every problem
+    reported at once, one per line, so a user fixes them in one pass.
+    """
 
     def __init__(self, message: str, *, file: str | None = None, component: str | None = None,
-                 key: str | None = None):
+                 key: str | None = None, problems: list[ConfigError] | None = None):
         self.file, self.component, self.key, self.message = file, component, key, message
+        self.problems: list[ConfigError] = problems or [self]
         super().__init__(self.format())
 
     def format(self) -> str:
+        if len(self.problems) > 1:
+            return f"{len(self.problems)} problems:\n" + "\n".join(f"  {p.format()}" for p in self.problems)
         where = [part for part in (self.file, self.component, self.key) if part]
         return ": ".join([*where, self.message])
 
+    @classmethod
+    def combine(cls, errors: list[ConfigError]) -> ConfigError:
+        """One error for several (the first's location for callers that read only one)."""
+        flat = [p for e in errors for p in e.problems]
+        if len(flat) == 1:
+            return flat[0]
+        first = flat[0]
+        return cls(first.message, file=first.file, component=first.component, key=first.key, problems=flat)
+
     def located(self, *, file: str | None = None, component: str | None = None) -> ConfigError:
-        return ConfigError(self.message, file=file or self.file, component=component or self.component, key=self.key)
+        return ConfigError.combine([
+            ConfigError(p.message, file=file or p.file, component=component or p.component, key=p.key)
+            for p in self.problems])
 
 
 class FieldError(ValueError):
-    """Raised by a config's ``validate()``: the key at fault and what is wrong with it."""
+    """Raised by a config's ``validate()``: the key at fault and what is wrong with it.
 
-    def __init__(self, key: str, message: str):
+    ``all`` holds every problem found in one component (unknown keys, wrong types, missing
+    required keys are all collected before giving up); it is ``[self]`` for a single one.
+    """
+
+    def __init__(self, key: str, message: str, *, all_errors: list[FieldError] | None = None):
         self.key, self.message = key, message
+        self.all: list[FieldError] = all_errors or [self]
         super().__init__(f"{key}: {message}")
+
+    @classmethod
+    def combine(cls, errors: list[FieldError]) -> FieldError:
+        flat = [e for error in errors for e in error.all]
+        if len(flat) == 1:
+            return flat[0]
+        return cls(flat[0].key, flat[0].message, all_errors=flat)
+
+
+# --- warnings about values that are valid but probably not what was meant --------------------
+
+_warnings: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("config_warnings", default=None)
+
+#: A bare number of seconds at or above this is ambiguous: 30000 is 8.3 hours, or 30 s in
+#: milliseconds as dcgm-exporter's -c and many other tools count them.
+AMBIGUOUS_SECONDS = 1000
+
+
+def _warn(key: str, message: str) -> None:
+    sink = _warnings.get()
+    if sink is not None:
+        sink.append(f"{key}: {message}")
+
+
+def _human_seconds(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g}{unit}"
+    return f"{seconds:g}s"
 
 
 class Duration(float):
@@ -66,43 +119,81 @@ class Duration(float):
 
 # --- environment substitution ---------------------------------------------------------------
 
-_ENV_REF = re.compile(r"\$\$|\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# As the Collector's confmap (DefaultScheme "env"): "$$" is a literal "$"; "${env:NAME}",
+# "${env:NAME:-default}" and the bare "${NAME}" read the environment. A bare "${NAME:-default}"
+# is an error there (NAME is taken for a URI scheme) and so here, with the fix in the message.
+_ENV_REF = re.compile(r"\$\$|\$\{([^${}]*)\}")
+_ENV_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.S)
 
 
-def substitute_env(value: Any, environ: Mapping[str, str] | None = None, path: str = "") -> Any:
-    """Replace ``${env:NAME}`` / ``${env:NAME:-default}`` in every string of a parsed YAML tree.
+def _env_value(body: str, environ: Mapping[str, str], path: str) -> str:
+    """The value of one ``${...}`` reference (its body without the braces)."""
+    scheme = _SCHEME.fullmatch(body)
+    bare_name, bare_default, default_text = body.partition(":-")
+    if scheme is not None and scheme.group(1) == "env":
+        name, sep, default_text = scheme.group(2).partition(":-")
+        default = default_text if sep else None
+    elif bare_default and _ENV_NAME.fullmatch(bare_name):
+        raise ConfigError(f"'${{{body}}}': a default needs the env: prefix, as in the Collector (which reads "
+                          f"'{bare_name}' as a URI scheme here); write ${{env:{body}}}", key=path or None)
+    elif scheme is None:  # bare ${NAME}: the Collector's default scheme is env
+        name, default = body, None
+    else:
+        raise ConfigError(f"'${{{body}}}': otel-ofu substitutes environment variables only (${{env:NAME}}, "
+                          f"${{NAME}}); the '{scheme.group(1)}:' provider is not supported", key=path or None)
+    if not _ENV_NAME.fullmatch(name):
+        raise ConfigError(f"'${{{body}}}': {name!r} is not an environment variable name (letters, digits, _; "
+                          "not starting with a digit); write $$ for a literal $", key=path or None)
+    if name in environ:
+        return environ[name]
+    if default is not None:
+        return default
+    raise ConfigError(f"environment variable {name} is not set (use ${{env:{name}:-default}} for a default)",
+                      key=path or None)
+
+
+def substitute_env(value: Any, environ: Mapping[str, str] | None = None, path: str = "",
+                   errors: list[ConfigError] | None = None) -> Any:
+    """Replace ``${env:NAME}``, ``${NAME}`` and ``${env:NAME:-default}`` in every string of a YAML tree.
 
     A string that is exactly one reference is re-read as YAML, so ``${env:PORT}`` can be an
     int, as in the Collector. ``$$`` is a literal ``$``. An unset variable without a default
-    is an error naming it.
+    is an error naming it; every bad reference in the document is reported, not the first only.
     """
     environ = os.environ if environ is None else environ
+    top = errors is None
+    errors = [] if errors is None else errors
     if isinstance(value, dict):
-        return {k: substitute_env(v, environ, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute_env(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
-    if not isinstance(value, str) or "$" not in value:
-        return value
+        out: Any = {k: substitute_env(v, environ, f"{path}.{k}" if path else str(k), errors) for k, v in value.items()}
+    elif isinstance(value, list):
+        out = [substitute_env(v, environ, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    elif not isinstance(value, str) or "$" not in value:
+        out = value
+    else:
+        failed = False
 
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name, default = match.group(1), match.group(2)
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"environment variable {name} is not set (use ${{env:{name}:-default}} for a default)",
-                          key=path or None)
+        def replace(match: re.Match[str]) -> str:
+            nonlocal failed
+            if match.group(0) == "$$":
+                return "$"
+            try:
+                return _env_value(match.group(1), environ, path)
+            except ConfigError as exc:
+                errors.append(exc)
+                failed = True
+                return match.group(0)
 
-    whole = _ENV_REF.fullmatch(value)
-    replaced = _ENV_REF.sub(replace, value)
-    if whole and whole.group(0) != "$$":
-        try:
-            return yaml.safe_load(replaced) if replaced.strip() else replaced
-        except yaml.YAMLError:
-            return replaced
-    return replaced
+        whole = _ENV_REF.fullmatch(value)
+        out = _ENV_REF.sub(replace, value)
+        if whole and whole.group(0) != "$$" and not failed:
+            try:
+                out = yaml.safe_load(out) if out.strip() else out
+            except yaml.YAMLError:
+                pass
+    if top and errors:
+        raise ConfigError.combine(errors)
+    return out
 
 
 # --- typed configs --------------------------------------------------------------------------
@@ -148,9 +239,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is Duration:
         try:
-            return Duration.parse(value)
+            parsed = Duration.parse(value)
         except ValueError as exc:
             raise FieldError(key, str(exc)) from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= AMBIGUOUS_SECONDS:
+            _warn(key, f"{value:g} is read as {value:g} seconds ({_human_seconds(parsed)}). If milliseconds were "
+                       f"meant (dcgm-exporter's -c counts them), write '{value:g}ms' ({_human_seconds(value / 1000)}); "
+                       f"write '{_human_seconds(parsed)}' to keep {_human_seconds(parsed)} without this warning")
+        return parsed
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
@@ -187,23 +283,33 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 
 def build_config(cls: type, data: Mapping[str, Any] | None, prefix: str = "") -> Any:
-    """Instantiate config dataclass ``cls`` from ``data``; raises FieldError naming the key."""
+    """Instantiate config dataclass ``cls`` from ``data``; raises FieldError naming the key.
+
+    Unknown keys, wrong types and missing required keys are all collected (``FieldError.all``)
+    before ``validate()`` runs on a config that was built.
+    """
     data = data or {}
     if not isinstance(data, Mapping):
         raise FieldError(prefix.rstrip(".") or "config", f"expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    errors: list[FieldError] = []
     for key in data:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(sorted(fields))})"
-            raise FieldError(f"{prefix}{key}", f"unknown key{hint}")
+            errors.append(FieldError(f"{prefix}{key}", f"unknown key{hint}"))
     kwargs = {}
     for name, f in fields.items():
         if name in data:
-            kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+            try:
+                kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+            except FieldError as exc:
+                errors.append(exc)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise FieldError(f"{prefix}{name}", "required key is missing")
+            errors.append(FieldError(f"{prefix}{name}", "required key is missing"))
+    if errors:
+        raise FieldError.combine(errors)
     instance = cls(**kwargs)
     validate = getattr(instance, "validate", None)
     if validate is not None:
@@ -243,6 +349,8 @@ class ServiceConfig:
     components: dict[str, dict[str, Any]]  # section -> component id -> config instance
     pipelines: list[PipelineSpec]
     log_level: str = "info"
+    exit_when_done: bool = False  # stop once every receiver that ends by itself (a replay) has ended
+    warnings: list[str] = dataclasses.field(default_factory=list)  # valid, but probably not what was meant
 
 
 def component_type(component_id: str) -> str:
@@ -274,17 +382,28 @@ def load_document(path: str | Path) -> dict[str, Any]:
 
 
 def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str, Mapping[str, Any]]) -> ServiceConfig:
-    """Validate a whole document against the registered factories (section -> type -> factory)."""
+    """Validate a whole document against the registered factories (section -> type -> factory).
+
+    Every problem is collected and raised together; values that are valid but look like a
+    mistake (a duration of 30000 seconds) become ``warnings``.
+    """
+    errors: list[ConfigError] = []
+    warnings: list[str] = []
+
+    def fail(message: str, component: str | None = None, key: str | None = None) -> None:
+        errors.append(ConfigError(message, file=file, component=component, key=key))
+
     unknown = set(doc) - {*SECTIONS, "service", "extensions", "connectors"}
-    if unknown:
-        raise ConfigError(f"unknown top-level key '{sorted(unknown)[0]}' (expected receivers, processors, exporters, "
-                          "service)", file=file)
+    for key in sorted(unknown):
+        fail(f"unknown top-level key '{key}' (expected receivers, processors, exporters, service)")
     components: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
         entries = doc.get(section) or {}
+        built: dict[str, Any] = {}
+        components[section] = built
         if not isinstance(entries, dict):
-            raise ConfigError("expected a mapping of component ids to configs", file=file, component=section)
-        built = {}
+            fail("expected a mapping of component ids to configs", component=section)
+            continue
         for comp_id, comp_data in entries.items():
             comp_id = str(comp_id)
             where = f"{section}.{comp_id}"
@@ -292,51 +411,127 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
             factory = factories[section].get(ctype)
             if factory is None:
                 known = ", ".join(sorted(factories[section]))
-                raise ConfigError(f"unknown {section[:-1]} type '{ctype}' (known: {known})", file=file, component=where)
+                fail(f"unknown {section[:-1]} type '{ctype}' (known: {known})", component=where)
+                continue
+            sink: list[str] = []
+            token = _warnings.set(sink)
             try:
                 built[comp_id] = build_config(factory.config_type, comp_data)
             except FieldError as exc:
-                raise ConfigError(exc.message, file=file, component=where, key=exc.key) from None
-        components[section] = built
+                errors += [ConfigError(e.message, file=file, component=where, key=e.key) for e in exc.all]
+            finally:
+                _warnings.reset(token)
+            warnings += [f"{file}: {where}: {w}" for w in sink]
 
+    pipelines: list[PipelineSpec] = []
+    log_level, exit_when_done = "info", False
     service = doc.get("service")
     if not isinstance(service, dict):
-        raise ConfigError("missing 'service' with 'pipelines'", file=file, component="service")
-    unknown = set(service) - {"pipelines", "telemetry", "extensions"}
-    if unknown:
-        raise ConfigError(f"unknown key '{sorted(unknown)[0]}'", file=file, component="service")
+        fail("missing 'service' with 'pipelines'", component="service")
+        service = {}
+    for key in sorted(set(service) - {"pipelines", "telemetry", "extensions", "exit_when_done"}):
+        fail(f"unknown key '{key}' (expected pipelines, telemetry, exit_when_done)", component="service")
     pipelines_doc = service.get("pipelines")
-    if not isinstance(pipelines_doc, dict) or not pipelines_doc:
-        raise ConfigError("at least one pipeline is required", file=file, component="service.pipelines")
-    pipelines = []
-    for name, body in pipelines_doc.items():
-        where = f"service.pipelines.{name}"
-        if component_type(str(name)) != "metrics":
-            raise ConfigError("otel-ofu pipelines carry metrics: name them 'metrics' or 'metrics/<name>'",
-                              file=file, component=where)
-        if not isinstance(body, dict):
-            raise ConfigError("expected a mapping with receivers, processors and exporters", file=file, component=where)
-        extra = set(body) - set(SECTIONS)
-        if extra:
-            raise ConfigError(f"unknown key '{sorted(extra)[0]}'", file=file, component=where)
-        lists = {}
-        for section in SECTIONS:
-            ids = body.get(section) or []
-            if not isinstance(ids, list):
-                raise ConfigError("expected a list of component ids", file=file, component=where, key=section)
-            for comp_id in ids:
-                if str(comp_id) not in components[section]:
-                    raise ConfigError(f"references '{comp_id}', which is not configured under '{section}'",
-                                      file=file, component=where, key=section)
-            if section != "processors" and not ids:
-                raise ConfigError(f"a pipeline needs at least one of {section}", file=file, component=where,
-                                  key=section)
-            lists[section] = [str(i) for i in ids]
-        pipelines.append(PipelineSpec(str(name), lists["receivers"], lists["processors"], lists["exporters"]))
+    if doc.get("service") is not None and (not isinstance(pipelines_doc, dict) or not pipelines_doc):
+        fail("at least one pipeline is required", component="service.pipelines")
+        pipelines_doc = {}
+    for name, body in (pipelines_doc or {}).items():
+        spec = _pipeline(str(name), body, components, factories, file, errors)
+        if spec is not None:
+            pipelines.append(spec)
 
     telemetry = service.get("telemetry") or {}
     log_level = str(((telemetry.get("logs") or {}) if isinstance(telemetry, dict) else {}).get("level", "info"))
     if log_level.lower() not in ("debug", "info", "warn", "warning", "error"):
-        raise ConfigError(f"unknown log level '{log_level}'", file=file, component="service.telemetry.logs",
-                          key="level")
-    return ServiceConfig(file=file, components=components, pipelines=pipelines, log_level=log_level.lower())
+        fail(f"unknown log level '{log_level}'", component="service.telemetry.logs", key="level")
+    exit_when_done = service.get("exit_when_done", False)
+    if not isinstance(exit_when_done, bool):
+        fail(f"expected true or false, got {exit_when_done!r}", component="service", key="exit_when_done")
+    if errors:
+        raise ConfigError.combine(errors)
+    return ServiceConfig(file=file, components=components, pipelines=pipelines, log_level=log_level.lower(),
+                         exit_when_done=bool(exit_when_done), warnings=warnings)
+
+
+def _pipeline(name: str, body: Any, components: dict[str, dict[str, Any]], factories: Mapping[str, Mapping[str, Any]],
+              file: str, errors: list[ConfigError]) -> PipelineSpec | None:
+    where = f"service.pipelines.{name}"
+
+    def fail(message: str, key: str | None = None) -> None:
+        errors.append(ConfigError(message, file=file, component=where, key=key))
+
+    if component_type(name) != "metrics":
+        fail("otel-ofu pipelines carry metrics: name them 'metrics' or 'metrics/<name>'")
+        return None
+    if not isinstance(body, dict):
+        fail("expected a mapping with receivers, processors and exporters")
+        return None
+    for key in sorted(set(body) - set(SECTIONS)):
+        fail(f"unknown key '{key}'")
+    lists: dict[str, list[str]] = {}
+    complete = True
+    for section in SECTIONS:
+        ids = body.get(section) or []
+        if not isinstance(ids, list):
+            fail("expected a list of component ids", key=section)
+            ids, complete = [], False
+        for comp_id in ids:
+            if str(comp_id) not in components[section]:
+                fail(f"references '{comp_id}', which is not configured under '{section}'", key=section)
+                complete = False
+        repeated = sorted({str(i) for i in ids if ids.count(i) > 1})
+        if repeated:
+            fail(f"lists {', '.join(repeated)} more than once", key=section)
+            complete = False
+        if section != "processors" and not ids:
+            fail(f"a pipeline needs at least one of {section}", key=section)
+        lists[section] = [str(i) for i in ids]
+    if complete:
+        for message in processor_order_problems(lists["receivers"], lists["processors"], components, factories):
+            fail(message, key="processors")
+    return PipelineSpec(name, lists["receivers"], lists["processors"], lists["exporters"])
+
+
+def receiver_output(factory: Any, config: Any) -> str:
+    """What a receiver sends: "samples" (for the ofu processor) or "points" (ready to export)."""
+    kind = getattr(config, "output_kind", None)
+    return kind() if callable(kind) else getattr(factory, "output", "") or "points"
+
+
+def processor_order_problems(receivers: list[str], processors: list[str], components: dict[str, dict[str, Any]],
+                             factories: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the order of a pipeline's processors, as sentences (empty when right).
+
+    GPU samples become metrics only in the processor that ``produces`` points from them
+    (``ofu``): processors that work on samples (``attribution``) must come before it, those
+    that read its points (``jobs``) after it, and a pipeline whose receivers send samples
+    must have it, or nothing at all reaches the exporters.
+    """
+    def factory(section: str, comp_id: str) -> Any:
+        return factories[section][component_type(comp_id)]
+
+    sample_sources = [r for r in receivers
+                      if receiver_output(factory("receivers", r), components["receivers"][r]) == "samples"]
+    point_sources = [r for r in receivers if r not in sample_sources]
+    converters = [p for p in processors if factory("processors", p).produces == "points"
+                  and factory("processors", p).consumes == "samples"]
+    problems = []
+    converted_by: str | None = None
+    for position, pid in enumerate(processors):
+        f = factory("processors", pid)
+        if f.consumes == "samples" and converted_by is not None and pid not in converters:
+            problems.append(f"'{pid}' comes after '{converted_by}', which has already turned the GPU samples into "
+                            f"metric points: {pid} works on samples, so nothing it does reaches the output; list it "
+                            f"before '{converted_by}' (e.g. [{pid}, {converted_by}])")
+        if f.consumes == "points" and converted_by is None and not point_sources:
+            later = [c for c in converters if processors.index(c) > position]
+            fix = (f"list it after '{later[0]}' (e.g. [{later[0]}, {pid}])" if later
+                   else f"add the ofu processor before it (e.g. [ofu, {pid}])")
+            problems.append(f"'{pid}' reads the gpu.ofu points the ofu processor makes, but comes before any: {fix}")
+        if pid in converters and converted_by is None:
+            converted_by = pid
+    if sample_sources and not converters:
+        listed = f"[{', '.join(processors)}]" if processors else "[]"
+        problems.append(f"{listed} has no ofu processor: the GPU samples of {', '.join(sample_sources)} become metrics "
+                        "only there, so nothing would reach the exporters; add it (e.g. processors: [ofu])")
+    return problems

@@ -110,9 +110,11 @@ def _counted(consume, telemetry: Telemetry, receiver_id: str):
 
 
 class Service:
-    def __init__(self, config: ServiceConfig, telemetry: Telemetry | None = None):
+    def __init__(self, config: ServiceConfig, telemetry: Telemetry | None = None, exit_when_done: bool | None = None):
         self.config = config
         self.telemetry = telemetry or Telemetry()
+        self.exit_when_done = config.exit_when_done if exit_when_done is None else exit_when_done
+        self._stop = threading.Event()
         self.host_name = socket.gethostname()
         factories = registry.factories()
         self.exporters: dict[str, _ExporterSlot] = {}
@@ -140,8 +142,23 @@ class Service:
 
     def _create(self, section_factories, comp_id: str, cfg, ctx_id: str | None = None, **kwargs) -> Component:
         factory = section_factories[component_type(comp_id)]
-        context = Context(component_id=ctx_id or comp_id, telemetry=self.telemetry)
+        context = Context(component_id=ctx_id or comp_id, telemetry=self.telemetry,
+                          on_finished=self._receiver_finished)
         return factory.create(cfg, context, **kwargs)
+
+    def _receiver_finished(self) -> None:
+        """A finite receiver ended: with exit_when_done, stop once all of them have."""
+        if not self.exit_when_done:
+            return
+        finite = [r for r in self.receivers.values() if r.is_finite()]
+        if finite and all(r.is_finished() for r in finite):
+            log.info("every finite receiver is done (%s): stopping", ", ".join(
+                rid for rid, r in self.receivers.items() if r.is_finite()))
+            self._stop.set()
+
+    def failures(self) -> dict[str, str]:
+        """Finite receivers that ended without sending their data, and why (for the exit status)."""
+        return {rid: why for rid, r in self.receivers.items() if (why := r.failure()) is not None}
 
     def start(self) -> None:
         started: list[Component] = []
@@ -167,11 +184,19 @@ class Service:
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> None:
         """Run until ``duration`` seconds pass, ``stop`` is set, or SIGINT/SIGTERM arrives."""
-        stop = stop or threading.Event()
+        stop = self._stop = stop or self._stop
         restore = _install_signal_handlers(stop)
         try:
+            for warning in self.config.warnings:
+                log.warning("config: %s", warning)
             self.start()
             log.info("otel-ofu running: %d pipeline(s), receivers %s", len(self.pipelines), ", ".join(self.receivers))
+            if self.exit_when_done:
+                if not any(r.is_finite() for r in self.receivers.values()):
+                    log.warning("exit_when_done: no receiver ends by itself (only a replay without loop does); "
+                                "running until stopped")
+                else:
+                    self._receiver_finished()  # one may have finished while starting
             deadline = time.monotonic() + duration if duration else None
             while not stop.is_set():
                 remaining = None if deadline is None else deadline - time.monotonic()

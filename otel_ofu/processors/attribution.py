@@ -468,4 +468,5 @@ def _merged_resource(claims: list[Claim]) -> dict[str, str]:
 
 
 FACTORY = Factory("attribution", AttributionProcessorConfig, AttributionProcessor,
-                  "names each GPU's job (Kubernetes, Slurm, rules) and precision")
+                  "names each GPU's job (Kubernetes, Slurm, rules) and precision", consumes="samples",
+                  produces="samples")

@@ -189,4 +189,5 @@ class JobsProcessor(Processor):
 
 
 FACTORY = Factory("jobs", JobsConfig, JobsProcessor,
-                  "per-job OFU over rolling windows and life, the MFU audit, regression alarms, job events")
+                  "per-job OFU over rolling windows and life, the MFU audit, regression alarms, job events",
+                  consumes="points", produces="points")

@@ -22,7 +22,7 @@ from otel_ofu.core.model import (
     MetricPoint,
     attrs,
 )
-from otel_ofu.core.ofu import FREF_MAX_CLOCK, OfuResult, compute_ofu
+from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, OfuResult, compute_ofu
 from otel_ofu.core.tiles import ARCH_TILES
 from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
 from otel_ofu.pipeline.component import Context, Factory, Processor
@@ -51,7 +51,8 @@ class TileCorrectionConfig:
 @dataclass
 class OfuProcessorConfig:
     tile_correction: TileCorrectionConfig = field(default_factory=TileCorrectionConfig)
-    # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table.
+    # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table; "*" for
+    # every model the table does not know (and samples that name none).
     reference_clocks: dict[str, float] = field(default_factory=dict)
     # TPA above 1 by more than this is bad data; up to it, it is clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
@@ -112,11 +113,33 @@ class OfuProcessor(Processor):
                 out.append(MetricPoint("gpu.flops.achieved", result.achieved_flops, t, resource, ofu_attrs,
                                        "{flop}/s"))
         else:
+            if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
+                self._warn_no_reference_clock(sample)
             out.append(self._drop(sample, result, resource, t))
 
         if cfg.emit_inputs:
             out += self._input_points(sample, resource, point_attrs, t, result)
         return out
+
+    def _warn_no_reference_clock(self, sample: GpuSample) -> None:
+        """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
+        self._warned_models.add(sample.model)
+        where = f"e.g. {sample.host or '?'} GPU {sample.gpu_index}"
+        if sample.source:
+            where += f" from {sample.source}"
+        if not sample.model:
+            self.log.warning(
+                "GPU samples without a model name (%s): f_ref is unknown, so they get no OFU (counted in "
+                "gpu.ofu.dropped{ofu.drop.reason=%s}). Name the model at the source (dcgm-exporter's modelName "
+                "label; the replay receiver's model setting or a model column), or set reference_clocks: "
+                "{\"%s\": <MHz>} on the ofu processor for every unnamed or unknown model (docs/gpus.md).",
+                where, NoValue.NO_REFERENCE_CLOCK.value, ANY_MODEL)
+            return
+        self.log.warning(
+            "GPU model %r (%s) is not in the spec table and reports no max SM clock: its GPUs get no OFU (counted "
+            "in gpu.ofu.dropped{ofu.drop.reason=%s}). Set reference_clocks: {%r: <MHz at which its dense tensor "
+            "peak is quoted>} on the ofu processor (docs/gpus.md).",
+            sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, sample.model)
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
         """The inputs' point attributes and the OFU points' (by f_ref source), shared by many GPUs.
@@ -184,4 +207,5 @@ class OfuProcessor(Processor):
         return out
 
 
-FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples")
+FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples",
+                  consumes="samples", produces="points")

@@ -320,4 +320,4 @@ def _latest(series: Series, field_id: int) -> object:
 
 
 FACTORY = Factory(SOURCE, DcgmReceiverConfig, DcgmReceiver,
-                  "DCGM profiling fields (embedded host engine or nv-hostengine)")
+                  "DCGM profiling fields (embedded host engine or nv-hostengine)", output="samples")

@@ -367,4 +367,4 @@ class DcgmExporterReceiver(PollingReceiver):
 
 
 FACTORY = Factory("dcgm_exporter", DcgmExporterReceiverConfig, DcgmExporterReceiver,
-                  "scrapes NVIDIA dcgm-exporter /metrics endpoints")
+                  "scrapes NVIDIA dcgm-exporter /metrics endpoints", output="samples")

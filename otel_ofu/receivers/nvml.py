@@ -340,4 +340,5 @@ def _quietly(api: Any, call, *args: Any) -> None:
         pass
 
 
-FACTORY = Factory(SOURCE, NvmlReceiverConfig, NvmlReceiver, "NVML GPM tensor activity (Hopper and newer, no DCGM)")
+FACTORY = Factory(SOURCE, NvmlReceiverConfig, NvmlReceiver, "NVML GPM tensor activity (Hopper and newer, no DCGM)",
+                  output="samples")

@@ -452,6 +452,16 @@ class ReplayReceiverConfig:
             except ValueError:
                 raise FieldError("start_time", f"expected ISO 8601 or unix seconds, got {self.start_time!r}") from None
 
+    def output_kind(self) -> str:
+        """A replay of OTLP JSON sends finished points; dmon and CSV send GPU samples for the ofu processor."""
+        fmt = self.format
+        if fmt == "auto":
+            try:
+                fmt = detect_format(Path(self.path).expanduser())
+            except (ReplayFormatError, OSError):
+                return "samples"
+        return "points" if fmt == "otlp_json" else "samples"
+
     def pace(self) -> float:
         """Recorded seconds per wall second; 0 means as fast as possible."""
         return 0.0 if self.speed == "max" else float(self.speed)
@@ -517,6 +527,16 @@ class ReplayReceiver(PollingReceiver):
         self.finished = True
         self.context.telemetry.add(REPLAY_ERRORS.name, 1, file=self.path)
         self.log.error("cannot replay %s; nothing was sent (set skip_malformed: true to skip bad lines)", self.error)
+        self.notify_finished()
+
+    def is_finite(self) -> bool:
+        return not self.config.loop
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+    def failure(self) -> str | None:
+        return None if self.error is None else str(self.error)
 
     def _open_pass(self) -> None:
         self._frames = self._read(lambda error: None)  # reported when the file was checked
@@ -541,6 +561,7 @@ class ReplayReceiver(PollingReceiver):
             self.finished = True
             self.log.info("replay of %s finished: %d frames in %d pass(es)", self.path, self.frames_emitted,
                           self.passes)
+            self.notify_finished()
             return
         # The next pass continues after this one: shifted by its span plus one frame step.
         self._offset += self._pass_last - self._pass_first + (self._pass_step or 1_000_000_000)  # type: ignore[operator]
@@ -596,4 +617,4 @@ class ReplayReceiver(PollingReceiver):
 
 
 FACTORY = Factory("replay", ReplayReceiverConfig, ReplayReceiver,
-                  "replays dcgmi dmon, CSV or OTLP JSON recordings, in real time or faster")
+                  "replays dcgmi dmon, CSV or OTLP JSON recordings, in real time or faster", output="samples")

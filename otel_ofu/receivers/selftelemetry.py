@@ -39,4 +39,4 @@ class SelfTelemetryReceiver(PollingReceiver):
 
 
 FACTORY = Factory("selftelemetry", SelfTelemetryReceiverConfig, SelfTelemetryReceiver,
-                  "otel-ofu's own metrics (queue, drops, errors) into a pipeline")
+                  "otel-ofu's own metrics (queue, drops, errors) into a pipeline", output="points")

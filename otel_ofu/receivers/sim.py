@@ -211,4 +211,5 @@ class SimReceiver(PollingReceiver):
         return None
 
 
-FACTORY = Factory("sim", SimReceiverConfig, SimReceiver, "a simulated GPU fleet (no GPU needed)")
+FACTORY = Factory("sim", SimReceiverConfig, SimReceiver, "a simulated GPU fleet (no GPU needed)",
+                  output="samples")
