@@ -62,28 +62,6 @@ def gpu_label(key: GpuKey) -> str:
     return " ".join(part for part in (host, gpu, f"MIG {mig}" if mig else "") if part)
 
 
-def _lookup(point: Any, name: str) -> Any:
-    """A point's value for ``name``: its resource first (issue 12 moved job and precision there),
-    then its own attributes (recordings made before)."""
-    for layer in (point.resource, point.attributes):
-        for key, value in layer:
-            if key == name:
-                return value
-    return None
-
-
-def job_id_of(point: Any) -> str | None:
-    """The ``ofu.job.id`` of a metric point or event, wherever it is carried; None without one."""
-    value = _lookup(point, JOB_ID)
-    return None if value is None else str(value)
-
-
-def precision_of(point: Any) -> str | None:
-    """The ``ofu.precision`` of a metric point, wherever it is carried; None without one."""
-    value = _lookup(point, PRECISION)
-    return None if value is None else str(value)
-
-
 def attrs(mapping: dict[str, Any]) -> Attributes:
     """A hashable, order-independent attribute set (None values are left out)."""
     items = sorted(mapping.items())  # keys are unique: only keys are compared

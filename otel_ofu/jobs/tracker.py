@@ -277,6 +277,14 @@ def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
     return (None if job is None else str(job)), merged
 
 
+def _own_window(point: MetricPoint, max_gap: float) -> float | None:
+    """The window a point says it covers (its start time, when set), for a series' first window."""
+    start = point.start_time_unix_nano
+    if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
+        return (point.time_unix_nano - start) / 1e9
+    return None
+
+
 def peak_flops(model: str | None, precision: str | None, ofu: float) -> float | None:
     """OFU x the dense peak at the precision, when both the model and the precision are known."""
     spec = specs.find_spec(model)
@@ -321,9 +329,11 @@ class JobBook:
         self.expire(update)
         return update
 
-    def _interval(self, table: dict[Any, tuple[float, float]], key: Any, t: float) -> float | None:
+    def _interval(self, table: dict[Any, tuple[float, float]], key: Any, t: float,
+                  first_interval: float | None = None) -> float | None:
+        """Where the window ending at t began; a series' first window is ``first_interval`` when known."""
         previous = table.get(key)
-        start = segment_start(t, previous[0] if previous else None, previous[1] if previous else None,
+        start = segment_start(t, previous[0] if previous else None, previous[1] if previous else first_interval,
                               float(self.config.default_interval), float(self.config.max_gap))
         if start is None:
             return None
@@ -347,7 +357,7 @@ class JobBook:
             update.skip("not_finite")
             return
         gpu = gpu_identity(point.resource)  # the same GPU across its jobs
-        start = self._interval(self._gpu_last, gpu, t)
+        start = self._interval(self._gpu_last, gpu, t, _own_window(point, float(self.config.max_gap)))
         if start is None:
             update.skip("out_of_order")
             return

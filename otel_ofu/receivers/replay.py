@@ -358,32 +358,43 @@ def parse_otlp_json(lines: Iterable[str], path: str, *, on_error: ErrorHandler |
 
 # --- format detection and the file --------------------------------------------------------------
 
+def sniff_format(lines: Iterable[str]) -> tuple[str | None, str, int]:
+    """(format or None, first non-empty line, its number) from the first lines of a recording."""
+    first = ""
+    first_line = 1
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text:
+            continue
+        if not first:
+            first, first_line = text, number
+        if text.startswith("{"):
+            return "otlp_json", first, first_line
+        if text.startswith("#") and text[1:].strip().startswith("Entity") or "dcgmi dmon" in text:
+            return "dmon", first, first_line
+        if re.match(r"(GPU|GPU-I|GPU-CI)\s+\d+\s", text):
+            return "dmon", first, first_line
+        if "," in text and text.split(",")[0].strip().strip('"').lower() == "timestamp":
+            return "csv", first, first_line
+        if number >= 50:
+            break
+    return None, first, first_line
+
+
+FORMATS_BY_SUFFIX = {".jsonl": "otlp_json", ".json": "otlp_json", ".ndjson": "otlp_json", ".csv": "csv",
+                     ".dmon": "dmon"}
+
+
 def detect_format(path: str | Path) -> str:
     """dmon, csv or otlp_json from the first lines of a file (then its suffix)."""
     path = Path(path)
-    first = ""
-    first_line = 1
     with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            text = line.strip()
-            if not text:
-                continue
-            if not first:
-                first, first_line = text, number
-            if text.startswith("{"):
-                return "otlp_json"
-            if text.startswith("#") and text[1:].strip().startswith("Entity") or "dcgmi dmon" in text:
-                return "dmon"
-            if re.match(r"(GPU|GPU-I|GPU-CI)\s+\d+\s", text):
-                return "dmon"
-            if "," in text and text.split(",")[0].strip().strip('"').lower() == "timestamp":
-                return "csv"
-            if number >= 50:
-                break
+        fmt, first, first_line = sniff_format(handle)
+    if fmt is not None:
+        return fmt
     suffix = path.suffix.lower()
-    by_suffix = {".jsonl": "otlp_json", ".json": "otlp_json", ".csv": "csv", ".dmon": "dmon"}
-    if suffix in by_suffix:
-        return by_suffix[suffix]
+    if suffix in FORMATS_BY_SUFFIX:
+        return FORMATS_BY_SUFFIX[suffix]
     if not first:
         raise ReplayFormatError(str(path), 1, "the file is empty")
     raise ReplayFormatError(str(path), first_line, f"cannot tell the format from {first[:60]!r}: set format to "

@@ -1,4 +1,11 @@
-"""Per-job answers from recorded file-exporter output (``otel-ofu report``, :mod:`.command`).
+"""Per-job answers from recordings (``otel-ofu report``, :mod:`.command`).
+
+Inputs (:mod:`.inputs`) are the file exporter's OTLP JSON lines, compressed or rotated, and
+``dcgmi dmon`` / CSV recordings, which are read through the replay receiver's parsers and the
+``ofu`` processor. Every file's points are gathered, then replayed in data-time order, so
+concatenated or interleaved recordings (``cat a.jsonl b.jsonl``, one file per node) give the
+same jobs as one recording made in order. The points are held compactly (about 30 bytes per
+point of the metrics the report reads) while they are sorted.
 
 The table is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``, the
 reported-MFU metric) with the same :class:`otel_ofu.jobs.tracker.JobBook` the ``jobs``
@@ -19,16 +26,31 @@ import json
 import logging
 import math
 import sys
+import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.model import JOB_ID, Attributes, Event, MetricPoint, job_id_of
+from otel_ofu.core.model import (
+    GPU_INDEX,
+    HW_ID,
+    HW_MODEL,
+    Attributes,
+    Event,
+    GpuKey,
+    MetricPoint,
+    gpu_key,
+    gpu_label,
+    job_id_of,
+)
+from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.findings import MFU_GAP
 from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobsConfig, JobSummary, Update
 from otel_ofu.otlp import codec as otlp
+from otel_ofu.report.inputs import InputError, InputFile, expand_paths, read_text_lines, rotation_stamp
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -87,37 +109,237 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                                       int(dp.get("startTimeUnixNano", 0)))
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, parsed object) per non-empty line, with a progress bar on large inputs."""
+def parse_line(source: InputFile, number: int, line: str, is_last: bool, skip_malformed: bool = False
+               ) -> dict[str, Any] | None:
+    """One OTLP JSON line as an object; None for a line to skip (blank, partly written, or skipped)."""
+    if not line.strip():
+        return None
     try:
-        size = path.stat().st_size
-        handle = path.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read: {exc.strerror}") from None
-    from tqdm import tqdm
-
-    with handle, tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", file=sys.stderr,
-                      disable=None if size >= PROGRESS_MIN_BYTES else True, leave=False) as bar:
-        for number, line in enumerate(handle, start=1):
-            bar.update(len(line.encode("utf-8")))
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except ValueError as exc:
-                raise ReportError(f"{path}:{number}: not a JSON line: {exc}") from None
-            if not isinstance(doc, dict) or not ({"resourceMetrics", "resourceLogs"} & set(doc)):
-                raise ReportError(f"{path}:{number}: not an OTLP export request (expected a JSON object with "
-                                  "resourceMetrics or resourceLogs, as the file exporter writes)")
-            yield number, doc
+        doc = json.loads(line)
+    except ValueError as exc:
+        if is_last and not line.endswith("\n"):
+            source.partial_tail = True
+            source.notes.append(f"line {number} is partly written (no line end): skipped")
+            log.warning("%s:%d: the last line is partly written (a crash while writing?): skipped", source.path,
+                        number)
+            return None
+        if skip_malformed:
+            source.notes.append(f"line {number}: not JSON: skipped")
+            log.warning("%s:%d: not a JSON line: skipped", source.path, number)
+            return None
+        raise ReportError(f"{source.path}:{number}: not a JSON line: {exc} (--skip-malformed reads on)") from None
+    if not isinstance(doc, dict) or not ({"resourceMetrics", "resourceLogs"} & set(doc)):
+        raise ReportError(f"{source.path}:{number}: not an OTLP export request (expected a JSON object with "
+                          "resourceMetrics or resourceLogs, as the file exporter writes)")
+    return doc
 
 
-def _events(path: Path, number: int, doc: dict[str, Any]) -> list[Event]:
+def _events(path: Path | str, number: int, doc: dict[str, Any]) -> list[Event]:
     try:
         request = otlp.from_json_line(json.dumps(doc, separators=(",", ":")))
         return list(otlp.events_from_request(request))  # type: ignore[arg-type]
     except ValueError as exc:
         raise ReportError(f"{path}:{number}: malformed OTLP logs: {exc}") from None
+
+
+# --- gathering points -------------------------------------------------------------------------
+
+class PointStore:
+    """The report's points from every input, compact, replayed in data-time order.
+
+    Resources and attribute sets are interned (a GPU's points share one tuple); values live in
+    typed arrays: time (8 bytes), metric (1), resource (4), attributes (4), value (8).
+    """
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self._codes = {n: i for i, n in enumerate(names)}
+        self._tables: dict[Attributes, int] = {}
+        self.attributes: list[Attributes] = []
+        self.times = array("q")
+        self.metric = array("b")
+        self.resource = array("i")
+        self.attrs = array("i")
+        self.values = array("d")
+
+    def _intern(self, value: Attributes) -> int:
+        code = self._tables.get(value)
+        if code is None:
+            code = self._tables[value] = len(self.attributes)
+            self.attributes.append(value)
+        return code
+
+    def add(self, point: MetricPoint) -> None:
+        self.times.append(point.time_unix_nano)
+        self.metric.append(self._codes[point.name])
+        self.resource.append(self._intern(point.resource))
+        self.attrs.append(self._intern(point.attributes))
+        self.values.append(point.value)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def in_time_order(self, first_window_max_s: float) -> Iterator[list[MetricPoint]]:
+        """The points as batches of one timestamp each, oldest first.
+
+        A series' first gpu.ofu point gets ``start_time_unix_nano`` one interval before it (the
+        spacing to the series' next point, when within ``first_window_max_s``), so its first
+        window counts as long as the others instead of the jobs default.
+        """
+        if not self.times:
+            return
+        import numpy
+
+        order = numpy.argsort(numpy.frombuffer(self.times, dtype=numpy.int64), kind="stable")
+        ofu = self._codes[OFU_METRIC]
+        first_seen: dict[int, list[int]] = {}  # resource -> [first time, second time]
+        for i in order.tolist():
+            if self.metric[i] == ofu:
+                seen = first_seen.setdefault(self.resource[i], [])
+                if len(seen) < 2 and (not seen or self.times[i] > seen[0]):
+                    seen.append(self.times[i])
+        starts = {r: 2 * ts[0] - ts[1] for r, ts in first_seen.items()
+                  if len(ts) == 2 and (ts[1] - ts[0]) <= first_window_max_s * 1e9}
+        batch: list[MetricPoint] = []
+        batch_t = None
+        for i in order.tolist():
+            t, code, res = self.times[i], self.metric[i], self.resource[i]
+            if batch and t != batch_t:
+                yield batch
+                batch = []
+            batch_t = t
+            start = 0
+            if code == ofu and res in starts and t == first_seen[res][0]:
+                start = starts.pop(res)
+            batch.append(MetricPoint(self.names[code], self.values[i], t, self.attributes[res],
+                                     self.attributes[self.attrs[i]], start_time_unix_nano=start))
+        if batch:
+            yield batch
+
+
+@dataclass
+class ReadOptions:
+    """How to read dmon and CSV recordings (they lack what OTLP carries): as the replay receiver's settings."""
+
+    model: str = ""
+    host_name: str = ""
+    start_time: str | None = None
+    interval: float | None = None
+    skip_malformed: bool = False
+
+
+def _read_otlp(source: InputFile, lines: Iterator[tuple[int, str, bool]], names: set[str], store: PointStore,
+               events: list[Event], options: ReadOptions, first: tuple[int, str, bool] | None) -> None:
+    def all_lines() -> Iterator[tuple[int, str, bool]]:
+        if first is not None:
+            yield first
+        yield from lines
+
+    for number, line, is_last in all_lines():
+        doc = parse_line(source, number, line, is_last, options.skip_malformed)
+        if doc is None:
+            continue
+        source.lines += 1
+        if "resourceLogs" in doc:
+            events += _events(source.path, number, doc)
+            continue
+        try:
+            points = list(metric_points(doc, names))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ReportError(f"{source.path}:{number}: malformed OTLP metrics: {exc!r}") from None
+        for p in points:
+            source.seen(p.time_unix_nano / 1e9)
+            store.add(p)
+
+
+def _read_replayable(source: InputFile, lines: Iterator[str], store: PointStore, names: set[str],
+                     options: ReadOptions) -> None:
+    """dmon or CSV: the replay receiver's parser, then the ofu processor, as a replay pipeline would."""
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+    from otel_ofu.receivers import replay
+
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("report.ofu"))
+    start_ns = replay.parse_timestamp(options.start_time) if options.start_time else time.time_ns()
+    name = str(source.path)
+
+    def skip(error: replay.ReplayFormatError) -> None:
+        source.notes.append(f"line {error.line}: {error.message}: skipped")
+        log.warning("skipping %s", error)
+
+    on_error = skip if options.skip_malformed else None
+    try:
+        if source.format == "dmon":
+            frames = replay.parse_dmon(lines, name, start_unix_nano=start_ns, interval_s=options.interval,
+                                       model=options.model, host=options.host_name, on_error=on_error)
+        else:
+            frames = replay.parse_csv(lines, name, interval_s=options.interval, model=options.model,
+                                      host=options.host_name, on_error=on_error)
+        for frame in frames:
+            source.lines += 1
+            for p in ofu.process(frame.batch).points:
+                if p.name in names:
+                    source.seen(p.time_unix_nano / 1e9)
+                    store.add(p)
+    except replay.ReplayFormatError as exc:
+        raise ReportError(f"{exc} (--skip-malformed reads on)") from None
+
+
+def read_inputs(paths: list[str], names: set[str], options: ReadOptions
+                ) -> tuple[list[InputFile], list[str], PointStore, list[Event]]:
+    """Every file the paths name, read into one store; the files in data-time order."""
+    from otel_ofu.receivers.replay import FORMATS_BY_SUFFIX, sniff_format
+
+    try:
+        files, notes = expand_paths(paths)
+    except InputError as exc:
+        raise ReportError(str(exc)) from None
+    store = PointStore(sorted(names))
+    events: list[Event] = []
+    sources = []
+    total = sum(p.stat().st_size for p in files)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", file=sys.stderr, leave=False,
+               disable=None if total >= PROGRESS_MIN_BYTES else True)
+    for path in files:
+        source = InputFile(path)
+        sources.append(source)
+        bar.set_description(f"reading {path.name}")
+        try:
+            lines = read_text_lines(source, bar.update)
+            head: list[tuple[int, str, bool]] = []
+            for item in lines:  # enough lines to tell the format
+                head.append(item)
+                if len(head) >= 50 or item[1].strip().startswith("{"):
+                    break
+            fmt, first_text, _ = sniff_format(text for _, text, _ in head)
+            suffix = path.name.lower().removesuffix(".gz").removesuffix(".zst").removesuffix(".zstd")
+            fmt = fmt or FORMATS_BY_SUFFIX.get(Path(suffix).suffix)
+            if fmt is None:
+                if not first_text:
+                    source.notes.append("empty")
+                    continue
+                raise ReportError(f"{path}: not a recording: expected OTLP JSON lines (the file exporter's output), "
+                                  f"dcgmi dmon output or a CSV with a timestamp column; starts with "
+                                  f"{first_text[:60]!r}")
+            source.format = fmt
+            if fmt == "otlp_json":
+                _read_otlp(source, _chain(head[1:], lines), names, store, events, options, head[0] if head else None)
+            else:
+                text = (line for _, line, _ in _chain(head, lines))
+                _read_replayable(source, text, store, names, options)
+        except InputError as exc:
+            raise ReportError(str(exc)) from None
+    bar.close()
+    sources.sort(key=lambda s: (s.first is None, s.first or 0.0, rotation_stamp(s.path) or "~", str(s.path)))
+    return sources, notes, store, events
+
+
+def _chain(head: list[tuple[int, str, bool]], rest: Iterator[tuple[int, str, bool]]
+           ) -> Iterator[tuple[int, str, bool]]:
+    yield from head
+    yield from rest
 
 
 # --- building the report ----------------------------------------------------------------------
@@ -131,6 +353,28 @@ class JobReport:
 
 
 @dataclass
+class GpuReport:
+    """One GPU (or MIG instance) over the recording: host + UUID or index + MIG instance."""
+
+    key: GpuKey
+    model: str = ""
+    index: str = ""
+    uuid: str = ""
+    totals: JobTotals = field(default_factory=JobTotals)
+    histogram: WeightedHistogram = field(default_factory=WeightedHistogram)
+    jobs: set[str] = field(default_factory=set)
+    last: tuple[float, float] | None = None  # last window end, its length
+
+    @property
+    def label(self) -> str:
+        """``host GPU 3`` (``MIG 2``): the index people know; the UUID is in the JSON."""
+        host, ident, mig = self.key
+        if self.index:
+            return " ".join(x for x in (host, f"GPU {self.index}", f"MIG {mig}" if mig else "") if x)
+        return gpu_label(self.key)
+
+
+@dataclass
 class Report:
     source: str
     lines: int
@@ -139,6 +383,16 @@ class Report:
     findings_source: str  # recorded | recomputed
     jobs: list[JobReport]
     book: JobBook
+    inputs: list[InputFile] = field(default_factory=list)
+    gpus: list[GpuReport] = field(default_factory=list)
+    recomputed_findings: int = 0  # what the points give with the settings in force (to explain a difference)
+    config_source: str = "default settings"
+    notes: list[str] = field(default_factory=list)
+    recorded_events: bool = False  # the recording holds the jobs processor's finding/job events
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -180,7 +434,7 @@ def _recorded_findings(events: list[Event]) -> dict[str, list[dict[str, Any]]]:
         fid = str(a.get("ofu.finding.id", ""))
         numbers = {k.removeprefix("ofu.finding."): v for k, v in a.items()
                    if k.startswith("ofu.finding.") and k.removeprefix("ofu.finding.") not in _FINDING_META}
-        record = by_id.setdefault(fid, {"job": str(a.get(JOB_ID, dict(event.resource).get(JOB_ID, ""))),
+        record = by_id.setdefault(fid, {"job": job_id_of(event) or "",
                                         "kind": a.get("ofu.finding.kind"), "cause": a.get("ofu.finding.cause"),
                                         "opened": None, "since": None, "closed": None, "numbers": {},
                                         "close_numbers": {}})
@@ -201,46 +455,71 @@ def _recorded_findings(events: list[Event]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def build_report(path: str | Path, config: JobsConfig | None = None, recompute: bool = False) -> Report:
-    """Replay a recording through a JobBook; collect timelines, summaries and findings."""
-    path = Path(path)
+def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsConfig) -> None:
+    """Per-GPU totals, with the jobs' window rule (duplicates and pod copies of a GPU count once)."""
+    key = gpu_key(point.resource)
+    gpu = gpus.get(key)
+    if gpu is None:
+        resource = dict(point.resource)
+        gpu = gpus[key] = GpuReport(key, str(resource.get(HW_MODEL, "")), str(resource.get(GPU_INDEX, "") or ""),
+                                    str(resource.get(HW_ID, "") or ""))
+    t = point.time_unix_nano / 1e9
+    first = None
+    if gpu.last is None and 0 < point.start_time_unix_nano < point.time_unix_nano:
+        first = t - point.start_time_unix_nano / 1e9
+    start = segment_start(t, gpu.last[0] if gpu.last else None, gpu.last[1] if gpu.last else first,
+                          float(config.default_interval), float(config.max_gap))
+    if start is None or not math.isfinite(point.value):
+        return
+    gpu.last = (t, t - start)
+    gpu.totals.add(t - start, point.value)
+    gpu.histogram.add(point.value, t - start)
+    job = job_id_of(point)
+    if job is not None and job not in config.ignore_jobs:
+        gpu.jobs.add(job)
+
+
+def build_report(paths: str | Path | list[str], config: JobsConfig | None = None, recompute: bool = False,
+                 options: ReadOptions | None = None, config_source: str = "default settings") -> Report:
+    """Read every input, replay the points in time order through a JobBook; collect jobs, GPUs, findings."""
+    if isinstance(paths, (str, Path)):
+        paths = [str(paths)]
     config = config or JobsConfig()
+    options = options or ReadOptions()
     book = JobBook(config)
     names = {OFU_METRIC, FLOPS_METRIC, config.mfu_metric, TRUTH_METRIC}
+    sources, notes, store, events = read_inputs(list(paths), names, options)
+    label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
+    lines = sum(s.lines for s in sources)
+    if lines == 0 and not events:
+        raise ReportError(f"{', '.join(map(str, paths))}: empty: no OTLP JSON lines or recorded frames")
+
     timelines: dict[str, list[tuple[float, float, float | None, float | None]]] = {}
     truth: dict[str, dict[float, list[float]]] = {}
-    events: list[Event] = []
-    lines, first, last = 0, math.inf, -math.inf
+    gpus: dict[GpuKey, GpuReport] = {}
     resolution = float(config.resolution)
 
     def collect(update: Update) -> None:
         for tracker, s in update.snapshots:
             timelines.setdefault(tracker.job_id, []).append((s.time, s.bin_ofu, s.bin_mfu, s.baseline))
 
-    for number, doc in read_lines(path):
-        lines += 1
-        if "resourceLogs" in doc:
-            events += _events(path, number, doc)
-            continue
-        try:
-            points = list(metric_points(doc, names))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ReportError(f"{path}:{number}: malformed OTLP metrics: {exc!r}") from None
-        for p in points:
-            t = p.time_unix_nano / 1e9
-            first, last = min(first, t), max(last, t)
-            if p.name == TRUTH_METRIC:
+    first, last = math.inf, -math.inf
+    for batch in store.in_time_order(float(config.max_gap)):
+        t = batch[0].time_unix_nano / 1e9
+        first, last = min(first, t), max(last, t)
+        for p in batch:
+            if p.name == OFU_METRIC:
+                _gpu_window(gpus, p, config)
+            elif p.name == TRUTH_METRIC:
                 job = job_id_of(p)
                 if job is not None:
                     bin_end = (math.floor(t / resolution - 1e-9) + 1) * resolution
-                    truth.setdefault(str(job), {}).setdefault(bin_end, []).append(p.value)
-        collect(book.observe(points))
-    if lines == 0:
-        raise ReportError(f"{path}: empty: no OTLP JSON lines")
+                    truth.setdefault(job, {}).setdefault(bin_end, []).append(p.value)
+        collect(book.observe(batch))
     collect(book.close_all("end_of_recording"))
-    if not book.ended:
-        raise ReportError(f"{path}: no {OFU_METRIC} points of any job: record the output of the ofu processor "
-                          "(with jobs named by attribution or the sim)")
+    if not gpus:
+        raise ReportError(f"{label}: no {OFU_METRIC} points: record the output of the ofu processor (the file "
+                          "exporter after ofu), or give a dmon/CSV recording, which is computed here")
 
     recorded = any(e.name.startswith(("ofu.finding.", "ofu.job.")) for e in events)
     source = "recorded" if recorded and not recompute else "recomputed"
@@ -260,8 +539,14 @@ def build_report(path: str | Path, config: JobsConfig | None = None, recompute: 
                            if summary.start <= t <= summary.end + resolution)
         jobs.append(JobReport(summary, in_life, job_truth, sorted(findings, key=lambda f: f["time_unix_nano"])))
     jobs.sort(key=lambda j: (-j.summary.totals.wasted_gpu_hours, j.summary.job_id))
-    return Report(str(path), lines, first if first < math.inf else None, last if last > -math.inf else None,
-                  source, jobs, book)
+    gpu_list = sorted(gpus.values(), key=lambda g: (g.key[0], _index_order(g.key[1]), g.key[2]))
+    return Report(label, lines, first if first < math.inf else None, last if last > -math.inf else None,
+                  source, jobs, book, sources, gpu_list, sum(len(s.findings) for s in book.ended), config_source,
+                  notes, recorded)
+
+
+def _index_order(ident: str) -> tuple[int, str]:
+    return (int(ident[1:]), "") if ident.startswith("#") and ident[1:].isdigit() else (1 << 30, ident)
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -280,14 +565,30 @@ def job_record(job: JobReport) -> dict[str, Any]:
     }
 
 
+def gpu_record(gpu: GpuReport) -> dict[str, Any]:
+    host, _, mig = gpu.key
+    return {"host": host, "gpu": gpu.index or None, "uuid": gpu.uuid or None, "mig_instance": mig or None,
+            "model": gpu.model,
+            "gpu_hours": gpu.totals.gpu_hours, "ofu_mean": gpu.totals.ofu_mean, "ofu_p50": gpu.histogram.quantile(0.5),
+            "jobs": sorted(gpu.jobs)}
+
+
+def input_record(source: InputFile) -> dict[str, Any]:
+    return {"path": str(source.path), "format": source.format or None, "compression": source.compression or None,
+            "lines": source.lines, "start": _iso(source.first), "end": _iso(source.last),
+            "partial_tail_skipped": source.partial_tail, "notes": source.notes}
+
+
 def report_json(report: Report) -> dict[str, Any]:
     book = report.book
     attributed = sum(j.summary.totals.gpu_seconds for j in report.jobs)
     ofu_seconds = sum(j.summary.totals.ofu_gpu_seconds for j in report.jobs)
     return _clean({
         "source": report.source, "lines": report.lines, "start": _iso(report.start), "end": _iso(report.end),
+        "inputs": [input_record(s) for s in report.inputs],
         "findings_source": report.findings_source,
-        "fleet": {"gpus": book.gpu_count, "jobs": len(report.jobs),
+        "findings_recomputed": report.recomputed_findings,
+        "fleet": {"gpus": report.gpu_count, "jobs": len(report.jobs),
                   "gpu_hours": (attributed + book.unattributed.gpu_seconds) / 3600.0,
                   "job_gpu_hours": attributed / 3600.0,
                   "unattributed_gpu_hours": book.unattributed.gpu_hours,
@@ -297,6 +598,7 @@ def report_json(report: Report) -> dict[str, Any]:
                                      attributed + book.unattributed.gpu_seconds),
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs)},
         "jobs": [job_record(j) for j in report.jobs],
+        "gpus": [gpu_record(g) for g in report.gpus],
     })
 
 
@@ -352,26 +654,85 @@ def table_rows(report: Report) -> list[tuple[str, ...]]:
     return rows
 
 
-def render_table(report: Report) -> str:
-    rows = [TABLE_COLUMNS, *table_rows(report)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_COLUMNS))]
-    numeric = set(range(1, 9))
+def _aligned(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
 
     def line(row: tuple[str, ...]) -> str:
         cells = (c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
         return "  ".join(cells).rstrip()
 
+    return [line(rows[0]), line(tuple("-" * w for w in widths)), *(line(r) for r in rows[1:])]
+
+
+GPU_COLUMNS = ("GPU", "model", "GPU h", "OFU mean", "p50", "jobs")
+
+
+def gpu_table(report: Report) -> list[str]:
+    rows = [GPU_COLUMNS]
+    for g in report.gpus:
+        rows.append((g.label, g.model.removeprefix("NVIDIA ") or "-", f"{g.totals.gpu_hours:.2f}",
+                     _pct(g.totals.ofu_mean), _pct(g.histogram.quantile(0.5)), ", ".join(sorted(g.jobs)) or "-"))
+    return _aligned(rows, {2, 3, 4})
+
+
+def _inputs_lines(report: Report) -> list[str]:
+    if len(report.inputs) <= 1 and not report.notes and not any(s.notes for s in report.inputs):
+        return []
+    out = [f"Read {len(report.inputs)} file(s), in data-time order:"]
+    for s in report.inputs:
+        what = ", ".join(x for x in (s.format or "no data", s.compression) if x)
+        span = f"{_iso(s.first)} .. {_iso(s.last)}" if s.first is not None else "no points"
+        out.append(f"  {s.path} ({what}; {s.lines} lines; {span})")
+        out += [f"    note: {n}" for n in s.notes]
+    out += [f"  note: {n}" for n in report.notes]
+    return [*out, ""]
+
+
+def findings_lines(report: Report) -> list[str]:
+    """The findings, saying which the user is looking at and, when the other source differs, why."""
+    findings = [finding_line(j.summary.job_id, f) for j in report.jobs for f in j.findings]
+    count = len(findings) or "none"
+    if report.findings_source == "recorded":
+        out = [f"Findings (recorded: the ofu.finding events the jobs processor logged while it ran): {count}"]
+        if report.recomputed_findings != len(findings):
+            out.insert(0, f"Note: recomputed from these points with {report.config_source}, there are "
+                          f"{report.recomputed_findings} finding(s), not {len(findings)}. The jobs processor decided "
+                          "with its own settings and the data it had then (it may have seen a job from before "
+                          "this recording, or with other thresholds): --recompute lists the recomputed ones, "
+                          "--config FILE takes the settings from your pipeline config.")
+    elif report.recorded_events:
+        out = [f"Findings (recomputed from the points with {report.config_source}, as --recompute asks; the "
+               f"recording's own finding events are not shown): {count}"]
+    else:
+        out = [f"Findings (recomputed from the points with {report.config_source}: the recording holds no "
+               f"finding events, so the jobs processor did not run before the file exporter): {count}"]
+    return out + findings
+
+
+def render_table(report: Report, show_gpus: bool = False) -> str:
     data = report_json(report)
     fleet = data["fleet"]
-    out = [f"{report.source}: {report.lines} lines, {_iso(report.start)} .. {_iso(report.end)} (data time); "
-           f"{fleet['gpus']} GPUs, {len(report.jobs)} jobs, {fleet['gpu_hours']:.2f} GPU h "
-           f"({fleet['unattributed_gpu_hours']:.2f} without a job)",
-           "", line(rows[0]), line(tuple("-" * w for w in widths)), *(line(r) for r in rows[1:]), ""]
-    findings = [finding_line(j.summary.job_id, f) for j in report.jobs for f in j.findings]
-    out.append(f"Findings ({report.findings_source}): {len(findings) or 'none'}")
-    out += findings
-    out.append("Jobs are sorted by wasted GPU hours = GPU time x (1 - OFU).")
-    return "\n".join(out)
+    out = _inputs_lines(report)
+    out.append(f"{report.source}: {report.lines} lines, {_iso(report.start)} .. {_iso(report.end)} (data time); "
+               f"{fleet['gpus']} GPUs, {len(report.jobs)} jobs, {fleet['gpu_hours']:.2f} GPU h "
+               f"({fleet['unattributed_gpu_hours']:.2f} without a job)")
+    out.append("")
+    if report.jobs:
+        out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
+        out.append("")
+    else:
+        ignored = ", ".join(repr(j) for j in report.book.config.ignore_jobs)
+        out.append(f"No job was attributed: the {fleet['gpus']} GPUs below sent {OFU_METRIC} without an ofu.job.id "
+                   f"(or only ids the jobs settings ignore: {ignored}). Name jobs with the attribution processor "
+                   "before ofu (docs/attribution.md).")
+        out.append("")
+    if show_gpus or not report.jobs:
+        out += gpu_table(report)
+        out.append("")
+    if report.jobs:
+        out += findings_lines(report)
+        out.append("Jobs are sorted by wasted GPU hours = GPU time x (1 - OFU).")
+    return "\n".join(out).rstrip()
 
 
 def write_csv(report: Report, path: str | Path) -> None:

@@ -10,12 +10,13 @@ from typing import Any
 
 from otel_ofu.jobs.tracker import JobsConfig
 from otel_ofu.report import plots
-from otel_ofu.report.build import ReportError, build_report, render_table, report_json, write_csv
+from otel_ofu.report.build import ReadOptions, ReportError, build_report, render_table, report_json, write_csv
 
 log = logging.getLogger("otel_ofu.report")
 
 
 def _jobs_config(config_path: str) -> JobsConfig:
+    """The settings of the jobs processor of a pipeline config (the first one)."""
     from otel_ofu.pipeline.config import ConfigError, component_type
     from otel_ofu.pipeline.service import load_config
 
@@ -32,7 +33,11 @@ def _jobs_config(config_path: str) -> JobsConfig:
 def cmd_report(args: argparse.Namespace) -> int:
     try:
         config = _jobs_config(args.config) if args.config else None
-        report = build_report(args.path, config, recompute=args.recompute)
+        options = ReadOptions(model=args.model or "", host_name=args.host_name or "", start_time=args.start_time,
+                              interval=args.interval, skip_malformed=args.skip_malformed)
+        report = build_report(args.paths, config, recompute=args.recompute, options=options,
+                              config_source=f"the jobs settings of {args.config}" if args.config
+                              else "default jobs settings")
         if args.csv:
             write_csv(report, args.csv)
         if args.plots:
@@ -44,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report_json(report), indent=2))
     else:
-        print(render_table(report))
+        print(render_table(report, show_gpus=args.gpus))
         if args.csv:
             print(f"CSV: {args.csv}")
         if args.plots:
@@ -54,10 +59,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "report", help="per-job table (GPU hours, OFU, FLOPs, waste, findings) and plots from a recording",
-        description="Reads OTLP JSON lines written by the file exporter and prints a per-job table sorted by wasted "
-                    "GPU hours.")
-    parser.add_argument("path", help="the file exporter's output (OTLP JSON lines)")
+        "report", help="per-job table (GPU hours, OFU, FLOPs, waste, findings) and plots from recordings",
+        description="Reads recordings (the file exporter's OTLP JSON lines, also rotated or compressed; dcgmi dmon "
+                    "output and CSV, computed as the replay receiver and the ofu processor would) and prints a "
+                    "per-job table sorted by wasted GPU hours. Points of all files are taken in data-time order. "
+                    "docs/report.md has the details.")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="files, directories (every recording inside) or globs; .gz and .zst are read")
+    parser.add_argument("--gpus", action="store_true", help="also print the per-GPU table (always printed when no "
+                        "job was attributed)")
+    parser.add_argument("--skip-malformed", action="store_true",
+                        help="skip lines that do not parse (with a warning) instead of stopping")
+    replay = parser.add_argument_group("dmon and CSV recordings (as the replay receiver's settings)")
+    replay.add_argument("--model", help="GPU model of a dmon (or model-less CSV) recording, which picks f_ref, "
+                        "e.g. 'NVIDIA H100 80GB HBM3'")
+    replay.add_argument("--host-name", help="host.name of the GPUs of a dmon recording")
+    replay.add_argument("--start-time", help="time of the first dmon row, ISO 8601 or unix seconds (default: now)")
+    replay.add_argument("--interval", type=float, help="dmon row spacing / CSV window in seconds (default: the "
+                        "recorded -d, else 1 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     parser.add_argument("--plots", metavar="DIR", help="also write PNG plots (per-job timelines, fleet distribution)")

@@ -167,7 +167,7 @@ def plot_fleet_distribution(report: Report, path: Path, bucket: float = 0.02) ->
     ax.set_xlabel(f"OFU of a GPU over one collection window (% of dense tensor peak; {bucket:.0%} buckets)")
     ax.set_ylabel("GPU hours")
     total = (job_seconds + report.book.unattributed.gpu_seconds) / 3600.0
-    ax.set_title(f"Fleet OFU distribution: where {total:.1f} GPU hours on {report.book.gpu_count} GPUs went\n"
+    ax.set_title(f"Fleet OFU distribution: where {total:.1f} GPU hours on {report.gpu_count} GPUs went\n"
                  "(bars stacked by job; further right is better)", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
