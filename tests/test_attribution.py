@@ -388,14 +388,27 @@ def test_hpc_job_label_as_given_and_joined_with_slurm():
 
 
 def test_points_of_a_renamed_gpu_follow_its_job():
-    truth = MetricPoint("sim.gpu.mfu.true", 0.0, 10**18, attrs({"hw.id": GPU_A}), attrs({"ofu.job.id": "none"}))
-    other = MetricPoint("sim.gpu.mfu.true", 0.4, 10**18, attrs({"hw.id": GPU_B}), attrs({"ofu.job.id": "j"}))
+    truth = MetricPoint("sim.gpu.mfu.true", 0.0, 10**18, sample(GPU_A).resource_attributes(),
+                        attrs({"ofu.job.id": "none"}))
+    other = MetricPoint("sim.gpu.mfu.true", 0.4, 10**18, sample(GPU_B).resource_attributes(),
+                        attrs({"ofu.job.id": "j"}))
     proc = make({"rules": [{"match": {"uuid": GPU_A}, "job_id": "pool"}]})
     out = proc.process(Batch(samples=[sample(GPU_A, job_id="none")], points=[truth, other]))
     assert [job_id_of(p) for p in out.points] == ["pool", "j"]
     assert dict(out.points[0].resource)["ofu.job.id"] == "pool"
     assert "ofu.job.id" not in dict(out.points[0].attributes)  # moved to the resource, not duplicated
     assert dict(truth.attributes)["ofu.job.id"] == "none"  # the input point is not mutated
+
+
+def test_gpus_without_uuid_are_told_apart_by_host_and_index():
+    """dmon and CSV GPUs have no UUID: a rule renaming GPU 0's job must not rename GPU 1's points."""
+    gpus = [sample("", index=i, job_id="none") for i in (0, 1)]
+    truth = [MetricPoint("sim.gpu.mfu.true", 0.1, 10**18, g.resource_attributes(), attrs({"ofu.job.id": "none"}))
+             for g in gpus]
+    proc = make({"rules": [{"match": {"attributes": {"gpu.index": "0"}}, "job_id": "pool"}]})
+    out = proc.process(Batch(samples=gpus, points=truth))
+    assert [s.job_id for s in out.samples] == ["pool", "none"]
+    assert [job_id_of(p) for p in out.points] == ["pool", "none"]
 
 
 def test_existing_job_id_kept_unless_override():

@@ -24,3 +24,145 @@ def test_every_registered_metric_is_in_the_readme_table_with_its_unit():
     assert not stale, f"in README but not registered: {stale}"
     for name, info in metrics.METRICS.items():
         assert table[name] == info.unit, name
+
+
+# --- the quick paths, run as the README writes them ---------------------------------------------
+
+QUICK = README.read_text().split("<!-- quick-paths:start -->")[1].split("<!-- quick-paths:end -->")[0]
+
+
+def quick_commands() -> list[str]:
+    """The indented shell lines of the quick paths, in order."""
+    return [line.strip() for line in QUICK.splitlines() if line.startswith("    ") and "otel-ofu" in line]
+
+
+def argv_env(command: str, replace: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """A README command as argv + environment; `otel-ofu` runs this checkout's package."""
+    import shlex
+    import sys
+
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0]:
+        name, value = words.pop(0).split("=", 1)
+        env[name] = (replace or {}).get(value, value)
+    assert words[0] == "otel-ofu", command
+    return [sys.executable, "-m", "otel_ofu", *words[1:]], env
+
+
+def mig_page() -> str:
+    """A dcgm-exporter 4.x page in Kubernetes: GPU 0 split into three MIG instances, GPU 1 whole."""
+    base = 'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:1{gpu}:00.0",device="nvidia{gpu}",' \
+           'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-01",DCGM_FI_DRIVER_VERSION="575.57.08"'
+    entities = [(0, "GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60", mig, pod, tpa)
+                for mig, pod, tpa in (("1", "train-a-0", 0.61), ("2", "train-b-0", 0.32), ("3", "infer-c-0", 0.05))]
+    entities.append((1, "GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c61", None, "train-d-0", 0.88))
+    lines = []
+    for metric, kind, value in (("DCGM_FI_DEV_SM_CLOCK", "gauge", lambda t: 1755),
+                                ("DCGM_FI_DEV_POWER_USAGE", "gauge", lambda t: 512.25),
+                                ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", lambda t: t)):
+        lines += [f"# HELP {metric} {metric}.", f"# TYPE {metric} {kind}"]
+        for gpu, uuid, mig, pod, tpa in entities:
+            labels = base.format(gpu=gpu, uuid=uuid)
+            if mig:
+                labels += f',GPU_I_PROFILE="2g.20gb",GPU_I_ID="{mig}"'
+            labels += f',container="main",namespace="ml",pod="{pod}"'
+            v = value(tpa)
+            lines.append(f"{metric}{{{labels}}} {v:.6f}" if isinstance(v, float) else f"{metric}{{{labels}}} {v}")
+    return "\n".join(lines) + "\n"
+
+
+def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
+    """The README's command against a dcgm-exporter page over HTTP, then the README's scrape config in
+    a real Prometheus: every GPU and MIG instance is its own series, named by its pod's job."""
+    import http.server
+    import threading
+    import urllib.request
+
+    import yaml
+
+    from tests.e2e_util import Process, free_ports, prometheus_binary, require_alive, wait_for
+    from tests.test_prometheus_e2e import promql
+
+    page = mig_page().encode()
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ofu_port, prom_port = free_ports(2)
+    command = next(c for c in quick_commands() if "dcgm-exporter.yaml" in c)
+    argv, env = argv_env(command, {"http://localhost:9400/metrics": f"http://127.0.0.1:{server.server_port}/metrics"})
+    env.update(OTEL_OFU_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ofu_port}", DCGM_EXPORTER_INTERVAL="1s")  # documented knobs
+    ofu = Process("otel-ofu", argv, tmp_path / "otel-ofu.log", env)
+    try:
+        def scraped() -> str | None:
+            require_alive(ofu)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ofu_port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                return None
+            return text if text.count("gpu_ofu{") == 4 else None
+
+        text = wait_for("otel-ofu to serve gpu_ofu for 4 GPU entities", scraped, timeout=60, diagnostics=ofu.tail)
+        for job in ("k8s:ml/train-a-0", "k8s:ml/train-b-0", "k8s:ml/infer-c-0", "k8s:ml/train-d-0"):
+            assert f'ofu_job_id="{job}"' in text, job
+
+        prometheus = prometheus_binary()
+        scrape = yaml.safe_load(QUICK.split("```yaml")[1].split("```")[0])
+        scrape["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ofu_port}"]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, **scrape}))
+        prom = Process("prometheus", [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                      f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
+        try:
+            series = wait_for("PromQL gpu_ofu for every GPU and MIG instance", lambda: (
+                r if len(r := promql(prom_port, "gpu_ofu")) == 4 else None), timeout=120, diagnostics=prom.tail)
+            migs = sorted(s["metric"].get("gpu_mig_instance_id", "-") for s in series)
+            assert migs == ["-", "1", "2", "3"]
+            jobs = wait_for("PromQL job_ofu{ofu_window=\"1h\"} for the four jobs", lambda: (
+                r if len(r := promql(prom_port, 'job_ofu{ofu_window="1h"}')) == 4 else None), timeout=150,
+                diagnostics=lambda: prom.tail() + ofu.tail())
+            assert {s["metric"]["ofu_job_id"] for s in jobs} == {"k8s:ml/train-a-0", "k8s:ml/train-b-0",
+                                                                 "k8s:ml/infer-c-0", "k8s:ml/train-d-0"}
+        finally:
+            prom.stop()
+    finally:
+        ofu.stop()
+        server.shutdown()
+
+
+def test_quick_path_recording(tmp_path):
+    """The recording commands, as written, in a directory holding the files they name."""
+    import shutil
+    import subprocess
+
+    data = Path(__file__).parent / "data" / "replay"
+    (tmp_path / "collector-config").symlink_to(README.parent / "collector-config")
+    shutil.copy(data / "sim-ofu.jsonl", tmp_path / "recording.jsonl")
+    shutil.copy(data / "h100-dmon.txt", tmp_path / "node7.dmon")
+    outputs = {}
+    for command in quick_commands():
+        if "dcgm-exporter.yaml" in command:
+            continue
+        argv, env = argv_env(command)
+        done = subprocess.run(argv, cwd=tmp_path, env={**__import__("os").environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        outputs[command] = done.stdout
+    by_kind = {("dmon" if "node7.dmon" in c else "jsonl" if "recording.jsonl" in c else "?") +
+               ("-replay" if "replay.yaml" in c else ""): out for c, out in outputs.items()}
+    assert "llama-70b" in by_kind["jsonl"]
+    assert "No job was attributed: the 2 GPUs below" in by_kind["dmon"] and "GPU 0" in by_kind["dmon"]
+    replayed = (tmp_path / "replay-metrics.jsonl").read_text()  # the replay ended by itself and flushed
+    assert replayed.count('"gpu.ofu"') >= 2 and '"stringValue":"0"' in replayed and '"stringValue":"1"' in replayed

@@ -81,3 +81,58 @@ def test_every_spec_has_every_core_precision_and_a_source():
                                            (None, "unknown"), ("fp12", "unknown")])
 def test_precision_spellings(text, key):
     assert specs.normalize_precision(text) == key
+
+
+# --- the GPUs of current fleets, as DCGM / NVML / dcgm-exporter name them (docs/gpus.md) -----------
+
+@pytest.mark.parametrize(("model", "key"), [
+    ("NVIDIA A800-SXM4-80GB", "a800_sxm"), ("NVIDIA A800 80GB PCIe", "a800_pcie"), ("NVIDIA H800", "h800_sxm"),
+    ("NVIDIA H800 PCIe", "h800_pcie"), ("NVIDIA H20", "h20"), ("NVIDIA H20-3e", "h20"), ("NVIDIA A30", "a30"),
+    ("NVIDIA A10", "a10"), ("NVIDIA L4", "l4"), ("NVIDIA L40", "l40"), ("NVIDIA L40S", "l40s"),
+    ("NVIDIA H200", "h200_sxm"), ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"),
+    ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB300", "gb300"),
+])
+def test_current_fleet_models_match(model, key):
+    assert specs.find_spec(model).key == key
+
+
+@pytest.mark.parametrize("model", ["NVIDIA A10G", "NVIDIA A100-SXM4-40GB", "NVIDIA H200 NVL"])
+def test_near_names_do_not_take_the_new_entries(model):
+    spec = specs.find_spec(model)
+    assert spec is None or spec.key not in ("a10", "h20", "l4")
+
+
+@pytest.mark.parametrize(("key", "precision", "tflops"), [
+    # The sheets' dense figures (sparse ones halved); docs/gpus.md cites each.
+    ("a800_sxm", "bf16", 312), ("a30", "bf16", 165), ("a30", "tf32", 82), ("a30", "fp64", 10.3),
+    ("a10", "bf16", 125), ("a10", "tf32", 62.5), ("l4", "bf16", 121), ("l4", "fp8", 242.5),
+    ("l40", "bf16", 181.05), ("l40", "fp8", 362), ("l40s", "bf16", 366.5), ("l40s", "fp8", 733),
+    ("h800_sxm", "bf16", 989.5), ("h800_sxm", "fp64", 1), ("h800_pcie", "bf16", 756), ("h20", "bf16", 148),
+    ("h20", "fp8", 296), ("b300", "bf16", 2250), ("b300", "fp4", 13500), ("gb300", "fp4", 15000),
+    ("gb300", "bf16", 2500),
+])
+def test_new_entries_match_their_sheets(key, precision, tflops):
+    assert specs.SPECS_BY_KEY[key].peak(precision).flops == pytest.approx(tflops * 1e12, rel=0.008)  # sheets round
+
+
+def test_derived_reference_clocks_are_the_peak_over_sms_times_the_per_sm_rate():
+    for key, per_sm in (("b300", 8192), ("gb300", 8192), ("l4", 1024), ("l40s", 1024), ("a30", 2048), ("l40", 512)):
+        spec = specs.SPECS_BY_KEY[key]
+        assert spec.peak("bf16").flops == pytest.approx(spec.sm_count * per_sm * spec.tensor_ref_clock_mhz * 1e6,
+                                                        rel=1e-4), key
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("bf16-mixed", "bf16"), ("bf16-true", "bf16"), ("torch.bfloat16", "bf16"), ("jnp.bfloat16", "bf16"),
+    ("dtype('bfloat16')", "bf16"), ("bf16_mixed", "bf16"), ("te.DType.kBFloat16", "bf16"),
+    ("16-mixed", "fp16"), ("16", "fp16"), ("torch.float16", "fp16"), ("torch.half", "fp16"),
+    ("fp8_e4m3", "fp8"), ("float8_e4m3fn", "fp8"), ("torch.float8_e5m2", "fp8"), ("float8_e4m3fnuz", "fp8"),
+    ("jax.numpy.float8_e4m3b11fnuz", "fp8"), ("Format.HYBRID", "fp8"), ("hybrid", "fp8"),
+    ("transformer-engine", "fp8"), ("transformer-engine-float16", "fp8"), ("bf16_with_fp8_mixed", "fp8"),
+    ("MXFP8BlockScaling", "fp8"), ("DelayedScaling", "fp8"),
+    ("torch.float4_e2m1fn_x2", "fp4"), ("float4_e2m1fn", "fp4"), ("NVFP4BlockScaling", "fp4"), ("MXFP4", "fp4"),
+    ("64-true", "fp64"), ("torch.float64", "fp64"), ("torch.int8", "int8"), ("tensorfloat32", "tf32"),
+    ("32-true", "unknown"), ("float32", "unknown"), ("torch.float32", "unknown"), ("32", "unknown"),
+])
+def test_framework_precision_spellings(text, key):
+    assert specs.normalize_precision(text) == key

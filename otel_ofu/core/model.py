@@ -94,6 +94,12 @@ class GpuSample:
     resource: dict[str, Any] = field(default_factory=dict)  # extra resource attributes (k8s, MIG, slurm)
     attributes: dict[str, Any] = field(default_factory=dict)  # extra point attributes
 
+    def gpu_key(self) -> GpuKey:
+        """:func:`gpu_key` of this sample's GPU, without building its resource."""
+        uuid = str(self.uuid or "").strip()
+        return (str(self.host or ""), uuid.lower() if uuid else f"#{self.gpu_index}",
+                str(self.resource.get(GPU_MIG_INSTANCE) or ""))
+
     def resource_attributes(self, job: dict[str, Any] | None = None) -> Attributes:
         """The GPU's identity and extra resource attributes, plus ``job`` (its job identity) when given."""
         if job is None:

@@ -397,8 +397,10 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
     for key in sorted(unknown):
         fail(f"unknown top-level key '{key}' (expected receivers, processors, exporters, service)")
     components: dict[str, dict[str, Any]] = {}
+    declared: dict[str, set[str]] = {}  # ids configured, also those whose config has errors
     for section in SECTIONS:
         entries = doc.get(section) or {}
+        declared[section] = {str(k) for k in entries} if isinstance(entries, dict) else set()
         built: dict[str, Any] = {}
         components[section] = built
         if not isinstance(entries, dict):
@@ -436,7 +438,7 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
         fail("at least one pipeline is required", component="service.pipelines")
         pipelines_doc = {}
     for name, body in (pipelines_doc or {}).items():
-        spec = _pipeline(str(name), body, components, factories, file, errors)
+        spec = _pipeline(str(name), body, components, declared, factories, file, errors)
         if spec is not None:
             pipelines.append(spec)
 
@@ -453,8 +455,8 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
                          exit_when_done=bool(exit_when_done), warnings=warnings)
 
 
-def _pipeline(name: str, body: Any, components: dict[str, dict[str, Any]], factories: Mapping[str, Mapping[str, Any]],
-              file: str, errors: list[ConfigError]) -> PipelineSpec | None:
+def _pipeline(name: str, body: Any, components: dict[str, dict[str, Any]], declared: dict[str, set[str]],
+              factories: Mapping[str, Mapping[str, Any]], file: str, errors: list[ConfigError]) -> PipelineSpec | None:
     where = f"service.pipelines.{name}"
 
     def fail(message: str, key: str | None = None) -> None:
@@ -477,7 +479,8 @@ def _pipeline(name: str, body: Any, components: dict[str, dict[str, Any]], facto
             ids, complete = [], False
         for comp_id in ids:
             if str(comp_id) not in components[section]:
-                fail(f"references '{comp_id}', which is not configured under '{section}'", key=section)
+                if str(comp_id) not in declared[section]:  # else its own errors are reported already
+                    fail(f"references '{comp_id}', which is not configured under '{section}'", key=section)
                 complete = False
         repeated = sorted({str(i) for i in ids if ids.count(i) > 1})
         if repeated:

@@ -53,9 +53,11 @@ from otel_ofu.core.model import (
     JOB_ID,
     NO_JOB,
     Batch,
+    GpuKey,
     GpuSample,
     MetricPoint,
     attrs,
+    gpu_key,
     job_id_of,
 )
 from otel_ofu.pipeline.component import Context, Factory, Processor
@@ -95,7 +97,7 @@ class AttributionProcessor(Processor):
         self._kube = _Cached({})  # uuid -> [PodContainer]
         self._provider_pids = _Cached({})  # uuid -> [pid]
         self._lock = threading.Lock()  # guards _sample_pids and _procs
-        self._sample_pids: dict[str, tuple[list[int], float]] = {}
+        self._sample_pids: dict[GpuKey, tuple[list[int], float]] = {}  # by GPU: dmon/CSV GPUs have no UUID
         self._procs: dict[int, ProcessInfo | None] = {}
         self._env_keys = (*ENV_KEYS, config.precision_env)
         key = config.precision_key  # the pod annotation, pod label and attribute naming a job's precision
@@ -189,12 +191,12 @@ class AttributionProcessor(Processor):
         overflowed: set[str] = set()
         samples_over = 0
         latest = 0
-        renamed: dict[tuple[str, str], str] = {}  # (GPU uuid, job id before) -> job id after
+        renamed: dict[tuple[GpuKey, str], str] = {}  # (GPU, job id before) -> job id after
         for sample in batch.samples:
             before = sample.job_id or NO_JOB
             original = self.annotate(sample)
             if sample.job_id is not None and sample.job_id != before:
-                renamed[(sample.uuid, before)] = sample.job_id
+                renamed[(sample.gpu_key(), before)] = sample.job_id
             if original is not None:
                 overflowed.add(original)
                 samples_over += 1
@@ -222,7 +224,7 @@ class AttributionProcessor(Processor):
         cfg = self.config
         uuid = str(sample.uuid).strip().lower()
         resource, attributes = dict(sample.resource), dict(sample.attributes)
-        pids = self._pids(uuid, resource, attributes)
+        pids = self._pids(uuid, sample.gpu_key(), resource, attributes)
         claims, loose_precisions = self._claims(uuid, resource, pids)
         claim_resource = _merged_resource(claims)
         # What rules and precision labels look at: the sample's resource attributes, then the
@@ -285,7 +287,7 @@ class AttributionProcessor(Processor):
             return rule
         return existing
 
-    def _pids(self, uuid: str, resource: dict[str, Any], attributes: dict[str, Any]) -> list[int]:
+    def _pids(self, uuid: str, key: GpuKey, resource: dict[str, Any], attributes: dict[str, Any]) -> list[int]:
         pcfg = self.config.processes
         raw = attributes.get(PROCESS_PID, resource.get(PROCESS_PID))
         if not pcfg.keep_pid_attribute:
@@ -297,10 +299,10 @@ class AttributionProcessor(Processor):
         reported = parse_pids(raw) if "samples" in pcfg.pid_sources else None
         with self._lock:
             if reported is not None:
-                self._sample_pids[uuid] = (reported, now)
+                self._sample_pids[key] = (reported, now)
                 pids = set(reported)
             else:
-                entry = self._sample_pids.get(uuid)
+                entry = self._sample_pids.get(key)
                 pids = set(entry[0]) if entry and now - entry[1] <= pcfg.pid_ttl else set()
         pids.update(self._provider_pids.value.get(uuid, ()))
         return sorted(pids)
@@ -394,15 +396,14 @@ class AttributionProcessor(Processor):
         return out
 
 
-def _renamed(point: MetricPoint, renamed: dict[tuple[str, str], str]) -> MetricPoint:
+def _renamed(point: MetricPoint, renamed: dict[tuple[GpuKey, str], str]) -> MetricPoint:
     """A receiver's own per-GPU point (e.g. the sim's truth) follows its GPU's new job id."""
-    resource = dict(point.resource)
-    uuid = resource.get(HW_ID)
-    new = renamed.get((uuid, job_id_of(point) or NO_JOB)) if uuid is not None else None
+    new = renamed.get((gpu_key(point.resource), job_id_of(point) or NO_JOB))
     if new is None:
         return point
     attributes = {k: v for k, v in point.attributes if k != JOB_ID}
-    return dataclasses.replace(point, resource=attrs({**resource, JOB_ID: new}), attributes=attrs(attributes))
+    return dataclasses.replace(point, resource=attrs({**dict(point.resource), JOB_ID: new}),
+                               attributes=attrs(attributes))
 
 
 def _str(value: object) -> str | None:

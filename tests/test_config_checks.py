@@ -1,0 +1,190 @@
+"""What ``otel-ofu validate`` and ``run`` tell an operator about a config: every problem at
+once, the Collector's environment syntax, durations in the wrong unit, processors in the wrong
+order; and ``exit_when_done`` for replays."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_ofu.cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DMON = ROOT / "tests" / "data" / "replay" / "h100-dmon.txt"
+RECORDED = ROOT / "tests" / "data" / "replay" / "sim-ofu.jsonl"
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def validate(capsys, path: Path) -> tuple[int, str]:
+    code = main(["validate", "--config", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def pipeline(processors: str, receivers: str = "[sim]", extra: str = "") -> str:
+    return f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 1}}
+  replay: {{path: {RECORDED}}}
+  selftelemetry: {{}}
+processors:
+  ofu: {{}}
+  ofu/second: {{}}
+  attribution: {{}}
+  jobs: {{}}
+exporters:
+  file: {{path: out.jsonl}}
+service:
+  {extra}
+  pipelines:
+    metrics:
+      receivers: {receivers}
+      processors: {processors}
+      exporters: [file]
+"""
+
+
+def test_every_problem_is_reported_at_once(tmp_path, capsys):
+    path = write(tmp_path, """
+receivers:
+  sim: {nodes: 1, gpus_per_nodes: 8, seed: "x"}
+processors:
+  ofu: {tpa_tolerance: 0.9}
+exporters:
+  file: {}
+service:
+  pipelines:
+    metrics:
+      receivers: [sim]
+      processors: [ofu]
+      exporters: [file, console]
+""")
+    code, out = validate(capsys, path)
+    assert code == 1
+    assert "4 problems:" in out or "5 problems:" in out
+    for words in ("receivers.sim: gpus_per_nodes: unknown key (did you mean 'gpus_per_node'?)",
+                  "receivers.sim: seed: expected an integer", "processors.ofu: tpa_tolerance: must be within",
+                  "exporters.file: path: required", "references 'console', which is not configured"):
+        assert words in out, words
+
+
+def test_bare_env_references_expand_as_in_the_collector(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DCGM_EXPORTER_URL", "http://gpu-node-01:9400/metrics")
+    monkeypatch.setenv("SCRAPE_S", "15")
+    path = write(tmp_path, """
+receivers:
+  dcgm_exporter: {endpoint: "${DCGM_EXPORTER_URL}", collection_interval: "${SCRAPE_S}", host_name: "$${HOST}"}
+processors:
+  ofu: {}
+exporters:
+  file: {path: out.jsonl}
+service:
+  pipelines:
+    metrics: {receivers: [dcgm_exporter], processors: [ofu], exporters: [file]}
+""")
+    from otel_ofu.pipeline.service import load_config
+
+    config = load_config(str(path))
+    receiver = config.components["receivers"]["dcgm_exporter"]
+    assert receiver.endpoint == "http://gpu-node-01:9400/metrics"
+    assert receiver.collection_interval == 15.0
+    assert receiver.host_name == "${HOST}"  # $$ is a literal $
+    monkeypatch.delenv("DCGM_EXPORTER_URL")
+    code, out = validate(capsys, path)
+    assert code == 1 and "environment variable DCGM_EXPORTER_URL is not set" in out
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("${DCGM_EXPORTER_URL:-http://localhost:9400}", "a default needs the env: prefix, as in the Collector"),
+    ("${file:/etc/url}", "the 'file:' provider is not supported"),
+    ("${1}", "is not an environment variable name"),
+])
+def test_env_references_the_collector_would_refuse_are_refused_at_validation(tmp_path, capsys, value, words):
+    path = write(tmp_path, pipeline("[ofu]").replace("out.jsonl", f"'{value}'"))
+    code, out = validate(capsys, path)
+    assert code == 1 and words in out and "exporters.file.path" in out
+
+
+def test_a_duration_that_looks_like_milliseconds_is_warned_about(tmp_path, capsys):
+    path = write(tmp_path, pipeline("[ofu]").replace("gpus_per_node: 1}", "gpus_per_node: 1, collection_interval: "
+                                                                        "30000}"))
+    code, out = validate(capsys, path)
+    assert code == 0
+    assert "warning:" in out and "receivers.sim: collection_interval: 30000 is read as 30000 seconds (8.33h)" in out
+    assert "write '30000ms' (30s)" in out
+    quiet = write(tmp_path, pipeline("[ofu]").replace("gpus_per_node: 1}", "gpus_per_node: 1, collection_interval: "
+                                                                         "30000ms}"), "quiet.yaml")
+    code, out = validate(capsys, quiet)
+    assert code == 0 and "warning" not in out
+
+
+@pytest.mark.parametrize(("processors", "words"), [
+    ("[]", "[] has no ofu processor: the GPU samples of sim become metrics only there"),
+    ("[jobs, ofu]", "'jobs' reads the gpu.ofu points the ofu processor makes, but comes before any: list it after "
+                    "'ofu'"),
+    ("[ofu, attribution]", "'attribution' comes after 'ofu', which has already turned the GPU samples into metric "
+                           "points"),
+    ("[jobs]", "add the ofu processor before it"),
+    ("[ofu, ofu]", "lists ofu more than once"),
+])
+def test_processor_order_is_checked(tmp_path, capsys, processors, words):
+    code, out = validate(capsys, write(tmp_path, pipeline(processors)))
+    assert code == 1 and "service.pipelines.metrics: processors:" in out and words in out
+
+
+@pytest.mark.parametrize(("processors", "receivers"), [
+    ("[attribution, ofu, jobs]", "[sim]"),
+    ("[ofu, ofu/second]", "[sim]"),
+    ("[]", "[replay]"),  # a recording of points: nothing to compute
+    ("[jobs]", "[replay]"),
+    ("[]", "[selftelemetry]"),
+])
+def test_orders_that_work_are_accepted(tmp_path, capsys, processors, receivers):
+    assert validate(capsys, write(tmp_path, pipeline(processors, receivers)))[0] == 0
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "otel_ofu", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_max_speed_replay_exits_when_done_with_the_flag_or_the_setting(tmp_path):
+    config = write(tmp_path, f"""
+receivers:
+  replay: {{path: {DMON}, speed: max, model: NVIDIA H100 80GB HBM3, host_name: node7}}
+  selftelemetry: {{}}
+processors:
+  ofu: {{}}
+exporters:
+  file: {{path: {tmp_path / 'out.jsonl'}}}
+service:
+  pipelines:
+    metrics: {{receivers: [replay, selftelemetry], processors: [ofu], exporters: [file]}}
+""")
+    done = run_cli("run", "--config", str(config), "--exit-when-done", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "every finite receiver is done (replay): stopping" in done.stderr
+    points = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    hosts_gpus = {(a["value"]["stringValue"], b["value"]["stringValue"])
+                  for doc in points for rm in doc.get("resourceMetrics", ())
+                  for a in rm["resource"]["attributes"] if a["key"] == "host.name"
+                  for b in rm["resource"]["attributes"] if b["key"] == "gpu.index"}
+    assert hosts_gpus == {("node7", "0"), ("node7", "1")}
+    setting = write(tmp_path, config.read_text().replace("  pipelines:", "  exit_when_done: true\n  pipelines:"),
+                    "setting.yaml")
+    assert run_cli("run", "--config", str(setting), cwd=tmp_path).returncode == 0
+
+
+def test_a_replay_that_sends_nothing_exits_non_zero(tmp_path):
+    bad = tmp_path / "bad.dmon"
+    bad.write_text(DMON.read_text().replace("GPU 1     0.000        1980", "GPU 1     0.000", 1))
+    config = write(tmp_path, pipeline("[ofu]", "[replay]", "exit_when_done: true").replace(str(RECORDED), str(bad)))
+    done = run_cli("run", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 1 and "replay sent nothing" in done.stderr and "bad.dmon:5" in done.stderr
