@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from otel_ofu.cli.main import main
-from otel_ofu.core.model import gpu_key
+from otel_ofu.core.model import gpu_key, precision_of
 from tests.e2e_util import read_points
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ service:
     assert len({gpu_key(p.resource) for p in ofu}) == 4
     by_index = {dict(p.resource)["gpu.index"]: p for p in ofu}
     assert by_index["3"].value > by_index["0"].value  # each GPU keeps its own numbers
-    assert {dict(p.attributes).get("ofu.precision") for p in ofu} == {"bf16"}  # bf16-mixed, as Lightning says
+    assert {precision_of(p) for p in ofu} == {"bf16"}  # bf16-mixed, as Lightning says
     assert any(p.name == "gpu.flops.achieved" for p in points)
     gpus_metric = [p.value for p in points if p.name == "job.gpus"]
     assert gpus_metric and max(gpus_metric) == 4

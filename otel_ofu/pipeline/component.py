@@ -151,7 +151,8 @@ class Factory:
     create: Callable[..., Component]
     description: str = ""
     # What flows: a receiver's ``output`` ("samples": GPU samples the ofu processor turns into
-    # points; "points": metric points ready for exporters). A receiver config may answer per
+    # points; "points": metric points ready for exporters; "any": either, as the otlp receiver
+    # joins DCGM metrics into samples and passes everything else through). A receiver config may answer per
     # instance with ``output_kind()`` (a replay of OTLP JSON sends points). A processor's
     # ``consumes`` / ``produces`` let the loader check the order of a pipeline's processors.
     output: str = ""

@@ -513,9 +513,9 @@ def processor_order_problems(receivers: list[str], processors: list[str], compon
     def factory(section: str, comp_id: str) -> Any:
         return factories[section][component_type(comp_id)]
 
-    sample_sources = [r for r in receivers
-                      if receiver_output(factory("receivers", r), components["receivers"][r]) == "samples"]
-    point_sources = [r for r in receivers if r not in sample_sources]
+    outputs = {r: receiver_output(factory("receivers", r), components["receivers"][r]) for r in receivers}
+    sample_sources = [r for r in receivers if outputs[r] == "samples"]  # "any" (otlp) may be a pass-through stage
+    point_sources = [r for r in receivers if outputs[r] != "samples"]
     converters = [p for p in processors if factory("processors", p).produces == "points"
                   and factory("processors", p).consumes == "samples"]
     problems = []

@@ -485,4 +485,4 @@ def _status_body(code: int, message: str, media: str) -> bytes:
 
 
 FACTORY = Factory("otlp", OtlpReceiverConfig, OtlpReceiver,
-                  "OTLP metrics over gRPC and HTTP; joins DCGM TPA and SM clock into GPU samples", output="samples")
+                  "OTLP metrics over gRPC and HTTP; joins DCGM TPA and SM clock into GPU samples", output="any")
