@@ -53,6 +53,17 @@ _METRICS = (
 
 METRICS: dict[str, MetricInfo] = {m.name: m for m in _METRICS}
 
+# What the ofu processor emits per GPU: another otel-ofu's ``otlp`` receiver decodes these into
+# points by default (a jobs tier behind node agents), instead of passing them through as bytes.
+GPU_METRICS: tuple[str, ...] = (
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.tensor.activity",
+    "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons", "gpu.sm.activity",
+    "gpu.ofu.dropped",
+)
+# The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
+OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.dropped"})
+
 
 def register(info: MetricInfo) -> MetricInfo:
     """Add a metric defined by another module (self-telemetry, per-job metrics)."""

@@ -35,8 +35,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.core import dcgm_fields
-from otel_ofu.core.model import HOST_NAME, GpuSample
+from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.core.values import clean_clock
+from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, from_any_value, varint
 
 SOURCE = "otlp"
@@ -340,12 +341,14 @@ def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSam
     return out
 
 
-def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _Edits | None = None) -> bool:
+def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _Edits | None = None,
+                 decode: _Decoded | None = None) -> bool:
     """Feed rm's input points to the joiner; with keep_rest, delete them from rm in place.
 
     Returns whether anything is left in rm to pass through. ``edits``, when given, records
     what was deleted or changed, by the original indices, for :func:`_trimmed_wire`, and
-    counts the data points left (while the metrics are at hand).
+    counts the data points left (while the metrics are at hand). ``decode``: metrics to turn
+    into points (they are deleted like the inputs: each is forwarded once, as points).
     """
     resource: _Resource | None = None
     count = edits is not None
@@ -354,6 +357,12 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
         for m_index in range(len(metrics) - 1, -1, -1):
             metric = metrics[m_index]
             name = metric.name
+            if decode is not None and name in decode.names and decode.take(rm, metric, s_index, m_index):
+                if keep_rest:
+                    del metrics[m_index]
+                    if edits is not None:
+                        edits.metrics.setdefault(s_index, {})[m_index] = None
+                continue
             if name not in INPUT_METRICS:
                 if count:
                     kind_of_data = metric.WhichOneof("data")
@@ -546,36 +555,85 @@ def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMet
     return out
 
 
-def split_request(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,
-                  passthrough: bool = True, wire: bytes | None = None) -> tuple[list[GpuSample], list[Any]]:
-    """GPU samples joined from a request's TPA/clock points, and what remains to pass through.
+class _Decoded:
+    """The metrics of a request decoded into points (by name), and those that could not be."""
 
-    The request is consumed: its input metrics are deleted in place and the remaining
-    ResourceMetrics are returned as they are (not copied). With ``passthrough=False`` the
-    request is left alone and the second list is empty. ``window_s`` is the TPA averaging
-    window the source used (dcgm-exporter's collect interval), recorded on each sample.
-    ``wire``: the bytes the request was parsed from; the pass-through is then returned as
+    __slots__ = ("names", "points", "skipped")
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self.points: list[MetricPoint] = []
+        self.skipped: set[str] = set()  # names seen in a shape points cannot carry (histogram, delta sum)
+
+    def take(self, rm: ResourceMetrics, metric: Any, s_index: int, m_index: int) -> bool:
+        """Decode ``metric`` into points; False (it passes through) when it is not a gauge or cumulative sum."""
+        if not codec.decodable(metric):
+            self.skipped.add(metric.name)
+            return False
+        points = codec.metric_points(metric, codec.resource_attributes(rm))
+        # Walked backwards (for deletion): each metric's points are prepended in order below.
+        self.points[:0] = points
+        return True
+
+
+@dataclass(slots=True)
+class Split:
+    """What a request holds for a pipeline: GPU samples, decoded points, the rest to pass through."""
+
+    samples: list[GpuSample]
+    points: list[MetricPoint]
+    passthrough: list[Any]
+    undecodable: set[str]  # names in ``decode`` that arrived as histograms or delta sums (passed through)
+
+
+def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,
+          passthrough: bool = True, wire: bytes | None = None, decode: frozenset[str] = frozenset()) -> Split:
+    """GPU samples joined from a request's TPA/clock points, the ``decode`` metrics as points, the rest.
+
+    The request is consumed: its input and decoded metrics are deleted in place and the
+    remaining ResourceMetrics are returned as they are (not copied). With
+    ``passthrough=False`` the rest is dropped. ``window_s`` is the TPA averaging window the
+    source used (dcgm-exporter's collect interval), recorded on each sample. ``wire``: the
+    bytes the request was parsed from; the pass-through is then returned as
     :class:`otel_ofu.otlp.WireResourceMetrics`, cut from those bytes (no re-serialization).
+    Decoded points keep their resource and point attributes, times and values; they leave
+    as points, so each is forwarded once.
     """
     joiner = _Joiner()
+    decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
     kept: list[tuple[int, ResourceMetrics, _Edits]] = []
     for index, rm in enumerate(request.resource_metrics):
+        found: list[MetricPoint] = []
+        if decoded is not None:
+            decoded.points, found = found, decoded.points  # this rm's points, in order, then appended
         if not passthrough:
-            _take_inputs(rm, joiner, keep_rest=False)
+            _take_inputs(rm, joiner, keep_rest=False, decode=decoded)
         elif wire is None:
-            if _take_inputs(rm, joiner, keep_rest=True):
+            if _take_inputs(rm, joiner, keep_rest=True, decode=decoded):
                 rest.append(rm)
         else:
             edits = _Edits()
-            if _take_inputs(rm, joiner, keep_rest=True, edits=edits):
+            if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
                 kept.append((index, rm, edits))
+        if decoded is not None:
+            found += decoded.points
+            decoded.points = found
     if kept:
         rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in _samples(entity, window_s, tolerance_ns)]
-    return samples, rest
+    if decoded is None:
+        return Split(samples, [], rest, set())
+    return Split(samples, decoded.points, rest, decoded.skipped)
+
+
+def split_request(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,
+                  passthrough: bool = True, wire: bytes | None = None) -> tuple[list[GpuSample], list[Any]]:
+    """:func:`split` without decoded metrics: the GPU samples and the pass-through."""
+    result = split(request, window_s=window_s, tolerance_s=tolerance_s, passthrough=passthrough, wire=wire)
+    return result.samples, result.passthrough
 
 
 def split_bytes(body: bytes, **kwargs: Any) -> tuple[list[GpuSample], list[Any]]:

@@ -4,6 +4,13 @@ Place attribution processors (which set job and precision) before it: the precis
 f_ref, the correction factor and the peak for achieved FLOP/s. A sample that cannot give
 OFU (blank TPA, clock 0, unknown model without a max clock, ...) produces no ``gpu.ofu``
 point; it is counted in ``gpu.ofu.dropped`` with its reason instead.
+
+OFU that arrives already computed (another otel-ofu's output, decoded by the ``otlp``
+receiver) is used as it is: a GPU whose ``gpu.ofu`` points arrive is not computed again from
+DCGM inputs that may come for it too (counted in ``otel_ofu.ofu.skipped``), so its GPU time
+is never counted twice. With ``recompute: true`` the arriving OFU points are dropped instead
+and OFU is computed here from the inputs they came with (``gpu.tensor.activity``,
+``gpu.sm.clock.frequency``, ...) with this processor's settings.
 """
 
 from __future__ import annotations
@@ -11,9 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from otel_ofu.core import specs
+from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
     FREF_SOURCE,
+    GPU_INDEX,
+    GPU_MIG_INSTANCE,
+    HOST_NAME,
+    HW_ID,
+    HW_MODEL,
+    HW_VENDOR,
     JOB_ID,
     PRECISION,
     Attributes,
@@ -30,6 +44,22 @@ from otel_ofu.pipeline.config import require
 
 UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
+
+SKIPPED = register(MetricInfo(
+    "otel_ofu.ofu.skipped", "{window}", "sum",
+    "Self-telemetry: GPU windows the ofu processor did not compute because the GPU's OFU arrives already "
+    "computed (reason already_computed), or arriving OFU points it replaced (reason recomputed).")).name
+# A GPU whose computed OFU arrived is not computed here for this long (data time) after its last such point.
+ARRIVING_OFU_HOLD_S = 300.0
+_ARRIVING_OFU_MAX_GPUS = 1_000_000  # bound on GPUs remembered (older ones are forgotten first)
+
+# The inputs the ofu processor re-emits, by metric name: GpuSample field and the factor back to its unit.
+_INPUT_FIELDS: dict[str, tuple[str, float]] = {
+    "gpu.tensor.activity": ("tensor_active", 1.0), "gpu.sm.clock.frequency": ("sm_clock_mhz", 1e-6),
+    "gpu.sm.clock.max": ("max_sm_clock_mhz", 1e-6), "gpu.power.usage": ("power_w", 1.0),
+    "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
+}
+_IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
 
 @dataclass
@@ -58,6 +88,9 @@ class OfuProcessorConfig:
     tpa_tolerance: float = TPA_TOLERANCE
     # Also emit the inputs (tensor activity, SM clock, power, ...) as their own metrics.
     emit_inputs: bool = True
+    # OFU arriving already computed (gpu.ofu from another otel-ofu) is used as is; true: replace it
+    # with OFU computed here from the inputs that came with it.
+    recompute: bool = False
 
     def validate(self) -> None:
         require(0 <= self.tpa_tolerance <= 0.2, "tpa_tolerance", f"must be within [0, 0.2], got {self.tpa_tolerance}")
@@ -71,12 +104,92 @@ class OfuProcessor(Processor):
         self._warned_models: set[str] = set()
         self._dropped: dict[tuple[Attributes, str], int] = {}
         self._attributes_cache: dict[tuple, tuple[Attributes, dict[str, Attributes]]] = {}
+        self._arriving: dict[tuple, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
-        for sample in batch.samples:
+        samples = batch.samples
+        if points:
+            if self.config.recompute:
+                points, arrived = self._recompute(points)
+                samples = [*samples, *arrived]
+            elif samples:
+                samples = self._not_computed_elsewhere(points, samples)
+        for sample in samples:
             points += self.sample_points(sample)
         return Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
+
+    # --- OFU that arrives computed -----------------------------------------------------------
+
+    @staticmethod
+    def _gpu_key(resource: Attributes) -> tuple:
+        found = dict(resource)
+        return (str(found.get(HOST_NAME, "")), str(found.get(HW_ID, "")), str(found.get(GPU_INDEX, "")),
+                str(found.get(GPU_MIG_INSTANCE, "")))
+
+    def _not_computed_elsewhere(self, points: list[MetricPoint], samples: list[GpuSample]) -> list[GpuSample]:
+        """The samples of GPUs whose OFU does not arrive computed (see the module docstring)."""
+        arriving = self._arriving
+        for point in points:
+            if point.name == "gpu.ofu":
+                key = self._gpu_key(point.resource)
+                arriving[key] = max(arriving.get(key, 0), point.time_unix_nano)
+        if not arriving:
+            return samples
+        if len(arriving) > _ARRIVING_OFU_MAX_GPUS:
+            for key in sorted(arriving, key=arriving.__getitem__)[:len(arriving) - _ARRIVING_OFU_MAX_GPUS]:
+                del arriving[key]
+        hold = int(ARRIVING_OFU_HOLD_S * 1e9)
+        kept = []
+        for sample in samples:
+            key = (sample.host, sample.uuid, str(sample.gpu_index), str(sample.resource.get(GPU_MIG_INSTANCE, "")))
+            last = arriving.get(key)
+            if last is not None and sample.time_unix_nano <= last + hold:
+                self.context.telemetry.add(SKIPPED, 1, reason="already_computed")
+                continue
+            kept.append(sample)
+        return kept
+
+    def _recompute(self, points: list[MetricPoint]) -> tuple[list[MetricPoint], list[GpuSample]]:
+        """Arriving OFU dropped; its window's inputs (same resource and time) made into samples."""
+        windows: dict[tuple[Attributes, int], dict[str, MetricPoint]] = {}
+        kept: list[MetricPoint] = []
+        for point in points:
+            name = point.name
+            if name in OFU_OUTPUT_METRICS or name in _INPUT_FIELDS:
+                windows.setdefault((point.resource, point.time_unix_nano), {})[name] = point
+            else:
+                kept.append(point)
+        samples = []
+        for (resource, t), found in windows.items():
+            if not (found.keys() & OFU_OUTPUT_METRICS or "gpu.tensor.activity" in found):
+                kept += found.values()  # inputs alone, no OFU to replace: they pass as they came
+                continue
+            replaced = sum(1 for name in found if name in OFU_OUTPUT_METRICS)
+            if replaced:
+                self.context.telemetry.add(SKIPPED, replaced, reason="recomputed")
+            samples.append(self._sample_of(resource, t, found))
+            if not self.config.emit_inputs:  # re-emitted from the sample otherwise
+                kept += [p for name, p in found.items() if name in _INPUT_FIELDS]
+        return kept, samples
+
+    @staticmethod
+    def _sample_of(resource: Attributes, t: int, found: dict[str, MetricPoint]) -> GpuSample:
+        """A GpuSample from otel-ofu's own per-GPU points of one window (inputs in their emitted units)."""
+        r = dict(resource)
+        index = str(r.get(GPU_INDEX, ""))
+        values = {field: found[name].value * factor for name, (field, factor) in _INPUT_FIELDS.items()
+                  if name in found}
+        first = next(iter(found.values()))
+        extra = {k: v for k, v in first.attributes if k != FREF_SOURCE}
+        return GpuSample(t, 0.0, str(r.get(HOST_NAME, "")), int(index) if index.isdigit() else index,
+                         str(r.get(HW_ID, "")), str(r.get(HW_MODEL, "")), values.get("tensor_active"),
+                         values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
+                         values.get("max_sm_clock_mhz"), values.get("power_w"), values.get("clock_event_reasons"),
+                         values.get("sm_active"), source="otlp",
+                         job_id=None if r.get(JOB_ID) is None else str(r[JOB_ID]),
+                         precision=None if r.get(PRECISION) is None else str(r[PRECISION]),
+                         resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra)
 
     def sample_points(self, sample: GpuSample) -> list[MetricPoint]:
         cfg = self.config

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.metrics import GPU_METRICS, MetricInfo, register
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
@@ -39,6 +39,15 @@ REQUESTS = register(MetricInfo(
 SAMPLES = register(MetricInfo(
     "otel_ofu.receiver.samples", "{window}", "sum",
     "GPU windows (TPA joined with SM clock) a push receiver extracted from the metrics it received."))
+DECODED = register(MetricInfo(
+    "otel_ofu.receiver.decoded", "{point}", "sum",
+    "Data points of the metrics listed in the otlp receiver's decode setting (another otel-ofu's per-GPU "
+    "metrics, a job's reported MFU) that it handed to its pipelines as points."))
+
+# Decoded by default: what an otel-ofu node agent sends (its per-GPU metrics, job identity on the
+# resource) and what a training job reports about itself, so a jobs tier or a local jobs processor
+# uses them as they are.
+DEFAULT_DECODE = (*GPU_METRICS, "training.mfu")
 
 DEFAULT_GRPC_ENDPOINT = "127.0.0.1:4317"
 DEFAULT_HTTP_ENDPOINT = "127.0.0.1:4318"
@@ -124,6 +133,9 @@ class OtlpReceiverConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)  # no token set: no authentication
     max_request_size: int = DEFAULT_MAX_REQUEST_SIZE  # bytes, after decompression
     passthrough: bool = True  # forward metrics that are not TPA/clock inputs to the exporters
+    # Metrics handed to the processors as points (not recomputed, forwarded once, as points): by
+    # default otel-ofu's own per-GPU metrics and the reported MFU. Gauges and cumulative sums only.
+    decode: list[str] = field(default_factory=lambda: list(DEFAULT_DECODE))
     window: Duration = field(default_factory=lambda: Duration(30))  # the source's TPA window (dcgm-exporter -c)
     join_tolerance: Duration = field(default_factory=lambda: Duration(5))  # clock vs TPA timestamp distance
 
@@ -131,6 +143,10 @@ class OtlpReceiverConfig:
         require(self.max_request_size >= 1024, "max_request_size", "must be at least 1024 bytes")
         require(self.window > 0, "window", "must be positive")
         require(self.join_tolerance >= 0, "join_tolerance", "must not be negative")
+        for i, name in enumerate(self.decode):
+            require(isinstance(name, str) and bool(name.strip()), f"decode[{i}]", "must name a metric")
+            require(name not in otlp_join.INPUT_METRICS, f"decode[{i}]",
+                    f"{name} is a DCGM input, joined into GPU samples; it cannot also be decoded as points")
 
     def grpc(self) -> ProtocolConfig | None:
         return self.protocols.grpc if isinstance(self.protocols.grpc, ProtocolConfig) else None
@@ -156,6 +172,8 @@ class OtlpReceiver(Receiver):
         self._http_thread: threading.Thread | None = None
         self.grpc_port: int | None = None  # the bound ports (useful with port 0)
         self.http_port: int | None = None
+        self._decode = frozenset(config.decode)
+        self._undecodable_logged: set[str] = set()
 
     # --- shared request path --------------------------------------------------------------
 
@@ -175,16 +193,22 @@ class OtlpReceiver(Receiver):
         ``wire``: the protobuf bytes it was parsed from, which the pass-through keeps.
         """
         try:
-            samples, rest = otlp_join.split_request(request, window_s=float(self.config.window),
-                                                    tolerance_s=float(self.config.join_tolerance),
-                                                    passthrough=self.config.passthrough, wire=wire)
-            if samples or rest:
-                self.consumer(Batch(samples=samples, passthrough=list(rest)))
+            found = otlp_join.split(request, window_s=float(self.config.window),
+                                    tolerance_s=float(self.config.join_tolerance),
+                                    passthrough=self.config.passthrough, wire=wire, decode=self._decode)
+            if found.samples or found.points or found.passthrough:
+                self.consumer(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
         except Exception as exc:
             self.log.exception("failed on a received request")
             raise RequestRefused("internal", "otel-ofu failed on this request") from exc
-        if samples:
-            self.context.telemetry.add(SAMPLES.name, len(samples), receiver=self.context.component_id)
+        if found.samples:
+            self.context.telemetry.add(SAMPLES.name, len(found.samples), receiver=self.context.component_id)
+        if found.points:
+            self.context.telemetry.add(DECODED.name, len(found.points), receiver=self.context.component_id)
+        for name in found.undecodable - self._undecodable_logged:
+            self._undecodable_logged.add(name)
+            self.log.warning("metric %s arrived as a histogram, summary or delta sum: passed through, not decoded "
+                             "(only gauges and cumulative sums are read as points)", name)
         self.count(protocol, "accepted")
 
     # --- lifecycle ------------------------------------------------------------------------
