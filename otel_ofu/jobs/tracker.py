@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from otel_ofu.core import specs
@@ -58,6 +59,11 @@ class JobsConfig:
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)  # onto the job's resource
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
+    # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
+    # crash; at shutdown jobs are then kept, not ended. None: in memory only.
+    storage: str | None = None
+    checkpoint_interval: Duration = field(default_factory=lambda: Duration(60))  # snapshot at most this often
+    max_journal_bytes: int = 64 * 1024 * 1024  # ... or when the journal since the last one is this large
 
     def validate(self) -> None:
         require(self.resolution > 0, "resolution", "must be positive")
@@ -70,6 +76,16 @@ class JobsConfig:
         require(self.default_interval > 0, "default_interval", "must be positive")
         require(self.max_gap >= self.default_interval, "max_gap", "must be at least default_interval")
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
+        if self.storage is not None:
+            require(bool(self.storage.strip()), "storage", "must be a directory path")
+            require(not Path(self.storage).expanduser().is_file(), "storage",
+                    f"{self.storage!r} is a file; storage names a directory for the jobs state")
+        require(self.checkpoint_interval > 0, "checkpoint_interval", "must be positive")
+        require(self.max_journal_bytes >= 1024 * 1024, "max_journal_bytes", "must be at least 1 MiB")
+
+    def state_key(self) -> JobsConfig:
+        """The settings a saved state depends on (not where or how often it is saved)."""
+        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0)
 
     @property
     def retention_s(self) -> float:

@@ -80,6 +80,14 @@ class Processor(Component):
         """At shutdown, after the receivers stop: what the processor still holds (e.g. job end events)."""
         return None
 
+    def exported(self) -> None:
+        """The last batch this processor returned has been handed to every exporter of its pipeline.
+
+        Called before the receiver acknowledges the data; a processor that keeps durable state
+        records the batch here (after its outputs are queued, so a crash never loses them).
+        A pipeline with such a processor exports under its processing lock, batch by batch.
+        """
+
 
 class Exporter(Component):
     def export(self, batch: Batch) -> None:

@@ -8,6 +8,7 @@ exporter need not be thread-safe against several pipelines.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import signal
@@ -48,6 +49,9 @@ class Pipeline:
         self.exporters = exporters
         self.telemetry = telemetry
         self._lock = threading.Lock()
+        # Processors told when their batch is exported (Processor.exported): processing, export and
+        # that call happen under the lock, so each sees its own batches in order.
+        self._notified = [p for p in processors if type(p).exported is not Processor.exported]
 
     def consume(self, batch: Batch) -> None:
         self._process_and_export(batch, self.processors)
@@ -65,7 +69,22 @@ class Pipeline:
                 self._process_and_export(batch, self.processors[i + 1:])
 
     def _process_and_export(self, batch: Batch, processors: list[Processor]) -> None:
-        with self._lock:
+        if self._notified:
+            with self._lock:
+                self._run(batch, processors)
+                for processor in self._notified:
+                    if processor in processors:
+                        try:
+                            processor.exported()
+                        except Exception:
+                            log.exception("pipeline %s: processor %s failed after export", self.name,
+                                          processor.context.component_id)
+            return
+        self._run(batch, processors, lock=self._lock)
+
+    def _run(self, batch: Batch, processors: list[Processor],
+                                     lock: threading.Lock | None = None) -> None:
+        with lock or contextlib.nullcontext():
             for processor in processors:
                 try:
                     batch = processor.process(batch)

@@ -12,6 +12,7 @@ in :mod:`otel_ofu.jobs`; this module only turns its results into points and even
 from __future__ import annotations
 
 import math
+import time
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
@@ -31,7 +32,17 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     Finding,
     Transition,
 )
-from otel_ofu.jobs.tracker import JobBook, JobsConfig, JobSummary, JobTracker, Snapshot, Update
+from otel_ofu.jobs.state import JobState, layout_fingerprint
+from otel_ofu.jobs.tracker import (
+    FLOPS_METRIC,
+    OFU_METRIC,
+    JobBook,
+    JobsConfig,
+    JobSummary,
+    JobTracker,
+    Snapshot,
+    Update,
+)
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 for _info in (
@@ -51,6 +62,8 @@ for _info in (
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "1", "gauge", "1 while a finding is open for the job (ofu.finding.kind: mfu_gap or "
                "regression; ofu.finding.cause), 0 once when it closes."),
+    MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
+               "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
                "(out_of_order, not_finite, mfu_without_job)."),
 ):
@@ -107,21 +120,81 @@ def summary_attributes(summary: JobSummary) -> Attributes:
     return attrs(out)
 
 
+def state_fingerprint(config: JobsConfig) -> str:
+    """The layout of a JobBook's state and the settings it depends on (see otel_ofu.jobs.state)."""
+    book = JobBook(config)
+    tracker = JobTracker("fingerprint", config)
+    summary, _ = JobTracker("fingerprint", config).end("fingerprint")
+    return layout_fingerprint([book, tracker, tracker.ofu, tracker.totals, tracker.histogram, tracker.audit,
+                               tracker.regression, Finding("kind", "cause", 0.0, 0.0), summary],
+                              config.state_key())
+
+
 class JobsProcessor(Processor):
     def __init__(self, config: JobsConfig, context: Context):
         super().__init__(config, context)
         self.book = JobBook(config)
+        self.state: JobState | None = None
+        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, config.mfu_metric})
+        self._pending: list[MetricPoint] | None = None  # the last batch's points, journaled once exported
+        self._last_checkpoint = 0.0
+
+    def start(self) -> None:
+        """With ``storage``: load the saved jobs, replay the journal since, and checkpoint at once."""
+        if self.config.storage is None:
+            return
+        self.state = JobState(self.config.storage, self.context.component_id, state_fingerprint(self.config),
+                              self.log)
+        book, batches = self.state.load()
+        if book is not None:
+            self.book = book
+        for points in batches:  # their outputs were exported before they were journaled
+            self.book.observe(points)
+        if book is not None or batches:
+            self.log.info("resumed %d job(s) from %s (%d batch(es) replayed from the journal); jobs new to this "
+                          "instance start fresh", len(self.book.jobs), self.state.snapshot_path, len(batches))
+        self._checkpoint()
 
     def process(self, batch: Batch) -> Batch:
         update = self.book.observe(batch.points)
+        if self.state is not None:
+            names = self._journal_names
+            self._pending = [p for p in batch.points if p.name in names]
         points, events = self._render(update)
         return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
                      events=[*batch.events, *events])
 
+    def exported(self) -> None:
+        """Journal the batch just exported; checkpoint when due."""
+        if self.state is None or self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        if pending:
+            self.state.append(pending)
+        if (time.monotonic() - self._last_checkpoint >= float(self.config.checkpoint_interval)
+                or self.state.journal_bytes >= self.config.max_journal_bytes):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        assert self.state is not None
+        started = time.monotonic()
+        self.state.checkpoint(self.book)
+        self._last_checkpoint = time.monotonic()
+        self.context.telemetry.add("otel_ofu.jobs.checkpoints", 1)
+        self.log.debug("jobs state saved (%d jobs) in %.3f s", len(self.book.jobs), self._last_checkpoint - started)
+
     def flush(self) -> Batch | None:
-        """At shutdown every job ends (reason ``shutdown``) with its summary."""
+        """At shutdown every job ends (reason ``shutdown``) with its summary; with ``storage`` they are kept."""
+        if self.state is not None:
+            self._checkpoint()
+            self.log.info("jobs state saved: %d job(s) continue when this instance starts again", len(self.book.jobs))
+            return None
         points, events = self._render(self.book.close_all("shutdown"))
         return Batch(points=points, events=events) if points or events else None
+
+    def shutdown(self) -> None:
+        if self.state is not None:
+            self.state.close()
 
     def _render(self, update: Update) -> tuple[list[MetricPoint], list[Event]]:
         for reason, count in update.skipped.items():
@@ -144,6 +217,9 @@ class JobsProcessor(Processor):
 
     def _start_event(self, tracker: JobTracker) -> Event:
         precisions = ",".join(sorted(tracker.precisions))
+        # In a jobs tier a job also "starts" on an instance it moved to (docs/fleet.md): its totals begin there.
+        self.log.info("job %s first seen by this instance (%d GPUs, precision %s): its totals start here",
+                      tracker.job_id, len(tracker.gpus), precisions)
         return Event(EVENT_JOB_START, _ns(tracker.first_start), tracker.resource,
                      attrs({JOB_ID: tracker.job_id, "ofu.job.gpus": len(tracker.gpus), PRECISION: precisions}),
                      f"job {tracker.job_id} started ({len(tracker.gpus)} GPUs seen, precision {precisions})")

@@ -1,0 +1,135 @@
+"""The jobs processor's own state: a restart or a crash resumes every job; nothing counted twice or lost."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+
+from otel_ofu.core.model import JOB_ID, Batch
+from otel_ofu.jobs.state import JobState
+from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.processors.jobs import JobsProcessor
+from tools.fleet_sim import NodeTier
+
+JOBS = [{"id": "steady-a", "scenario": "steady", "gpus": 4, "precision": "bf16"},
+        {"id": "moe-b", "scenario": "moe_inflated", "gpus": 4},
+        {"id": "regress-c", "scenario": "regression", "gpus": 2, "regress_at": "12m", "recover_at": "30m"},
+        {"id": "short-d", "scenario": "steady", "gpus": 2, "duration": "10m"}]
+WINDOWS = 240  # 40 minutes of 10 s windows: findings open, a job ends
+
+
+@pytest.fixture(scope="module")
+def windows():
+    tier = NodeTier.of(nodes=3, gpus_per_node=4, jobs=JOBS)
+    return [[p for points in tier.window().values() for p in points] for _ in range(WINDOWS)]
+
+
+def processor(storage=None, **extra) -> JobsProcessor:
+    config = build_config(JobsConfig, {"storage": str(storage) if storage else None, **extra})
+    proc = JobsProcessor(config, Context("jobs@metrics"))
+    proc.start()
+    return proc
+
+
+def outputs(proc: JobsProcessor, batches) -> list[Batch]:
+    out = []
+    for points in batches:
+        out.append(proc.process(Batch(points=list(points))))
+        proc.exported()
+    return out
+
+
+def job_results(batches: list[Batch]) -> tuple[list, list]:
+    points = sorted((p.name, dict(p.resource)[JOB_ID], p.time_unix_nano, p.attributes, round(p.value, 9))
+                    for b in batches for p in b.points if p.name.startswith("job."))
+    events = sorted((e.name, e.time_unix_nano, tuple((k, round(v, 9) if isinstance(v, float) else v)
+                                                     for k, v in e.attributes)) for b in batches for e in b.events)
+    return points, events
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(windows):
+    return job_results(outputs(processor(), windows))
+
+
+@pytest.mark.parametrize("crash_at", [37, 150])
+def test_a_killed_instance_resumes_every_job_from_its_state(windows, uninterrupted, tmp_path, crash_at):
+    first = processor(tmp_path, checkpoint_interval="1h")  # the journal carries everything since the start
+    before = outputs(first, windows[:crash_at])
+    first.state.close()  # the process dies: no flush, no checkpoint (the kernel closes the file)
+    second = processor(tmp_path)
+    after = outputs(second, windows[crash_at:])
+    assert job_results(before + after) == uninterrupted
+    assert {e.name for b in before + after for e in b.events} >= {"ofu.finding.open", "ofu.job.end"}
+
+
+def test_a_batch_sent_again_after_a_crash_is_not_counted_twice(windows, uninterrupted, tmp_path):
+    first = processor(tmp_path)
+    before = outputs(first, windows[:100])
+    # Batch 100 reached the exporters, then the process died before journaling it: never acknowledged,
+    # so the gateway sends it again. Its outputs went out once already (a backend keeps one copy).
+    lost = first.process(Batch(points=list(windows[100])))
+    first.state.close()
+    second = processor(tmp_path)
+    after = outputs(second, windows[100:])
+    assert job_results(before + after) == uninterrupted
+    assert job_results([lost])[0] == job_results(after[:1])[0]
+
+
+def test_shutdown_keeps_the_jobs_and_a_restart_continues_them(windows, uninterrupted, tmp_path):
+    first = processor(tmp_path)
+    before = outputs(first, windows[:120])
+    assert first.flush() is None  # no ofu.job.end at shutdown: the jobs go on after the restart
+    first.shutdown()
+    after = outputs(processor(tmp_path), windows[120:])
+    assert job_results(before + after) == uninterrupted
+
+
+def test_checkpoints_bound_the_journal_and_a_torn_last_frame_is_ignored(windows, tmp_path, caplog):
+    proc = processor(tmp_path, checkpoint_interval="1h", max_journal_bytes=1024 * 1024)
+    outputs(proc, windows[:60])
+    size = proc.state.journal_path.stat().st_size
+    assert 0 < size < 1024 * 1024 + 200_000
+    proc.state.close()
+    with open(proc.state.journal_path, "ab") as f:
+        f.write(b"\x40\x00\x00\x00garbage")  # a frame cut short by the kill
+    with caplog.at_level(logging.WARNING):
+        again = processor(tmp_path)
+    assert "cut short" in caplog.text
+    assert set(again.book.jobs) == set(proc.book.jobs)
+
+
+def test_a_state_of_another_configuration_or_a_corrupt_one_is_set_aside(windows, tmp_path, caplog):
+    proc = processor(tmp_path)
+    outputs(proc, windows[:30])
+    proc.flush()
+    proc.shutdown()
+    with caplog.at_level(logging.WARNING):
+        other = processor(tmp_path, resolution="2m", windows=["4m", "1h"])
+    assert not other.book.jobs and "another jobs configuration" in caplog.text
+    assert (tmp_path / "jobs_metrics.snapshot.unusable").exists()
+    other.flush()
+    other.shutdown()
+    (tmp_path / "jobs_metrics.snapshot").write_bytes(b"OFUJOBS1" + b"\x00" * 20)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert not processor(tmp_path, resolution="2m", windows=["4m", "1h"]).book.jobs
+    assert "corrupt" in caplog.text
+
+
+def test_a_snapshot_naming_a_foreign_class_is_refused(tmp_path):
+    state = JobState(tmp_path, "x", "fp")
+    state.checkpoint({"evil": pickle.loads(pickle.dumps(print))})  # builtins.print: not a jobs state class
+    fresh = JobState(tmp_path, "x", "fp")
+    assert fresh.load() == (None, [])
+
+
+def test_storage_must_be_a_directory(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(FieldError) as info:
+        build_config(JobsConfig, {"storage": str(tmp_path / "f")})
+    assert info.value.key == "storage"
