@@ -316,7 +316,7 @@ class JobBook:
         self.jobs: dict[str, JobTracker] = {}
         self.ended: list[JobSummary] = []
         self.now = -math.inf  # the newest data time seen
-        self._gpu_last: dict[Attributes, tuple[float, float]] = {}  # GPU -> (last end, last interval)
+        self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
         self._mfu_last: dict[str, tuple[float, float]] = {}
         self._ignored = set(config.ignore_jobs)
         self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
@@ -325,7 +325,7 @@ class JobBook:
     @property
     def gpu_count(self) -> int:
         """Distinct GPUs (resources) that sent OFU, with or without a job."""
-        return len(self._gpu_last)
+        return len({gpu for gpu, _ in self._gpu_last})
 
     def observe(self, points: Iterable[MetricPoint]) -> Update:
         points = list(points)
@@ -373,12 +373,14 @@ class JobBook:
             update.skip("not_finite")
             return
         gpu = gpu_identity(point.resource)  # the same GPU across its jobs
-        start = self._interval(self._gpu_last, gpu, t, _own_window(point, float(self.config.max_gap)))
+        job, attributes = _job_of(point)
+        # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
+        # its next job (or of no job) before the last ones of its job, through another gateway lane.
+        start = self._interval(self._gpu_last, (gpu, job), t, _own_window(point, float(self.config.max_gap)))
         if start is None:
             update.skip("out_of_order")
             return
         self.now = max(self.now, t)
-        job, attributes = _job_of(point)
         shared = bool(attributes.get(JOB_SHARED)) and not self.config.include_shared
         if job is None or job in self._ignored or shared:
             self.unattributed.add(t - start, point.value)

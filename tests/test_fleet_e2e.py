@@ -1,0 +1,245 @@
+"""The fleet topology for real: the otelcol-ofu gateway routing by job into otel-ofu jobs-tier processes.
+
+The node tier is the real ``ofu`` processor per simulated node (tools/fleet_sim.py), its points
+encoded as otel-ofu's OTLP exporter sends them; the gateway is the Collector running
+collector-config/otelcol-gateway.yaml; each jobs-tier instance is ``otel-ofu run`` with
+collector-config/fleet-jobs.yaml, exporting to an OTLP/gRPC backend of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otel_ofu.core.model import JOB_ID, MetricPoint
+from otel_ofu.otlp import codec as otlp
+from tests.e2e_util import (
+    ROOT,
+    Process,
+    collector_binary,
+    free_ports,
+    otel_ofu_command,
+    port_open,
+    require_alive,
+    wait_for,
+)
+from tests.otlp_backends import GrpcBackend
+from tools.fleet_sim import NodeTier
+
+CONFIGS = ROOT / "collector-config"
+EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+# Six 4-GPU nodes: jobs of 6 and 10 GPUs span two and three nodes; 4 GPUs have no job.
+JOBS = [{"id": "llm-pretrain", "scenario": "steady", "gpus": 6, "precision": "bf16"},
+        {"id": "moe-sft", "scenario": "moe_inflated", "gpus": 10},
+        {"id": "debug-flag", "scenario": "regression", "gpus": 2, "regress_at": "12m", "recover_at": "28m"},
+        {"id": "short-eval", "scenario": "steady", "gpus": 2, "duration": "12m"}]
+MINUTES = 40
+WINDOWS_PER_REQUEST = 6  # one minute of 10 s windows from every node per request
+
+
+@pytest.fixture(scope="module")
+def otelcol() -> str:
+    return collector_binary()
+
+
+@pytest.fixture
+def processes():
+    started: list[Process] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[tuple[bytes, int]]:
+    """Each minute of the fleet as one OTLP request of the node tier's points, and its gpu.ofu count."""
+    tier = NodeTier.of(nodes=6, gpus_per_node=4, jobs=JOBS)
+    out = []
+    for _ in range(MINUTES):
+        points: list[MetricPoint] = [p for _ in range(WINDOWS_PER_REQUEST) for ps in tier.window().values()
+                                     for p in ps]
+        out.append((otlp.encode_request(points), sum(p.name == "gpu.ofu" for p in points)))
+    return out
+
+
+class Sink(GrpcBackend):
+    """An OTLP backend that counts the gpu.ofu points it got, reading each request once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read = 0
+        self.points: list[MetricPoint] = []
+
+    def collect(self) -> list[MetricPoint]:
+        with self.lock:
+            new, self._read = self.metrics[self._read:], len(self.metrics)
+        self.points += [p for r in new for p in otlp.from_request(r)]
+        return self.points
+
+
+def start_jobs_instance(name: str, tmp_path: Path, backend: GrpcBackend, processes: list[Process],
+                        state: Path | None = None) -> tuple[int, Process]:
+    (port,) = free_ports(1)
+    proc = Process(name, otel_ofu_command(CONFIGS / "fleet-jobs.yaml"), tmp_path / f"{name}.log",
+                   {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{port}", "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{backend.port}",
+                    "OFU_STATE_DIR": str(state or tmp_path / name)})
+    processes.append(proc)
+    wait_for(f"{name} to listen", lambda: require_alive(*processes) or port_open(port),
+             diagnostics=lambda: "\n".join(p.tail() for p in processes))
+    return port, proc
+
+
+def start_gateway(otelcol: str, tmp_path: Path, instances: list[int], processes: list[Process]) -> int:
+    grpc_port, http_port, health = free_ports(3)
+    proc = Process("gateway", [otelcol, f"--config=file:{CONFIGS / 'otelcol-gateway.yaml'}"], tmp_path / "gateway.log",
+                   {"OFU_JOBS_ENDPOINTS": "[" + ", ".join(f"127.0.0.1:{p}" for p in instances) + "]",
+                    "OFU_GATEWAY_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+                    "OFU_GATEWAY_HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+                    "OFU_GATEWAY_HEALTH_ENDPOINT": f"127.0.0.1:{health}", "OFU_GATEWAY_BATCH_TIMEOUT": "100ms"})
+    processes.append(proc)
+    wait_for("the gateway to listen", lambda: require_alive(*processes) or port_open(grpc_port),
+             diagnostics=lambda: "\n".join(p.tail() for p in processes))
+    return grpc_port
+
+
+def send_in_steps(port: int, requests: list[tuple[bytes, int]], sinks: list[Sink], processes: list[Process]) -> None:
+    """Each request, then wait until its gpu.ofu points reached the backends (one batch per instance each)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    export = channel.unary_unary(EXPORT)
+    expected = 0
+    try:
+        for body, ofu_points in requests:
+            export(body, timeout=30)
+            expected += ofu_points
+            wait_for(f"{expected} gpu.ofu points at the backends",
+                     lambda n=expected: require_alive(*processes) or sum(
+                         p.name == "gpu.ofu" for s in sinks for p in s.collect()) >= n,
+                     timeout=60, interval=0.05, diagnostics=lambda: "\n".join(p.tail() for p in processes))
+    finally:
+        channel.close()
+    settle(sinks)
+
+
+def settle(sinks: list[Sink], quiet_s: float = 1.0) -> None:
+    """Wait until the backends got nothing new for ``quiet_s`` (the last batch's job outputs are in)."""
+    last, since = -1, time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        count = sum(len(s.metrics) + len(s.logs) for s in sinks)
+        if count != last:
+            last, since = count, time.monotonic()
+        time.sleep(0.05)
+
+
+def job_view(sinks: list[Sink]) -> dict:
+    """Per job: its windowed OFU per bin, last totals, findings and end summary, from what the backends got."""
+    ofu: dict = {}
+    totals: dict = {}
+    for sink in sinks:
+        for p in sink.collect():
+            if p.name == "job.ofu":
+                ofu[(dict(p.resource)[JOB_ID], dict(p.attributes)["ofu.window"], p.time_unix_nano)] = p.value
+            elif p.name in ("job.gpu_seconds", "job.wasted_gpu_hours", "job.flops"):
+                key = (dict(p.resource)[JOB_ID], p.name)
+                if p.time_unix_nano >= totals.get(key, (0, 0))[0]:
+                    totals[key] = (p.time_unix_nano, p.value)
+    findings, ends = set(), {}
+    for sink in sinks:
+        for e in sink.events():
+            a = dict(e.attributes)
+            if e.name in ("ofu.finding.open", "ofu.finding.close"):
+                findings.add((e.name, a[JOB_ID], a["ofu.finding.kind"], a["ofu.finding.cause"], e.time_unix_nano,
+                              a["ofu.finding.since_unix_nano"]))
+            elif e.name == "ofu.job.end":
+                ends[a[JOB_ID]] = (e.time_unix_nano, a["ofu.job.gpu_hours"], a["ofu.job.ofu.mean"],
+                                   a["ofu.job.wasted_gpu_hours"], a["ofu.job.findings"])
+    return {"ofu": ofu, "totals": totals, "findings": findings, "ends": ends}
+
+
+def assert_close(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), f"{what}: {sorted(set(a) ^ set(b))[:5]}"
+    for key in a:
+        x, y = a[key], b[key]
+        pairs = zip(x, y) if isinstance(x, tuple) else [(x, y)]
+        for u, v in pairs:
+            assert (u == v) if isinstance(u, (str, int)) and not isinstance(u, float) else math.isclose(
+                u, v, rel_tol=0, abs_tol=1e-9), f"{what} {key}: {x} != {y}"
+
+
+def test_three_instances_behind_the_gateway_give_the_jobs_of_one(otelcol, requests, tmp_path, processes):
+    sharded = [Sink().start() for _ in range(3)]
+    single = Sink().start()
+    try:
+        ports = [start_jobs_instance(f"jobs-{i}", tmp_path, sink, processes)[0] for i, sink in enumerate(sharded)]
+        single_port, _ = start_jobs_instance("jobs-single", tmp_path, single, processes)
+        gateway = start_gateway(otelcol, tmp_path, ports, processes)
+        send_in_steps(gateway, requests, sharded, processes)
+        send_in_steps(single_port, requests, [single], processes)
+
+        # Every job lives on exactly one instance; GPUs without a job are spread GPU by GPU.
+        owners = defaultdict(set)
+        idle_gpus = defaultdict(set)
+        for i, sink in enumerate(sharded):
+            for p in sink.collect():
+                job = dict(p.resource).get(JOB_ID)
+                if p.name == "gpu.ofu":
+                    if job in ("none", "unknown"):
+                        idle_gpus[i].add(dict(p.resource)["hw.id"])
+                    else:
+                        owners[job].add(i)
+        assert set(owners) == {j["id"] for j in JOBS}
+        assert all(len(where) == 1 for where in owners.values()), owners
+        assert len(idle_gpus) >= 2 and sum(map(len, idle_gpus.values())) >= 4, idle_gpus
+        # Nothing lost or doubled on the way: every node point arrived once.
+        sent = Counter(p.name for body, _ in requests
+                       for p in otlp.from_request(ExportMetricsServiceRequest.FromString(body)))
+        got = Counter(p.name for s in sharded for p in s.collect() if not p.name.startswith(("job.", "otel_ofu.")))
+        assert got == sent
+
+        one, three = job_view([single]), job_view(sharded)
+        assert one["ofu"] and one["findings"] and one["ends"]
+        assert {f[2] for f in one["findings"]} == {"mfu_gap", "regression"}
+        assert_close(three["ofu"], one["ofu"], "job.ofu")
+        assert_close(three["totals"], one["totals"], "totals")
+        assert three["findings"] == one["findings"]
+        assert_close(three["ends"], one["ends"], "job end")
+    finally:
+        for sink in [*sharded, single]:
+            sink.stop()
+
+
+def test_a_jobs_instance_killed_and_restarted_resumes_its_jobs(requests, tmp_path, processes):
+    """SIGKILL mid-stream, restart on the same state: the jobs' results equal an instance never killed."""
+    killed_sink, steady_sink = Sink().start(), Sink().start()
+    state = tmp_path / "state"
+    try:
+        port, proc = start_jobs_instance("jobs-killed", tmp_path, killed_sink, processes, state)
+        steady_port, _ = start_jobs_instance("jobs-steady", tmp_path, steady_sink, processes)
+        send_in_steps(steady_port, requests, [steady_sink], processes)
+        half = len(requests) // 2
+        send_in_steps(port, requests[:half], [killed_sink], processes)
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait(10)
+        processes.remove(proc)
+        port, proc = start_jobs_instance("jobs-restarted", tmp_path, killed_sink, processes, state)
+        assert "resumed" in proc.log.read_text()
+        send_in_steps(port, requests[half:], [killed_sink], processes)
+        one, again = job_view([steady_sink]), job_view([killed_sink])
+        assert_close(again["ofu"], one["ofu"], "job.ofu")
+        assert_close(again["totals"], one["totals"], "totals")
+        assert again["findings"] == one["findings"]
+        assert_close(again["ends"], one["ends"], "job end")
+        # job.gpu_seconds is one cumulative series across the restart: same start time, no reset.
+        starts = {(dict(p.resource)[JOB_ID], p.start_time_unix_nano) for p in killed_sink.collect()
+                  if p.name == "job.gpu_seconds"}
+        assert len(starts) == len({job for job, _ in starts})
+    finally:
+        killed_sink.stop()
+        steady_sink.stop()
+
