@@ -341,9 +341,10 @@ def test_fleet_wires_agents_to_the_gateway_and_the_gateway_to_the_jobs_tier() ->
     jobs = one(objects, "StatefulSet", "jobs")
     assert jobs["spec"]["serviceName"] == headless["metadata"]["name"]
     relay = yaml.safe_load(one(objects, "ConfigMap", "gateway")["data"]["relay.yaml"])
-    lb = relay["exporters"]["load_balancing"]
+    lb = relay["exporters"]["load_balancing/jobs"]
     assert lb["routing_key"] == "attributes" and lb["routing_attributes"] == ["ofu.job.id"]
     assert lb["resolver"]["k8s"]["service"] == f"{headless['metadata']['name']}.{NAMESPACE}"
+    assert relay["exporters"]["load_balancing/gpus"]["resolver"] == lb["resolver"]
     role = one(objects, "Role", "gateway")
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
                               "verbs": ["get", "list", "watch"]}]
@@ -358,7 +359,8 @@ def test_dns_resolver_needs_no_rbac() -> None:
     objects = template(fleet, sets=("gateway.resolver=dns",))
     assert not by_kind(objects, "Role")
     relay = yaml.safe_load(one(objects, "ConfigMap", "gateway")["data"]["relay.yaml"])
-    assert set(relay["exporters"]["load_balancing"]["resolver"]) == {"dns"}
+    assert set(relay["exporters"]["load_balancing/jobs"]["resolver"]) == {"dns"}
+    assert set(relay["exporters"]["load_balancing/gpus"]["resolver"]) == {"dns"}
     assert pod_spec(one(objects, "Deployment", "gateway"))["automountServiceAccountToken"] is False
 
 

@@ -126,10 +126,18 @@ receivers:
       bearer_token_file: /etc/otel-ofu/jobs-auth/token
     {{- end }}
     passthrough: true
+    # As collector-config/fleet-jobs.yaml: what the jobs processor reads is decoded, the rest passes as bytes.
+    decode: [gpu.ofu, gpu.flops.achieved, training.mfu]
   selftelemetry:
     collection_interval: 30s
 processors:
-  jobs: {}
+  jobs:
+    # The agents' collection interval: the window a GPU's first point covers.
+    default_interval: {{ if eq .Values.source "dcgm" }}{{ .Values.dcgm.collectionInterval }}{{ else if eq .Values.source "nvml" }}{{ .Values.nvml.collectionInterval }}{{ else }}{{ .Values.dcgmExporter.collectionInterval }}{{ end }}
+    {{- if .Values.jobs.persistence.enabled }}
+    # Jobs resume after a restart (docs/fleet.md); the volume holds the sending queue too.
+    storage: /var/lib/otel-ofu/jobs
+    {{- end }}
 exporters:
   {{- if .Values.prometheus.enabled }}
   prometheus:
@@ -155,6 +163,20 @@ service:
 {{- end }}
 
 {{- define "otel-ofu.gatewayDefaultConfig" -}}
+{{- /* The same pipelines as collector-config/otelcol-gateway.yaml (tests/test_fleet_configs.py), with
+the k8s or dns resolver for the jobs tier instead of a static list. */}}
+{{- $protocol := dict "otlp" (dict "timeout" "10s" "tls" (dict "insecure" true)) }}
+{{- if .Values.jobs.authSecretName }}
+{{- $_ := set $protocol.otlp "headers" (dict "authorization" "Bearer ${env:OFU_JOBS_TOKEN}") }}
+{{- end }}
+{{- $resolver := dict }}
+{{- if eq .Values.gateway.resolver "k8s" }}
+{{- $resolver = dict "k8s" (dict "service" (printf "%s.%s" (include "otel-ofu.jobsHeadlessName" .) .Release.Namespace) "ports" (list 4317)) }}
+{{- else if eq .Values.gateway.resolver "dns" }}
+{{- $resolver = dict "dns" (dict "hostname" (printf "%s.%s.svc" (include "otel-ofu.jobsHeadlessName" .) .Release.Namespace) "port" "4317") }}
+{{- else }}
+{{- fail (printf "gateway.resolver must be k8s or dns, not %q" .Values.gateway.resolver) }}
+{{- end }}
 extensions:
   health_check:
     endpoint: 0.0.0.0:13133
@@ -172,33 +194,33 @@ processors:
     spike_limit_percentage: 25
   batch:
     timeout: 1s
+  # Points whose resource names a job go to the job's instance; GPUs without a job are spread by GPU
+  # (a single "ofu.job.id=|" key would put them all on one instance).
+  filter/keep_jobs:
+    error_mode: ignore
+    metrics:
+      resource:
+        - resource.attributes["ofu.job.id"] == nil or resource.attributes["ofu.job.id"] == "" or resource.attributes["ofu.job.id"] == "none" or resource.attributes["ofu.job.id"] == "unknown"
+  filter/keep_no_job:
+    error_mode: ignore
+    metrics:
+      resource:
+        - resource.attributes["ofu.job.id"] != nil and resource.attributes["ofu.job.id"] != "" and resource.attributes["ofu.job.id"] != "none" and resource.attributes["ofu.job.id"] != "unknown"
 exporters:
-  load_balancing:
-    # Every point of one job goes to the same jobs-tier instance. The exporter reads the key from
-    # resource, scope and data point attributes; points without a job share the key "ofu.job.id=|".
+  load_balancing/jobs:
+    # The exporter reads ofu.job.id from the resource, scope and data point attributes (contrib v0.161.0).
     routing_key: attributes
     routing_attributes: [ofu.job.id]
     protocol:
-      otlp:
-        timeout: 10s
-        {{- if .Values.jobs.authSecretName }}
-        headers:
-          authorization: Bearer ${env:OFU_JOBS_TOKEN}
-        {{- end }}
-        tls:
-          insecure: true
+      {{- toYaml $protocol | nindent 6 }}
     resolver:
-      {{- if eq .Values.gateway.resolver "k8s" }}
-      k8s:
-        service: {{ include "otel-ofu.jobsHeadlessName" . }}.{{ .Release.Namespace }}
-        ports: [4317]
-      {{- else if eq .Values.gateway.resolver "dns" }}
-      dns:
-        hostname: {{ include "otel-ofu.jobsHeadlessName" . }}.{{ .Release.Namespace }}.svc
-        port: "4317"
-      {{- else }}
-      {{- fail (printf "gateway.resolver must be k8s or dns, not %q" .Values.gateway.resolver) }}
-      {{- end }}
+      {{- toYaml $resolver | nindent 6 }}
+  load_balancing/gpus:
+    routing_key: resource
+    protocol:
+      {{- toYaml $protocol | nindent 6 }}
+    resolver:
+      {{- toYaml $resolver | nindent 6 }}
 service:
   extensions: [health_check]
   telemetry:
@@ -211,10 +233,14 @@ service:
                 host: 0.0.0.0
                 port: 8888
   pipelines:
-    metrics:
+    metrics/jobs:
       receivers: [otlp]
-      processors: [memory_limiter, batch]
-      exporters: [load_balancing]
+      processors: [memory_limiter, filter/keep_jobs, batch]
+      exporters: [load_balancing/jobs]
+    metrics/gpus:
+      receivers: [otlp]
+      processors: [memory_limiter, filter/keep_no_job, batch]
+      exporters: [load_balancing/gpus]
 {{- end }}
 
 {{/* A part's final config: its default, then .config over it, then tpl. */}}
