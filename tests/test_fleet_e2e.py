@@ -243,3 +243,44 @@ def test_a_jobs_instance_killed_and_restarted_resumes_its_jobs(requests, tmp_pat
         killed_sink.stop()
         steady_sink.stop()
 
+
+
+def test_the_backend_collector_keeps_job_identity_as_prometheus_labels(otelcol, tmp_path, processes):
+    """jobs tier -> otelcol-backend-prometheus.yaml (remote write) -> a real Prometheus: PromQL by job."""
+    from tests.e2e_util import prometheus_binary
+    from tests.test_prometheus_e2e import promql
+
+    prometheus = prometheus_binary()
+    collector_port, prom_port = free_ports(2)
+    prom = Process("prometheus", [prometheus, "--web.enable-remote-write-receiver",
+                                  f"--config.file={tmp_path / 'prometheus.yml'}",
+                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                  f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
+    (tmp_path / "prometheus.yml").write_text("global: {}\n")
+    processes.append(prom)
+    wait_for("Prometheus", lambda: require_alive(*processes) or port_open(prom_port))
+    backend = Process("backend", [otelcol, f"--config=file:{CONFIGS / 'otelcol-backend-prometheus.yaml'}"],
+                      tmp_path / "backend.log",
+                      {"OFU_BACKEND_GRPC_ENDPOINT": f"127.0.0.1:{collector_port}",
+                       "OFU_PROMETHEUS_WRITE_URL": f"http://127.0.0.1:{prom_port}/api/v1/write"})
+    processes.append(backend)
+    wait_for("the backend Collector", lambda: require_alive(*processes) or port_open(collector_port))
+    (port,) = free_ports(1)
+    processes.append(Process("jobs", otel_ofu_command(CONFIGS / "fleet-jobs.yaml"), tmp_path / "jobs.log",
+                             {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{port}",
+                              "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{collector_port}",
+                              "OFU_STATE_DIR": str(tmp_path / "state")}))
+    wait_for("the jobs instance", lambda: require_alive(*processes) or port_open(port))
+    # Fifteen minutes of the fleet ending now (Prometheus takes recent samples only).
+    tier = NodeTier(NodeTier.of(nodes=2, gpus_per_node=4, jobs=JOBS[:1]).sim, start_unix_s=time.time() - 900)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    export = channel.unary_unary(EXPORT)
+    for _ in range(15):
+        export(otlp.encode_request([p for _ in range(6) for ps in tier.window().values() for p in ps]), timeout=30)
+    channel.close()
+    job = wait_for("job_ofu in Prometheus", lambda: promql(prom_port, 'job_ofu{ofu_job_id="llm-pretrain"}'),
+                   timeout=60, interval=0.5, diagnostics=lambda: "\n".join(p.tail() for p in processes))
+    assert {s["metric"]["ofu_window"] for s in job} >= {"5m", "life"}
+    gpus = promql(prom_port, 'gpu_ofu{ofu_job_id="llm-pretrain", ofu_precision="bf16"}')
+    assert len(gpus) == 6 and all(s["metric"]["hw_id"] and s["metric"]["host_name"] for s in gpus)
+    assert promql(prom_port, 'job_gpu_seconds{ofu_job_id="llm-pretrain"}')
