@@ -15,7 +15,6 @@ import functools
 import json
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -261,19 +260,33 @@ def count_data_points(resource_metrics: metrics_pb2.ResourceMetrics) -> int:
     return count
 
 
-@dataclass(frozen=True, slots=True)
 class WireResourceMetrics:
     """A pass-through ResourceMetrics together with its serialized form, as a request field.
 
     Why: re-serializing what a receiver forwards untouched costs about as much as decoding it.
-    The otlp receiver keeps the bytes it received (the join's inputs cut out, see
-    :func:`otel_ofu.otlp_join.split_request`), so exporters that send protobuf append them
-    as they are; the others read ``message``.
+    The otlp receiver keeps the bytes it received (the join's inputs and decoded metrics cut
+    out, see :func:`otel_ofu.otlp.join.split`), so exporters that send protobuf append them as
+    they are; the others read ``message`` (parsed from the bytes when not given).
     """
 
-    message: metrics_pb2.ResourceMetrics
-    field: bytes  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
-    points: int  # data points in it
+    __slots__ = ("_message", "field", "points")
+
+    def __init__(self, message: metrics_pb2.ResourceMetrics | None, field: bytes, points: int):
+        self._message = message
+        self.field = field  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
+        self.points = points  # data points in it
+
+    @property
+    def message(self) -> metrics_pb2.ResourceMetrics:
+        if self._message is None:
+            self._message = _resource_metrics_of(self.field)
+        return self._message
+
+
+def _resource_metrics_of(field: bytes) -> metrics_pb2.ResourceMetrics:
+    """The ResourceMetrics in a request field (tag, length, message)."""
+    _, start = _varint(field, 1)
+    return metrics_pb2.ResourceMetrics.FromString(field[start:])
 
 
 def passthrough_messages(passthrough: Iterable[object]) -> list[metrics_pb2.ResourceMetrics]:
@@ -381,15 +394,21 @@ def metric_points(metric: metrics_pb2.Metric, resource: Attributes) -> list[Metr
     """
     kind = metric.WhichOneof("data")
     data = metric.gauge if kind == "gauge" else metric.sum
-    monotonic = kind == "sum"
-    name, unit = metric.name, metric.unit or "1"
-    wire = data.SerializeToString()
+    return data_points(metric.name, metric.unit or "1", kind == "sum", data.SerializeToString(), resource)
+
+
+def data_points(name: str, unit: str, monotonic: bool, wire: bytes, resource: Attributes, i: int = 0,
+                n: int | None = None) -> list[MetricPoint]:
+    """The NumberDataPoints of a serialized Gauge or Sum (``wire[i:n]``) as MetricPoints."""
     out: list[MetricPoint] = []
-    i, n = 0, len(wire)
+    n = len(wire) if n is None else n
     while i < n:
         tag = wire[i]
-        if tag != 0x0A:  # a Sum's temporality and monotonic flag, after its points
-            break
+        if tag != 0x0A:  # a Sum's temporality and monotonic flag (varints), after its points
+            if tag & 7:
+                break
+            _, i = _varint(wire, i + 1)
+            continue
         size, start = _varint(wire, i + 1)
         end = start + size
         i = end

@@ -362,6 +362,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                     del metrics[m_index]
                     if edits is not None:
                         edits.metrics.setdefault(s_index, {})[m_index] = None
+                        edits.decoded += 1
                 continue
             if name not in INPUT_METRICS:
                 if count:
@@ -376,6 +377,8 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                 continue
             if resource is None:
                 resource = _Resource(rm)
+            if edits is not None:
+                edits.inputs += 1
             data = getattr(metric, kind_of_data)
             points = data.data_points
             if name in _PROMETHEUS_INPUTS:
@@ -432,6 +435,8 @@ class _Edits:
     scopes: set[int] = field(default_factory=set)  # scope_metrics deleted (left empty)
     metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
     points: int = 0  # data points left, as otlp.count_data_points counts them
+    decoded: int = 0  # metrics decoded into points and cut out
+    inputs: int = 0  # DCGM input metrics joined and cut out
 
     def changed(self) -> bool:
         return bool(self.scopes or self.metrics)
@@ -526,15 +531,19 @@ def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
     return b"".join(parts)
 
 
-def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMetrics, _Edits]]) -> list[Any]:
-    """The forwarded ResourceMetrics with their bytes cut from the received request (``total`` in it)."""
+def _request_ranges(wire: bytes, total: int) -> list[tuple[int, int, int]]:
+    """(field start, payload start, field end) of each ResourceMetrics in a request's bytes; [] if they do not fit."""
     try:
         ranges = [(f_start, p_start, f_end) for number, f_start, p_start, f_end in _fields(wire, 0, len(wire))
                   if number == 1]  # ExportMetricsServiceRequest.resource_metrics
     except (_WireError, IndexError):
-        ranges = []
-    if len(ranges) != total:  # not the bytes this request was parsed from
-        ranges = []
+        return []
+    return ranges if len(ranges) == total else []  # else: not the bytes this request was parsed from
+
+
+def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMetrics, _Edits]]) -> list[Any]:
+    """The forwarded ResourceMetrics with their bytes cut from the received request (``total`` in it)."""
+    ranges = _request_ranges(wire, total)
     out: list[Any] = []
     for index, rm, edits in kept:
         field_bytes = None
@@ -603,6 +612,7 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
     decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
     kept: list[tuple[int, ResourceMetrics, _Edits]] = []
+    objects: dict[int, ResourceMetrics] = {}  # forwarded as messages (serialized by the exporter)
     for index, rm in enumerate(request.resource_metrics):
         found: list[MetricPoint] = []
         if decoded is not None:
@@ -615,12 +625,22 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
         else:
             edits = _Edits()
             if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
-                kept.append((index, rm, edits))
+                if edits.decoded and not edits.inputs:
+                    # Only decoded metrics were cut out (another otel-ofu's output): upb serializes the
+                    # rest faster than its bytes can be cut in Python.
+                    objects[index] = rm
+                else:
+                    kept.append((index, rm, edits))
         if decoded is not None:
             found += decoded.points
             decoded.points = found
     if kept:
         rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
+    if objects:
+        cut = iter(rest)
+        kept_indices = {index for index, _, _ in kept}
+        rest = [objects[i] if i in objects else next(cut)
+                for i in range(len(request.resource_metrics)) if i in objects or i in kept_indices]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in _samples(entity, window_s, tolerance_ns)]

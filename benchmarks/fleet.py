@@ -1,0 +1,268 @@
+"""Fleet throughput: node-tier OTLP through the real gateway Collector into 1, then 2 otel-ofu jobs instances.
+
+Why: the fleet topology (docs/fleet.md) scales the per-job work out over N jobs-tier instances
+behind the OpenTelemetry Collector's load balancer. This measures, in one run on this machine:
+
+- the gateway Collector forwarding the requests to sinks (collector-config/otelcol-gateway.yaml,
+  both load-balancing lanes): its CPU per point, ``collector_passthrough_points_per_s_per_core``;
+- the same requests through the same gateway into 1 and then 2 otel-ofu jobs-tier instances
+  (``otel-ofu run`` with collector-config/fleet-jobs.yaml: decode, jobs processor with its
+  on-disk state, OTLP export to a sink): their CPU per point (``ofu_points_per_s_per_core``),
+  and the end-to-end rate (``points_per_s``, first request sent to last point at the sinks).
+
+The input is what node agents send: per node and 10 s window one request of its 8 GPUs'
+points as the ``ofu`` processor makes them (job identity on the resource; a job spans 16
+nodes; one GPU in ten has no job), generated before the clock starts. CPU is user+system
+time from /proc/PID/stat. The load generator and the sinks run in this process on the same
+cores: on a 2-core machine the processes compete, so ``scaling_1_to_2`` says more about the
+machine than about otel-ofu there (the JSON records ``cores``).
+
+    python benchmarks/fleet.py --json                 # 20,000 GPUs, 3 windows
+    python benchmarks/fleet.py --gpus 100000 --json   # the 100k fleet (about 3 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from otel_ofu.core.model import GpuSample  # noqa: E402
+from otel_ofu.otlp import codec  # noqa: E402
+from otel_ofu.pipeline.component import Context  # noqa: E402
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig  # noqa: E402
+
+EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+GPUS_PER_NODE = 8
+NODES_PER_JOB = 16
+INTERVAL_S = 10
+T0 = 1_767_225_600
+
+
+def node_requests(gpus: int, windows: int) -> list[list[tuple[bytes, int]]]:
+    """Per window, one (request, data points) per node: what each node agent sends."""
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    out = []
+    for w in range(windows):
+        requests = []
+        for node in range(max(1, gpus // GPUS_PER_NODE)):
+            points = []
+            for g in range(GPUS_PER_NODE):
+                idle = (node * GPUS_PER_NODE + g) % 10 == 9
+                sample = GpuSample(
+                    (T0 + INTERVAL_S * (w + 1)) * 10**9, float(INTERVAL_S), f"gpu-node-{node:05d}", g,
+                    f"GPU-{node:05d}-{g}", "NVIDIA H100 80GB HBM3", 0.40 + 0.01 * ((node + g + w) % 10), 1755.0, 10,
+                    1980.0, 610.0, 0, 0.93, source="dcgm", job_id=None if idle else f"job-{node // NODES_PER_JOB:05d}",
+                    precision=None if idle else "bf16",
+                    resource={"k8s.namespace.name": "llm", "k8s.pod.name": f"train-{node // NODES_PER_JOB}-{node}"})
+                points += ofu.sample_points(sample)
+            requests.append((codec.encode_request(points), len(points)))
+        out.append(requests)
+    return out
+
+
+class Sink:
+    """An OTLP/gRPC server that counts the data points it receives (the backend, or the gateway's targets)."""
+
+    def __init__(self) -> None:
+        self.points = 0
+        self.last = 0.0
+        self._lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                                  options=[("grpc.max_receive_message_length", 64 << 20)])
+        handler = grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.metrics.v1.MetricsService",
+            {"Export": grpc.unary_unary_rpc_method_handler(self._export)})
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _export(self, body: bytes, context: object) -> bytes:
+        request = ExportMetricsServiceRequest.FromString(body)
+        n = sum(codec.count_data_points(rm) for rm in request.resource_metrics)
+        with self._lock:
+            self.points += n
+            self.last = time.monotonic()
+        return b""
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, env={**os.environ, **env}, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            cwd=ROOT)
+
+
+def send(port: int, windows: list[list[tuple[bytes, int]]], in_flight: int = 64) -> int:
+    """Every request, ``in_flight`` at a time; a refused one (queue full) is sent again."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
+    export = channel.unary_unary(EXPORT)
+    sent = 0
+    pending: list[tuple[object, bytes]] = []
+
+    def drain(limit: int) -> None:
+        while len(pending) > limit:
+            future, body = pending.pop(0)
+            while True:
+                try:
+                    future.result()  # type: ignore[attr-defined]
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.05)
+                    future = export.future(body, timeout=60)
+    for requests in windows:
+        for body, n in requests:
+            pending.append((export.future(body, timeout=60), body))
+            sent += n
+            drain(in_flight)
+    drain(0)
+    channel.close()
+    return sent
+
+
+def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: int | None, work: Path) -> dict:
+    """instances None: the gateway into two sinks; else into that many otel-ofu jobs instances."""
+    procs: list[subprocess.Popen] = []
+    sinks: list[Sink] = []
+    try:
+        targets: list[int] = []
+        ofu: list[subprocess.Popen] = []
+        if instances is None:
+            sinks = [Sink(), Sink()]
+            targets = [s.port for s in sinks]
+        else:
+            sinks = [Sink()]
+            for i in range(instances):
+                port = free_port()
+                proc = start([sys.executable, "-m", "otel_ofu", "run", "--config",
+                              str(ROOT / "collector-config" / "fleet-jobs.yaml")],
+                             {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{port}",
+                              "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{sinks[0].port}",
+                              "OFU_STATE_DIR": str(work / f"jobs-{instances}-{i}")}, work / f"jobs-{instances}-{i}.log")
+                procs.append(proc)
+                ofu.append(proc)
+                wait_port(port, proc)
+                targets.append(port)
+        gateway_port = free_port()
+        gateway = start([otelcol, f"--config=file:{ROOT / 'collector-config' / 'otelcol-gateway.yaml'}"],
+                        {"OFU_JOBS_ENDPOINTS": "[" + ", ".join(f"127.0.0.1:{p}" for p in targets) + "]",
+                         "OFU_GATEWAY_GRPC_ENDPOINT": f"127.0.0.1:{gateway_port}",
+                         "OFU_GATEWAY_HTTP_ENDPOINT": f"127.0.0.1:{free_port()}",
+                         "OFU_GATEWAY_HEALTH_ENDPOINT": f"127.0.0.1:{free_port()}",
+                         "OFU_GATEWAY_BATCH_TIMEOUT": "200ms"}, work / f"gateway-{instances}.log")
+        procs.append(gateway)
+        wait_port(gateway_port, gateway)
+        cpu0 = {p.pid: cpu_seconds(p.pid) for p in procs}
+        t0 = time.monotonic()
+        sent = send(gateway_port, windows)
+        deadline = time.monotonic() + 600
+        while sum(s.points for s in sinks) < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        received = sum(s.points for s in sinks)
+        wall = max(s.last for s in sinks) - t0
+        cpu = {p.pid: cpu_seconds(p.pid) - cpu0[p.pid] for p in procs}
+        return {"instances": instances or 0, "points": sent, "received": received, "wall_s": wall,
+                "points_per_s": sent / wall, "gateway_cpu_s": cpu[gateway.pid],
+                "ofu_cpu_s": sum(cpu[p.pid] for p in ofu)}
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for sink in sinks:
+            sink.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=20_000)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    otelcol = os.environ.get("OTELCOL") or subprocess.run(
+        [str(ROOT / "collector" / "build.sh")], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    t = time.perf_counter()
+    windows = node_requests(args.gpus, args.windows)
+    generate_s = time.perf_counter() - t
+    with tempfile.TemporaryDirectory(prefix="ofu-fleet-") as tmp:
+        work = Path(tmp)
+        collector = run_phase(otelcol, windows, None, work)
+        one = run_phase(otelcol, windows, 1, work)
+        two = run_phase(otelcol, windows, 2, work)
+    points = collector["points"]
+    collector_rate = points / collector["gateway_cpu_s"]
+    ofu_rate = points / one["ofu_cpu_s"]
+    out = {
+        "gpus": args.gpus, "windows": args.windows, "instances": [1, 2], "cores": os.cpu_count(), "points": points,
+        "points_per_s": {"1": one["points_per_s"], "2": two["points_per_s"]},
+        "ofu_points_per_s_per_core": ofu_rate,
+        "ofu_points_per_s_per_core_2_instances": points / two["ofu_cpu_s"],
+        "collector_passthrough_points_per_s_per_core": collector_rate,
+        "ratio_to_collector": ofu_rate / collector_rate,
+        "scaling_1_to_2": two["points_per_s"] / one["points_per_s"],
+        "jobs_tier_gpus_per_core_at_10s": args.gpus * args.windows * INTERVAL_S / one["ofu_cpu_s"],
+        "gateway_gpus_per_core_at_10s": args.gpus * args.windows * INTERVAL_S / one["gateway_cpu_s"],
+        "phases": {"collector_to_sinks": collector, "one_instance": one, "two_instances": two},
+        "generate_s": generate_s,
+        "complete": all(p["received"] >= p["points"] for p in (collector, one, two)),
+    }
+    if args.json:
+        json.dump(out, sys.stdout)
+        print()
+        return 0
+    print(f"fleet: {args.gpus:,} GPUs x {args.windows} windows = {points:,} points, {os.cpu_count()} cores")
+    print(f"  gateway pass-through : {collector_rate:12,.0f} points per CPU-second")
+    print(f"  otel-ofu jobs tier   : {ofu_rate:12,.0f} points per CPU-second (ratio {out['ratio_to_collector']:.2f})")
+    print(f"  end to end           : 1 instance {one['points_per_s']:,.0f} points/s, 2 instances "
+          f"{two['points_per_s']:,.0f} points/s (scaling {out['scaling_1_to_2']:.2f})")
+    print(f"  jobs tier {out['jobs_tier_gpus_per_core_at_10s']:,.0f} GPUs per core at 10 s; gateway "
+          f"{out['gateway_gpus_per_core_at_10s']:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
