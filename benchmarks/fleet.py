@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     otelcol = os.environ.get("OTELCOL") or subprocess.run(
-        [str(ROOT / "collector" / "build.sh")], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        [str(ROOT / "collector" / "build.sh")], capture_output=True, text=True,
+        check=True).stdout.strip().splitlines()[-1]
     t = time.perf_counter()
     windows = node_requests(args.gpus, args.windows)
     generate_s = time.perf_counter() - t
