@@ -15,6 +15,7 @@ import functools
 import json
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -260,33 +261,19 @@ def count_data_points(resource_metrics: metrics_pb2.ResourceMetrics) -> int:
     return count
 
 
+@dataclass(frozen=True, slots=True)
 class WireResourceMetrics:
     """A pass-through ResourceMetrics together with its serialized form, as a request field.
 
     Why: re-serializing what a receiver forwards untouched costs about as much as decoding it.
     The otlp receiver keeps the bytes it received (the join's inputs and decoded metrics cut
-    out, see :func:`otel_ofu.otlp.join.split`), so exporters that send protobuf append them as
-    they are; the others read ``message`` (parsed from the bytes when not given).
+    out, see :func:`otel_ofu.otlp.join.split`), so exporters that send protobuf append them
+    as they are; the others read ``message``.
     """
 
-    __slots__ = ("_message", "field", "points")
-
-    def __init__(self, message: metrics_pb2.ResourceMetrics | None, field: bytes, points: int):
-        self._message = message
-        self.field = field  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
-        self.points = points  # data points in it
-
-    @property
-    def message(self) -> metrics_pb2.ResourceMetrics:
-        if self._message is None:
-            self._message = _resource_metrics_of(self.field)
-        return self._message
-
-
-def _resource_metrics_of(field: bytes) -> metrics_pb2.ResourceMetrics:
-    """The ResourceMetrics in a request field (tag, length, message)."""
-    _, start = _varint(field, 1)
-    return metrics_pb2.ResourceMetrics.FromString(field[start:])
+    message: metrics_pb2.ResourceMetrics
+    field: bytes  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
+    points: int  # data points in it
 
 
 def passthrough_messages(passthrough: Iterable[object]) -> list[metrics_pb2.ResourceMetrics]:

@@ -362,7 +362,6 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                     del metrics[m_index]
                     if edits is not None:
                         edits.metrics.setdefault(s_index, {})[m_index] = None
-                        edits.decoded += 1
                 continue
             if name not in INPUT_METRICS:
                 if count:
@@ -377,8 +376,6 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                 continue
             if resource is None:
                 resource = _Resource(rm)
-            if edits is not None:
-                edits.inputs += 1
             data = getattr(metric, kind_of_data)
             points = data.data_points
             if name in _PROMETHEUS_INPUTS:
@@ -435,8 +432,6 @@ class _Edits:
     scopes: set[int] = field(default_factory=set)  # scope_metrics deleted (left empty)
     metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
     points: int = 0  # data points left, as otlp.count_data_points counts them
-    decoded: int = 0  # metrics decoded into points and cut out
-    inputs: int = 0  # DCGM input metrics joined and cut out
 
     def changed(self) -> bool:
         return bool(self.scopes or self.metrics)
@@ -612,7 +607,6 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
     decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
     kept: list[tuple[int, ResourceMetrics, _Edits]] = []
-    objects: dict[int, ResourceMetrics] = {}  # forwarded as messages (serialized by the exporter)
     for index, rm in enumerate(request.resource_metrics):
         found: list[MetricPoint] = []
         if decoded is not None:
@@ -625,22 +619,12 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
         else:
             edits = _Edits()
             if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
-                if edits.decoded and not edits.inputs:
-                    # Only decoded metrics were cut out (another otel-ofu's output): upb serializes the
-                    # rest faster than its bytes can be cut in Python.
-                    objects[index] = rm
-                else:
-                    kept.append((index, rm, edits))
+                kept.append((index, rm, edits))
         if decoded is not None:
             found += decoded.points
             decoded.points = found
     if kept:
         rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
-    if objects:
-        cut = iter(rest)
-        kept_indices = {index for index, _, _ in kept}
-        rest = [objects[i] if i in objects else next(cut)
-                for i in range(len(request.resource_metrics)) if i in objects or i in kept_indices]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in _samples(entity, window_s, tolerance_ns)]
