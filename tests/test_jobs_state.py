@@ -133,3 +133,18 @@ def test_storage_must_be_a_directory(tmp_path):
     with pytest.raises(FieldError) as info:
         build_config(JobsConfig, {"storage": str(tmp_path / "f")})
     assert info.value.key == "storage"
+
+
+def test_a_job_that_moves_here_starts_fresh_and_says_so(windows, caplog):
+    """After the gateway's ring changes, an instance gets a running job from its middle on."""
+    proc = processor()
+    with caplog.at_level(logging.INFO):
+        out = outputs(proc, windows[100:130])
+    assert "job steady-a first seen by this instance" in caplog.text
+    starts = [e for b in out for e in b.events if e.name == "ofu.job.start"]
+    assert {dict(e.attributes)[JOB_ID] for e in starts} >= {"steady-a", "moe-b"}
+    seconds = [p for b in out for p in b.points
+               if p.name == "job.gpu_seconds" and dict(p.resource)[JOB_ID] == "steady-a"]
+    # Its totals begin with the windows this instance saw: 30 windows x 4 GPUs x 10 s at most.
+    assert 0 < seconds[-1].value <= 30 * 4 * 10
+    assert seconds[-1].start_time_unix_nano >= windows[100][0].time_unix_nano - 10 * 10**9
