@@ -200,8 +200,9 @@ def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: i
         while sum(s.points for s in sinks) < sent and time.monotonic() < deadline:
             time.sleep(0.05)
         received = sum(s.points for s in sinks)
-        wall = max(s.last for s in sinks) - t0
-        cpu = {p.pid: cpu_seconds(p.pid) - cpu0[p.pid] for p in procs}
+        wall = max(max(s.last for s in sinks) - t0, 1e-3)
+        tick = 1 / os.sysconf("SC_CLK_TCK")  # a tiny run may not use one tick: no division by zero
+        cpu = {p.pid: max(cpu_seconds(p.pid) - cpu0[p.pid], tick) for p in procs}
         return {"instances": instances or 0, "points": sent, "received": received, "wall_s": wall,
                 "points_per_s": sent / wall, "gateway_cpu_s": cpu[gateway.pid],
                 "ofu_cpu_s": sum(cpu[p.pid] for p in ofu)}

@@ -74,3 +74,15 @@ def test_throughput_tiny():
     run = out["runs"][0]
     assert run["gpus"] == 64 and run["samples_joined"] == 64 and run["points_in"] > 64 * 20
     assert out["output_ok"], run["output_problems"]  # the encoded output holds every point produced
+
+
+def test_fleet_tiny(monkeypatch):
+    from tests.e2e_util import collector_binary
+
+    monkeypatch.setenv("OTELCOL", collector_binary())
+    out = run_json("fleet.py", "--gpus", "160", "--windows", "1", timeout=300)
+    assert out["complete"] and out["instances"] == [1, 2] and out["points"] > 0
+    for key in ("ofu_points_per_s_per_core", "collector_passthrough_points_per_s_per_core", "ratio_to_collector",
+                "scaling_1_to_2"):
+        assert is_number(out[key]) and out[key] > 0
+    assert set(out["points_per_s"]) == {"1", "2"}

@@ -357,7 +357,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
         for m_index in range(len(metrics) - 1, -1, -1):
             metric = metrics[m_index]
             name = metric.name
-            if decode is not None and name in decode.names and decode.take(rm, metric, s_index, m_index):
+            if decode is not None and name in decode.names and decode.take(rm, metric):
                 if keep_rest:
                     del metrics[m_index]
                     if edits is not None:
@@ -562,19 +562,23 @@ def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMet
 class _Decoded:
     """The metrics of a request decoded into points (by name), and those that could not be."""
 
-    __slots__ = ("names", "points", "skipped")
+    __slots__ = ("names", "points", "skipped", "_rm", "_resource")
 
     def __init__(self, names: frozenset[str]):
         self.names = names
         self.points: list[MetricPoint] = []
         self.skipped: set[str] = set()  # names seen in a shape points cannot carry (histogram, delta sum)
+        self._rm: ResourceMetrics | None = None
+        self._resource: tuple = ()
 
-    def take(self, rm: ResourceMetrics, metric: Any, s_index: int, m_index: int) -> bool:
+    def take(self, rm: ResourceMetrics, metric: Any) -> bool:
         """Decode ``metric`` into points; False (it passes through) when it is not a gauge or cumulative sum."""
         if not codec.decodable(metric):
             self.skipped.add(metric.name)
             return False
-        points = codec.metric_points(metric, codec.resource_attributes(rm))
+        if rm is not self._rm:  # the resource's attributes, once per ResourceMetrics
+            self._rm, self._resource = rm, codec.resource_attributes(rm)
+        points = codec.metric_points(metric, self._resource)
         # Walked backwards (for deletion): each metric's points are prepended in order below.
         self.points[:0] = points
         return True
