@@ -7,11 +7,17 @@ attributes), and events: ``ofu.job.start``, ``ofu.job.end`` (with the job's summ
 ``job_timeout`` without points or at shutdown), ``ofu.finding.open`` / ``ofu.finding.close``
 (MFU audit and regression alarms, with both numbers and the likely cause). The logic lives
 in :mod:`otel_ofu.jobs`; this module only turns its results into points and events.
+
+Time: a job's end is judged in the clock of each host that ran it; this process's wall clock
+only says when a host went silent and which points are stamped too far in the future
+(docs/jobs.md, "Time").
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
@@ -52,7 +58,8 @@ for _info in (
     MetricInfo("job.finding", "1", "gauge", "1 while a finding is open for the job (ofu.finding.kind: mfu_gap or "
                "regression; ofu.finding.cause), 0 once when it closes."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, mfu_without_job)."),
+               "(out_of_order, not_finite, mfu_without_job, future: stamped more than max_future ahead of this "
+               "process's clock)."),
 ):
     register(_info)
 
@@ -107,13 +114,26 @@ def summary_attributes(summary: JobSummary) -> Attributes:
     return attrs(out)
 
 
+FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this many seconds
+
+
 class JobsProcessor(Processor):
-    def __init__(self, config: JobsConfig, context: Context):
+    def __init__(self, config: JobsConfig, context: Context, *, clock: Callable[[], float] = time.time):
         super().__init__(config, context)
         self.book = JobBook(config)
+        self._clock = clock
+        self._warned_future_at = -math.inf
 
     def process(self, batch: Batch) -> Batch:
-        update = self.book.observe(batch.points)
+        now = self._clock()
+        update = self.book.observe(batch.points, now)
+        if update.ahead is not None and now - self._warned_future_at >= FUTURE_WARNING_INTERVAL_S:
+            self._warned_future_at = now
+            host, ahead = update.ahead
+            self.log.warning("jobs: %d point(s) stamped further ahead than their host's clock has run so far "
+                             "(max_future %gs) were not counted (e.g. host %s, %.0fs ahead of this process's clock): "
+                             "check that node's clock (NTP)", update.skipped.get("future", 0),
+                             float(self.config.max_future), host, ahead)
         points, events = self._render(update)
         return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
                      events=[*batch.events, *events])
