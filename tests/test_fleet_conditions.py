@@ -122,3 +122,96 @@ def test_a_backlog_replayed_after_a_partition_does_not_end_the_job(tmp_path):
     ends = {dict(e.attributes)["ofu.job.id"]: dict(e.attributes) for e in events if e.name == "ofu.job.end"}
     assert ends["k8s:research/train-a"]["ofu.job.gpu_hours"] * 3600 == ends["k8s:research/train-b"][
         "ofu.job.gpu_hours"] * 3600 == 15 * 60  # every window counted once
+
+
+def gpu_points(points, name: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for p in points:
+        if p.name == name:
+            out.setdefault(dict(p.resource)["hw.id"], []).append(p)
+    return out
+
+
+def without(request, metric_name: str):
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            names = [m.name for m in sm.metrics]
+            if metric_name in names:
+                del sm.metrics[names.index(metric_name)]
+    return request
+
+
+# --- item 2: a GPU without TPA keeps its clock ---------------------------------------------------
+
+def test_a_gpu_without_tpa_is_a_no_value_window_and_its_clock_is_forwarded(tmp_path):
+    pipeline = Pipeline(tmp_path)
+    t0 = time.time() - 60
+    try:
+        # Profiling off on node-p (no DCGM_FI_PROF_PIPE_TENSOR_ACTIVE at all); node-q as usual.
+        pipeline.grpc(without(dcgm_exporter_request([pod_gpu(0, "GPU-p", "train-p")], int(t0 * 1e9), host="node-p"),
+                              "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"))
+        request = dcgm_exporter_request([pod_gpu(0, "GPU-q", "train-q")], int(t0 * 1e9), host="node-q")
+        # A clock series of no GPU (no gpu or UUID label): nothing joins it, so it passes through.
+        clock = next(m for m in request.resource_metrics[0].scope_metrics[0].metrics
+                     if m.name == "DCGM_FI_DEV_SM_CLOCK")
+        clock.gauge.data_points.add(time_unix_nano=int(t0 * 1e9), as_double=1234.0)
+        pipeline.http(request)
+    finally:
+        points, _ = pipeline.stop()
+    assert "GPU-p" not in gpu_points(points, "gpu.ofu") and "GPU-q" in gpu_points(points, "gpu.ofu")
+    (dropped,) = gpu_points(points, "gpu.ofu.dropped")["GPU-p"]
+    assert dict(dropped.attributes)["ofu.drop.reason"] == "missing" and dropped.value == 1
+    (clock_p,) = gpu_points(points, "gpu.sm.clock.frequency")["GPU-p"]
+    assert clock_p.value == 1500e6 and dict(clock_p.resource)["ofu.job.id"] == "k8s:research/train-p"
+    forwarded = [p for p in points if p.name == "DCGM_FI_DEV_SM_CLOCK"]
+    assert [(p.value, p.attributes) for p in forwarded] == [(1234.0, ())]
+    assert {dict(p.attributes)["UUID"] for p in points if p.name == "DCGM_FI_DEV_POWER_USAGE"} == {"GPU-p", "GPU-q"}
+
+
+# --- item 6: duplicates are one sample -----------------------------------------------------------
+
+def test_a_duplicated_scrape_is_one_sample_and_a_resent_blank_window_counts_once(tmp_path):
+    pipeline = Pipeline(tmp_path)
+    t0 = int((time.time() - 60) * 1e9)
+    try:
+        twice = dcgm_exporter_request([pod_gpu(0, "GPU-d", "train-d")], t0, host="node-d")
+        twice.resource_metrics.add().CopyFrom(twice.resource_metrics[0])  # the same scrape twice in one request
+        pipeline.grpc(twice)
+        blank = without(dcgm_exporter_request([pod_gpu(0, "GPU-e", "train-e")], t0, host="node-e"),
+                        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+        pipeline.grpc(blank)
+        pipeline.grpc(blank)  # a Collector retry after a lost response: the same windows again
+    finally:
+        points, _ = pipeline.stop()
+    assert [p.value for p in gpu_points(points, "gpu.ofu.raw")["GPU-d"]] == [0.5 * 1500 / 1830]
+    assert "GPU-d" not in gpu_points(points, "gpu.ofu.dropped")
+    assert [p.value for p in gpu_points(points, "gpu.ofu.dropped")["GPU-e"]] == [1, 1]
+
+
+# --- item 8: labels that are not strings, a blank in percent -----------------------------------
+
+def test_non_string_labels_and_a_blank_tpa_in_percent(tmp_path):
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    pipeline = Pipeline(tmp_path)
+    t0 = int((time.time() - 60) * 1e9)
+    try:
+        request = dcgm_exporter_request([pod_gpu(3, "GPU-i", "train-i"), pod_gpu(4, "GPU-j", "train-j")], t0,
+                                        host="node-i")
+        for metric in request.resource_metrics[0].scope_metrics[0].metrics:
+            for dp in metric.gauge.data_points:  # a Collector transform made the GPU index an int
+                for kv in dp.attributes:
+                    if kv.key == "gpu":
+                        kv.value.CopyFrom(AnyValue(int_value=int(kv.value.string_value)))
+            if metric.name == "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE":
+                metric.unit = "%"  # TPA in percent: 50 is 0.5
+                metric.gauge.data_points[0].as_double = 50.0
+                metric.gauge.data_points[1].as_int = 0x7FFFFFF0 + 2  # DCGM INT32 blank: not supported
+        pipeline.grpc(request)
+    finally:
+        points, _ = pipeline.stop()
+    (ofu_i,) = gpu_points(points, "gpu.ofu.raw")["GPU-i"]
+    assert ofu_i.value == 0.5 * 1500 / 1830 and dict(ofu_i.resource)["gpu.index"] == "3"
+    (dropped,) = gpu_points(points, "gpu.ofu.dropped")["GPU-j"]
+    assert dict(dropped.attributes)["ofu.drop.reason"] == "not_supported"
+    assert dict(dropped.resource)["gpu.index"] == "4"
