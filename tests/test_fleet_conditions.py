@@ -13,11 +13,12 @@ from pathlib import Path
 
 import grpc
 
+from otel_ofu.core import specs
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.config import parse_service_config
 from otel_ofu.pipeline.service import Service
-from tests.otlp_shapes import Gpu, dcgm_exporter_request
+from tests.otlp_shapes import H100, Gpu, dcgm_exporter_request
 from tests.test_receiver_otlp import grpc_export, http_post
 
 STEP_S = 30  # dcgm-exporter's default collect interval: one scrape per GPU per step
@@ -215,3 +216,30 @@ def test_non_string_labels_and_a_blank_tpa_in_percent(tmp_path):
     (dropped,) = gpu_points(points, "gpu.ofu.dropped")["GPU-j"]
     assert dict(dropped.attributes)["ofu.drop.reason"] == "not_supported"
     assert dict(dropped.resource)["gpu.index"] == "4"
+
+
+# --- item 4: MIG instances stand for their slices -------------------------------------------------
+
+def test_seven_1g_instances_add_up_to_one_gpu_not_seven(tmp_path):
+    """Seven 1g.10gb instances of one H100 at TPA 1 and f_ref: together the GPU's peak, per instance 1/7."""
+    processors = {"attribution": {"rules": [{"match": {"host": "node-m"}, "job_id": "mig-job", "precision": "bf16"}]},
+                  "ofu": {"tile_correction": {"enabled": False}}, "jobs": {"default_interval": f"{STEP_S}s"}}
+    pipeline = Pipeline(tmp_path, processors)
+    base = time.time() - 600
+    instances = [Gpu(0, "GPU-mig", 1.0, 1830.0, labels=(("GPU_I_ID", str(i)), ("GPU_I_PROFILE", "1g.10gb")))
+                 for i in range(1, 8)]
+    try:
+        for t in range(STEP_S, 4 * 60 + 1, STEP_S):
+            pipeline.grpc(dcgm_exporter_request(instances, int((base + t) * 1e9), host="node-m"))
+    finally:
+        points, events = pipeline.stop()
+    peak = specs.find_spec(H100).peak("bf16").flops  # 989.4 TFLOP/s dense
+    at_60 = int((base + 60) * 1e9)
+    achieved = [p.value for p in points if p.name == "gpu.flops.achieved" and p.time_unix_nano == at_60]
+    assert len(achieved) == 7 and all(abs(v - peak / 7) / peak < 1e-12 for v in achieved)
+    rate = [p.value for p in points if p.name == "job.flops.achieved" and dict(p.attributes)["ofu.window"] == "5m"]
+    assert rate and abs(rate[-1] - peak) / peak < 1e-9  # the job holds one GPU's worth, not 6,926 TFLOP/s
+    (end,) = [dict(e.attributes) for e in events if e.name == "ofu.job.end"]
+    assert abs(end["ofu.job.flops"] - peak * 4 * 60) / (peak * 4 * 60) < 1e-9
+    flops_total = [p.value for p in points if p.name == "job.flops"]
+    assert flops_total and all(v <= peak * 4 * 60 * (1 + 1e-9) for v in flops_total)

@@ -335,3 +335,11 @@ def test_time_config_errors():
     with pytest.raises(FieldError) as info:
         build_config(JobsConfig, {"max_future": "0s"})
     assert info.value.key == "max_future"
+
+
+def test_flops_from_the_peak_count_a_mig_instance_by_its_slices():
+    """A recording without gpu.flops.achieved: a 3g instance stands for 3/7 of the GPU (issue 11, item 4)."""
+    book = JobBook(JobsConfig())
+    book.observe([ofu(10, 0.5, "GPU-m", resource_extra={"gpu.mig.instance_id": "2", "gpu.mig.profile": "3g.40gb"})])
+    peak = specs.find_spec(H100).peak("bf16").flops
+    assert book.jobs["train"].totals.flop == pytest.approx(0.5 * peak * 3 / 7 * 10)

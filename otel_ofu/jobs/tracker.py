@@ -313,11 +313,17 @@ def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     return None
 
 
-def peak_flops(model: str | None, precision: str | None, ofu: float) -> float | None:
-    """OFU x the dense peak at the precision, when both the model and the precision are known."""
+def peak_flops(model: str | None, precision: str | None, ofu: float,
+               attributes: dict[str, Any] | None = None) -> float | None:
+    """OFU x the dense peak at the precision x the GPU's share (a MIG instance's slices), when all are known.
+
+    For points without ``gpu.flops.achieved`` (recordings, peers): the same figure the ``ofu``
+    processor would have made.
+    """
     spec = specs.find_spec(model)
     peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    return ofu * peak.flops if peak else None
+    share = specs.instance_share(model, attributes) if attributes else 1.0
+    return ofu * peak.flops * share if peak and share is not None else None
 
 
 @dataclass(slots=True)
@@ -464,7 +470,7 @@ class JobBook:
         precision = attributes.get(PRECISION)
         rate = flops.get((point.resource, point.time_unix_nano))
         if rate is None:
-            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value)
+            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value, attributes)
         tracker = self._tracker(job, attributes, update, touched)
         tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision), source)
 

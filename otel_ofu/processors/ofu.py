@@ -115,6 +115,7 @@ class OfuProcessor(Processor):
             sample.tensor_active, sample.sm_clock_mhz, sample.model, precision, sample.max_sm_clock_mhz,
             tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
             correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
+            share=specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0,
         )
         point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):

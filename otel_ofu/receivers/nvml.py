@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_SLICES, Batch, GpuSample
 from otel_ofu.core.ofu import mean_clock
 from otel_ofu.core.values import rescale
 from otel_ofu.gpu import nvml_api, status
@@ -250,6 +250,8 @@ class NvmlReceiver(PollingReceiver):
         if target.gpu_instance_id is not None:
             mig = next(m for m in gpu.info.mig if m.gpu_instance_id == target.gpu_instance_id)
             resource.update({GPU_MIG_INSTANCE: str(mig.gpu_instance_id), "gpu.mig.uuid": mig.uuid})
+            if mig.slices:
+                resource[GPU_MIG_SLICES] = str(mig.slices)
             processes = [p for p in processes if getattr(p, "gpuInstanceId", None) == target.gpu_instance_id]
         pids = sorted({int(p.pid) for p in processes})
         if pids:
