@@ -58,8 +58,8 @@ for _info in (
     MetricInfo("job.finding", "1", "gauge", "1 while a finding is open for the job (ofu.finding.kind: mfu_gap or "
                "regression; ofu.finding.cause), 0 once when it closes."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, mfu_without_job, future: stamped more than max_future ahead of this "
-               "process's clock)."),
+               "(out_of_order, not_finite, mfu_without_job, future: stamped more than max_future beyond its host's "
+               "usual lead over this process's clock)."),
 ):
     register(_info)
 
