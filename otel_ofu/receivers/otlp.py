@@ -38,7 +38,7 @@ REQUESTS = register(MetricInfo(
     "length_required, tls_handshake, internal."))
 SAMPLES = register(MetricInfo(
     "otel_ofu.receiver.samples", "{window}", "sum",
-    "GPU windows (TPA joined with SM clock) a push receiver extracted from the metrics it received."))
+    "GPU windows (TPA joined with SM clock, or either alone) a push receiver extracted from the metrics it received."))
 
 DEFAULT_GRPC_ENDPOINT = "127.0.0.1:4317"
 DEFAULT_HTTP_ENDPOINT = "127.0.0.1:4318"
