@@ -26,6 +26,7 @@ class Gpu:
     clock_mhz: float
     power_w: float = 300.0
     model: str = H100
+    labels: tuple[tuple[str, str], ...] = ()  # more dcgm-exporter labels: pod, namespace, GPU_I_PROFILE, ...
 
 
 def _kv(key: str, value: object) -> KeyValue:
@@ -57,7 +58,7 @@ def dcgm_exporter_request(gpus: list[Gpu], t_ns: int, host: str = "node-1",
             dp.attributes.extend([_kv("gpu", str(g.index)), _kv("UUID", g.uuid),
                                   _kv("pci_bus_id", f"00000000:{g.index:02d}:00.0"), _kv("device", f"nvidia{g.index}"),
                                   _kv("modelName", g.model), _kv("Hostname", host),
-                                  _kv("DCGM_FI_DRIVER_VERSION", "570.86.15")])
+                                  _kv("DCGM_FI_DRIVER_VERSION", "570.86.15"), *(_kv(k, v) for k, v in g.labels)])
     return request
 
 

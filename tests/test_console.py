@@ -260,3 +260,17 @@ def test_a_long_watch_forgets_gpus_gone_for_an_hour_and_keeps_the_newest_ended_j
     clock.now += 3601
     state.update(Batch(points=ofu_points(gpu_resource(index="0", uuid="GPU-0"), T0 + 3600 * S, 0.4, job="job-0")))
     assert [r.state.index for r in state.view().gpus] == ["0"]
+
+
+def test_jobs_without_an_end_event_are_forgotten_with_their_gpus():
+    """No jobs processor upstream, so no ofu.job.end: a long watch keeps no job last seen an hour ago (issue 11, 5)."""
+    clock = Clock()
+    state = FleetState(clock=clock)
+    for i in range(50):
+        clock.now += 60
+        state.update(Batch(points=ofu_points(gpu_resource(index="0", uuid="GPU-0"), T0 + i * 60 * S, 0.4,
+                                             job=f"short-{i}")))
+    assert len(state.jobs) == 50
+    clock.now += 3601
+    state.update(Batch(points=ofu_points(gpu_resource(index="0", uuid="GPU-0"), T0 + 3 * 3600 * S, 0.4, job="now")))
+    assert [j.job_id for j in state.view().jobs] == ["now"] and list(state.jobs) == ["now"]

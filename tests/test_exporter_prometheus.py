@@ -221,3 +221,16 @@ def test_config_defaults_and_errors():
         build_config(PrometheusExporterConfig, {"endpoint": "9464"})
     with pytest.raises(FieldError, match="namespace"):
         build_config(PrometheusExporterConfig, {"namespace": "my-ns"})
+
+
+def test_series_of_gone_pods_expire_without_any_scrape(exporter):
+    """Prometheus down for days: nothing scrapes, yet 200 pods' series do not pile up (issue 11, item 5)."""
+    exp = exporter(metric_expiration="5m", resource_to_telemetry_conversion={"enabled": False})
+    for pod in range(200):
+        exp.clock.now += 10
+        resource = (("host.name", "node-1"), ("hw.id", f"GPU-{pod % 8}"), ("k8s.pod.name", f"pod-{pod}"))
+        exp.export(Batch(points=[MetricPoint("gpu.ofu", 0.4, T0 + pod * 10**10, resource, job(f"job-{pod}"))]))
+    series = sum(len(family.series) for family in exp._families.values())
+    bound = 31 + 6  # five minutes of pods, one every 10 s, plus up to a minute before the next expiry
+    assert series <= bound and len(exp._targets) <= bound and len(exp._series_of) <= bound
+    assert len(exp._gpu_jobs) <= 8

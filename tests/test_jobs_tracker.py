@@ -194,3 +194,152 @@ def test_config_errors_name_the_key(data, key):
     with pytest.raises(FieldError) as info:
         build_config(JobsConfig, data)
     assert info.value.key == key
+
+
+# --- time: each host in its own clock (issue 11, item 1) -------------------------------------
+
+def on_host(host, t, value=0.5, gpu=None, job="train", **extra):
+    return ofu(t, value, gpu or f"GPU-{host}", job=job, resource_extra={HOST_NAME: host, **extra})
+
+
+def run_two_nodes(book, minutes, job_minutes, skew_s=0.0, extra=lambda t: [], partition=None):
+    """Node a (clock ``skew_s`` behind) runs job-a, node b runs job-b, for ``job_minutes``; then idle.
+
+    ``now`` is node b's clock (the processor's wall clock). ``partition``: (from, to) seconds
+    during which node a's points are held back, then delivered at once (a Collector's backlog).
+    Returns every update.
+    """
+    updates, held = [], []
+    for t in range(10, minutes * 60 + 1, 10):
+        job = (lambda name: name) if t <= job_minutes * 60 else (lambda name: "none")
+        a = on_host("node-a", t - skew_s, job=job("job-a"))
+        points = [on_host("node-b", t, job=job("job-b")), *extra(t)]
+        if partition and partition[0] <= t < partition[1]:
+            held.append(a)
+        else:
+            points += [*held, a]
+            held = []
+        updates.append(book.observe(points, now=T0 + t))
+    return updates
+
+
+def events_per_job(updates, close=None):
+    starts, ends = {}, {}
+    for update in [*updates, *([close] if close else [])]:
+        for tracker in update.started:
+            starts[tracker.job_id] = starts.get(tracker.job_id, 0) + 1
+        for summary in update.ended:
+            ends[summary.job_id] = ends.get(summary.job_id, 0) + 1
+    return starts, ends
+
+
+def test_a_node_whose_clock_is_behind_does_not_end_its_job_early():
+    book = JobBook(JobsConfig())
+    updates = run_two_nodes(book, minutes=20, job_minutes=10, skew_s=360)
+    assert events_per_job(updates) == ({"job-a": 1, "job-b": 1}, {"job-a": 1, "job-b": 1})
+    ended = {s.job_id: s for u in updates for s in u.ended}
+    assert ended["job-a"].reason == ended["job-b"].reason == "timeout"
+    # Each job's life, in its own node's clock: ten minutes of one GPU.
+    assert ended["job-a"].totals.gpu_seconds == ended["job-b"].totals.gpu_seconds == 600
+    assert ended["job-a"].end == T0 + 600 - 360
+
+
+def test_a_point_a_day_ahead_moves_nobody_and_is_counted():
+    book = JobBook(JobsConfig())
+    future = lambda t: [on_host("node-b", t + 86400, gpu="GPU-b2", job="job-b")] if t == 300 else []  # noqa: E731
+    updates = run_two_nodes(book, minutes=20, job_minutes=20, extra=future)
+    assert sum(u.skipped.get("future", 0) for u in updates) == 1
+    assert events_per_job(updates, book.close_all()) == ({"job-a": 1, "job-b": 1}, {"job-a": 1, "job-b": 1})
+    assert book.jobs == {}
+    ahead = next(u.ahead for u in updates if u.ahead)
+    assert ahead[0] == "node-b" and ahead[1] == pytest.approx(86400)
+
+
+def test_a_node_steadily_ahead_counts_and_a_confirmed_jump_is_followed():
+    book = JobBook(JobsConfig())
+    skipped = 0
+    for t in range(10, 1201, 10):
+        jump = 3600 if t > 600 else 0  # node-b's clock is stepped an hour ahead half-way
+        update = book.observe([on_host("node-a", t + 7200, job="job-a"), on_host("node-b", t + jump, job="job-b")],
+                              now=T0 + t)
+        skipped += update.skipped.get("future", 0)
+        assert update.ended == []
+    assert skipped == 1  # node-b's first point after the jump, until its next request confirmed it
+    assert book.jobs["job-a"].totals.gpu_seconds == 1200  # two hours ahead from the start: its own clock
+
+
+def test_a_backlog_replayed_after_a_partition_does_not_end_jobs():
+    book = JobBook(JobsConfig())
+    updates = run_two_nodes(book, minutes=30, job_minutes=20, partition=(300, 900))  # node a cut off for 10 min
+    assert events_per_job(updates) == ({"job-a": 1, "job-b": 1}, {"job-a": 1, "job-b": 1})
+    ended = {s.job_id: s for u in updates for s in u.ended}
+    assert ended["job-a"].totals.gpu_seconds == 1200  # the backlog counted, once
+
+
+def test_a_job_whose_hosts_fall_silent_ends_after_the_silence_timeout():
+    book = JobBook(build_config(JobsConfig, {"silence_timeout": "10m"}))
+    for t in range(10, 301, 10):
+        book.observe([on_host("node-a", t, job="job-a"), on_host("node-b", t, job="job-b")], now=T0 + t)
+    ended = []
+    for t in range(310, 1500, 10):  # node a is gone; node b keeps its job
+        update = book.observe([on_host("node-b", t, job="job-b")], now=T0 + t)
+        ended += [(s, t) for s in update.ended]
+    ((summary, at),) = ended
+    assert summary.job_id == "job-a" and summary.reason == "silent"
+    assert summary.end == T0 + 300  # its last data, not when its end was noticed
+    assert at == 300 + 600 + 10
+
+
+# --- bounded state (issue 11, item 5) --------------------------------------------------------
+
+def test_a_thousand_short_jobs_and_pods_leave_bounded_state():
+    book = JobBook(build_config(JobsConfig, {"job_timeout": "2m", "max_gap": "1m", "resolution": "1m",
+                                             "windows": ["2m"]}))
+    ended = 0
+    t = 0
+    for job in range(1000):  # each job one minute on one GPU, in its own pod, reporting its own MFU
+        for _ in range(6):
+            t += 10
+            update = book.observe([on_host("node-a", t, job=f"job-{job}", **{"k8s.pod.name": f"pod-{job}"}),
+                                   mfu(t, 0.4, job=f"job-{job}")], now=T0 + t)
+            ended += len(update.ended)
+    assert ended >= 997
+    assert book.ended == []  # no history kept in a long-running processor
+    assert len(book.jobs) <= 3 and len(book._mfu_last) <= 3
+    assert book.gpu_count <= 4  # the pods of the last few minutes, not every pod ever seen
+    assert len(book._sources) == 1
+
+
+def test_hosts_and_their_gpus_are_forgotten_after_the_silence_timeout():
+    book = JobBook(JobsConfig())
+    for host in range(200):  # 200 nodes each report once, then are gone
+        book.observe([on_host(f"node-{host}", 10, job="none")], now=T0 + 10)
+    for t in range(20, 1200, 10):
+        book.observe([on_host("node-keep", t, job="none")], now=T0 + t)
+    assert set(book._sources) == {"node-keep"} and book.gpu_count == 1
+
+
+def test_history_keeps_every_summary_and_gpu_for_the_report():
+    book = JobBook(build_config(JobsConfig, {"job_timeout": "2m"}), history=True)
+    for job in range(5):
+        for t in range(job * 300 + 10, job * 300 + 61, 10):
+            book.observe([on_host("node-a", t, gpu=f"GPU-{job}", job=f"job-{job}")])
+    book.close_all()
+    assert [s.job_id for s in book.ended] == [f"job-{j}" for j in range(5)] and book.gpu_count == 5
+
+
+def test_time_config_errors():
+    with pytest.raises(FieldError) as info:
+        build_config(JobsConfig, {"job_timeout": "10m", "silence_timeout": "5m"})
+    assert info.value.key == "silence_timeout"
+    with pytest.raises(FieldError) as info:
+        build_config(JobsConfig, {"max_future": "0s"})
+    assert info.value.key == "max_future"
+
+
+def test_flops_from_the_peak_count_a_mig_instance_by_its_slices():
+    """A recording without gpu.flops.achieved: a 3g instance stands for 3/7 of the GPU (issue 11, item 4)."""
+    book = JobBook(JobsConfig())
+    book.observe([ofu(10, 0.5, "GPU-m", resource_extra={"gpu.mig.instance_id": "2", "gpu.mig.profile": "3g.40gb"})])
+    peak = specs.find_spec(H100).peak("bf16").flops
+    assert book.jobs["train"].totals.flop == pytest.approx(0.5 * peak * 3 / 7 * 10)

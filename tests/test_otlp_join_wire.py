@@ -119,10 +119,18 @@ def test_odd_request_exercises_the_fallbacks(monkeypatch):
     monkeypatch.setattr(otlp_join._Joiner, "_prometheus_point",
                         lambda self, *args: through_protobuf.append(args[1]) or original(self, *args))
     samples, rest = otlp_join.split_request(odd_request())
-    assert {s.uuid for s in samples} == {"GPU-aaaa", "GPU-bbbb"}  # GPU-cccc's TPA was a staleness marker
+    # Clocks without a TPA of the same series are windows without TPA: GPU-cccc's TPA was a
+    # staleness marker, and GPU-aaaa's second TPA carries a container label its clock lacks.
+    assert {s.uuid for s in samples if s.tensor_active is not None} == {"GPU-aaaa", "GPU-bbbb"}
+    assert sorted(s.uuid for s in samples if s.tensor_active is None) == ["GPU-aaaa", "GPU-cccc"]
     # start time, staleness marker, exemplars, no time, a long label, a non-string label
     assert len(through_protobuf) == 6
-    assert any(m.name == "DCGM_FI_DEV_SM_CLOCK" for r in rest for sm in r.scope_metrics for m in sm.metrics)
+    # Input points of no GPU (a host-only series, one without labels) pass through; the joined ones do not.
+    forwarded = {(m.name, m.WhichOneof("data")): [otlp.attributes_of(dp.attributes) for dp in getattr(
+        m, m.WhichOneof("data")).data_points] for r in rest for sm in r.scope_metrics for m in sm.metrics}
+    assert forwarded[("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge")] == [(("Hostname", "node-1"),)]
+    assert forwarded[("DCGM_FI_DEV_SM_CLOCK", "gauge")] == [()]
+    assert ("DCGM_FI_DEV_SM_CLOCK", "histogram") in forwarded
 
 
 def test_wrong_bytes_fall_back_to_serializing():

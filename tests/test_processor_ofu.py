@@ -65,7 +65,7 @@ def test_unknown_precision_has_no_achieved_flops():
 ])
 def test_bad_samples_are_dropped_with_their_reason_never_zero(kw, reason):
     proc = processor()
-    out = points_by_name(proc.process(Batch(samples=[sample(**kw), sample(**kw)])))
+    out = points_by_name(proc.process(Batch(samples=[sample(**kw), sample(**kw, time_unix_nano=2_000)])))
     assert "gpu.ofu" not in out and "gpu.ofu.raw" not in out
     dropped = out["gpu.ofu.dropped"]
     assert [p.value for p in dropped] == [1, 2] and all(p.monotonic for p in dropped)
@@ -118,3 +118,37 @@ def test_points_already_in_the_batch_pass_through():
     extra = MetricPoint("training.mfu", 0.5, 1, (("ofu.job.id", "j"),))
     out = processor().process(Batch(samples=[sample()], points=[extra]))
     assert out.points[0] is extra
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_same_window_twice_is_counted_once():
+    """A batch sent again (a Collector retry) or a scrape duplicated: one dropped window, not two."""
+    proc = processor()
+    first = points_by_name(proc.process(Batch(samples=[sample(tensor_active=None)])))
+    again = points_by_name(proc.process(Batch(samples=[sample(tensor_active=None), sample(tensor_active=None)])))
+    assert [p.value for p in first["gpu.ofu.dropped"] + again["gpu.ofu.dropped"]] == [1, 1, 1]
+    assert proc.context.telemetry.counter("otel_ofu.ofu.dropped", reason="missing") == 1
+
+
+def test_drop_counters_of_gone_pods_are_forgotten_and_restart_as_a_reset():
+    """200 pods with one blank window each leave no permanent series (issue 11, item 5)."""
+    clock = FakeClock()
+    proc = OfuProcessor(build_config(OfuProcessorConfig, {"dropped_max_stale": "10m"}), Context("ofu"), clock=clock)
+    for pod in range(200):
+        clock.now += 1
+        proc.process(Batch(samples=[sample(tensor_active=None, time_unix_nano=int(clock.now * 1e9),
+                                           resource={"k8s.pod.name": f"pod-{pod}"})]))
+    assert len(proc._dropped) == 200
+    clock.now += 601
+    out = points_by_name(proc.process(Batch(samples=[sample(tensor_active=None, time_unix_nano=int(clock.now * 1e9),
+                                                            resource={"k8s.pod.name": "pod-0"})])))
+    assert len(proc._dropped) == 1  # only pod-0's series, started again
+    (again,) = out["gpu.ofu.dropped"]
+    assert again.value == 1 and again.start_time_unix_nano == int(clock.now * 1e9) - 10 * 10**9

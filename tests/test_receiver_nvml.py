@@ -160,7 +160,7 @@ def test_a_lost_gpu_is_reported_and_the_others_carry_on(clock, caplog):
 
 
 def test_mig_gpu_instances_are_sampled_on_their_own(clock):
-    mig = [FakeNvmlMig(1, "MIG-aaaa", tpa=0.6, compute_instances=2), FakeNvmlMig(2, "MIG-bbbb", tpa=0.2)]
+    mig = [FakeNvmlMig(1, "MIG-aaaa", tpa=0.6, compute_instances=2, slices=3), FakeNvmlMig(2, "MIG-bbbb", tpa=0.2)]
     api = FakeNvml([FakeNvmlGpu(mig=mig, processes=[(100, 1, 1, 0), (200, 1, 2, 0), (300, 1, 1, 1)])], clock)
     receiver = make(api, clock)
     receiver.poll()
@@ -172,6 +172,7 @@ def test_mig_gpu_instances_are_sampled_on_their_own(clock):
     assert by_gi["1"].tensor_active == pytest.approx(0.6) and by_gi["2"].tensor_active == pytest.approx(0.2)
     assert by_gi["1"].attributes["process.pid"] == "100,300" and by_gi["2"].attributes["process.pid"] == "200"
     assert by_gi["1"].resource["gpu.mig.uuid"] == "MIG-aaaa" and by_gi["1"].power_w is None
+    assert (by_gi["1"].resource["gpu.mig.slices"], by_gi["2"].resource["gpu.mig.slices"]) == ("3", "1")
 
 
 def test_gpm_without_permission_is_blank_with_its_reason(clock):

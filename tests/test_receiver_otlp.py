@@ -87,14 +87,15 @@ def test_passthrough_false_drops_other_metrics_but_still_joins():
 
 def test_join_matches_clock_by_time_window():
     # Two scrapes of one GPU in one request (a Collector batch), 30 s apart, and a clock
-    # reading far from any TPA: each TPA gets its own scrape's clock, never the other's.
+    # reading far from any TPA: each TPA gets its own scrape's clock, never the other's; the
+    # lone clock is a window of its own, without TPA (no value), its clock kept.
     request = dcgm_exporter_request([Gpu(0, "GPU-a", 0.5, 1500.0)], T0)
     dcgm_exporter_request([Gpu(0, "GPU-a", 0.75, 1800.0)], T0 + 30 * 10**9, request=request)
     lone = dcgm_exporter_request([Gpu(0, "GPU-a", 0.1, 1200.0)], T0 + 300 * 10**9)
     lone_clock = next(m for m in lone.resource_metrics[0].scope_metrics[0].metrics if m.name == "DCGM_FI_DEV_SM_CLOCK")
     request.resource_metrics[0].scope_metrics[0].metrics.add().CopyFrom(lone_clock)
     samples = sorted(otlp_join.split_request(request)[0], key=lambda s: s.time_unix_nano)
-    assert [(s.tensor_active, s.sm_clock_mhz) for s in samples] == [(0.5, 1500.0), (0.75, 1800.0)]
+    assert [(s.tensor_active, s.sm_clock_mhz) for s in samples] == [(0.5, 1500.0), (0.75, 1800.0), (None, 1200.0)]
 
 
 def test_tpa_without_clock_is_a_dropped_window_not_zero():
@@ -116,11 +117,14 @@ def test_staleness_markers_and_blank_sentinels():
             metric.gauge.data_points[0].flags = 1  # Prometheus staleness marker: the series went away
             metric.gauge.data_points[1].ClearField("as_double")
             metric.gauge.data_points[1].as_int = 0x7FFFFFFFFFFFFFF0 + 2  # INT64 blank, not supported
-    samples, _ = otlp_join.split_request(request)
-    assert [s.uuid for s in samples] == ["GPU-b"]
+    samples, rest = otlp_join.split_request(request)
+    # GPU-a's TPA series ended: its clock still makes a window, with no TPA (the marker is no reading).
+    assert {s.uuid: s.tensor_active for s in samples} == {"GPU-a": None, "GPU-b": 0x7FFFFFFFFFFFFFF0 + 2}
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" not in metric_names(rest)
     out = OfuProcessor(OfuProcessorConfig(), Context("ofu")).process(Batch(samples=samples))
-    dropped = next(p for p in out.points if p.name == "gpu.ofu.dropped")
-    assert dict(dropped.attributes)["ofu.drop.reason"] == "not_supported"
+    dropped = {dict(p.resource)["hw.id"]: dict(p.attributes)["ofu.drop.reason"] for p in out.points
+               if p.name == "gpu.ofu.dropped"}
+    assert dropped == {"GPU-a": "missing", "GPU-b": "not_supported"}
 
 
 # --- a live receiver -----------------------------------------------------------------------

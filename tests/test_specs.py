@@ -136,3 +136,29 @@ def test_derived_reference_clocks_are_the_peak_over_sms_times_the_per_sm_rate():
 ])
 def test_framework_precision_spellings(text, key):
     assert specs.normalize_precision(text) == key
+
+
+@pytest.mark.parametrize(("profile", "slices"), [
+    ("1g.10gb", 1), ("1g.10gb+me", 1), ("1g.20gb", 1), ("3g.40gb", 3), ("7g.80gb", 7), ("MIG 2g.20gb", 2),
+    ("1g.18gb", 1), ("7g.141gb", 7), ("1g.23gb", 1), ("4g.90gb", 4), ("1c.3g.40gb", 3), ("profile-0", None),
+    ("", None), (None, None),
+])
+def test_mig_slices_from_profile_names(profile, slices):
+    assert specs.mig_slices(profile) == slices
+
+
+@pytest.mark.parametrize(("model", "attributes", "share"), [
+    ("NVIDIA H100 80GB HBM3", {}, 1.0),
+    ("NVIDIA H100 80GB HBM3", {"gpu.mig.instance_id": "7", "gpu.mig.profile": "1g.10gb"}, 1 / 7),
+    ("NVIDIA H200", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "3g.71gb"}, 3 / 7),
+    ("NVIDIA B200", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "1g.23gb"}, 1 / 7),
+    ("NVIDIA A100-SXM4-80GB", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "profile-9", "gpu.mig.slices": "2"},
+     2 / 7),  # the dcgm receiver names profiles by id and gives the slices
+    ("NVIDIA A30", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "1g.6gb"}, 1 / 4),  # A30: 4 slices
+    ("NVIDIA B300 SXM6 AC", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "1g.34gb"}, 1 / 7),
+    ("NVIDIA L4", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "1g.6gb"}, None),  # no MIG on Ada
+    ("NVIDIA H100 80GB HBM3", {"gpu.mig.instance_id": "1"}, None),  # a MIG instance of unknown size
+    ("Mystery GPU", {"gpu.mig.instance_id": "1", "gpu.mig.profile": "1g.10gb"}, None),
+])
+def test_a_mig_instance_stands_for_its_slices_of_the_gpu(model, attributes, share):
+    assert specs.instance_share(model, attributes) == share

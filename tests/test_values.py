@@ -12,6 +12,7 @@ from otel_ofu.core.values import (
     clean,
     clean_clock,
     clean_ratio,
+    rescale,
 )
 
 
@@ -66,3 +67,15 @@ def test_zero_clock_is_no_value():
     assert clean_clock(1830) == (1830.0, None)
     value, reason = clean_clock(float("nan"))
     assert value is None and reason is NoValue.NAN and not math.isnan(0.0)
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (DCGM_INT32_BLANK, NoValue.BLANK), (DCGM_INT32_BLANK + 2, NoValue.NOT_SUPPORTED), (float("nan"), NoValue.NAN),
+    ("N/A", NoValue.BLANK), (-5.0, NoValue.NEGATIVE),
+])
+def test_a_rescaled_blank_is_still_blank_not_out_of_range(raw, reason):
+    assert clean_ratio(rescale(raw, 0.01)) == (None, reason)
+
+
+def test_rescale_converts_ordinary_readings():
+    assert rescale(50, 0.01) == 0.5 and rescale("92.5", 0.01) == pytest.approx(0.925)

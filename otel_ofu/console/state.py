@@ -128,6 +128,7 @@ class JobState:
     closed: dict[str, FindingState] = field(default_factory=dict)  # the newest closed, by kind
     ended: bool = False
     last_ns: int = 0
+    seen: float = 0.0  # the console's clock when data of the job last arrived
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,7 @@ class FleetState:
             job = self.jobs[job_id] = JobState(job_id)
         elif job.ended:  # the same id again: a restarted job
             job.ended = False
+        job.seen = self.clock()
         return job
 
     def _job_point(self, point: MetricPoint) -> bool:
@@ -358,6 +360,8 @@ class FleetState:
         for key in [k for k, g in self.gpus.items() if now - g.arrived > self.forget_after_s]:
             del self.gpus[key]  # removed from the fleet (a node drained, a scaled-down pool)
             self._last_window.pop(key, None)
+        for job_id in [j for j, job in self.jobs.items() if not job.ended and now - job.seen > self.forget_after_s]:
+            del self.jobs[job_id]  # no end event came (no jobs processor upstream): gone with its GPUs
         open_jobs = {j.job_id for j in self.jobs.values() if j.findings and not j.ended}
         rows: list[GpuRow] = []
         no_value: dict[str, int] = {}

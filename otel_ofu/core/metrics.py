@@ -25,7 +25,8 @@ _METRICS = (
     MetricInfo("gpu.ofu.reference_clock", "Hz", "gauge",
                "f_ref used for this point: the clock the GPU's tensor peak is quoted at."),
     MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
-               "OFU x dense peak FLOP/s at the job's precision; only when the precision is known."),
+               "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7); "
+               "only when the precision and the share are known."),
     MetricInfo("gpu.tensor.activity", "1", "gauge",
                "Input: tensor pipe activity (DCGM 1004 / GPM ANY_TENSOR_UTIL), average over the window."),
     MetricInfo("gpu.sm.clock.frequency", "Hz", "gauge",

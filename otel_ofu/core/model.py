@@ -19,6 +19,7 @@ HW_VENDOR = "hw.vendor"
 GPU_INDEX = "gpu.index"
 GPU_MIG_INSTANCE = "gpu.mig.instance_id"
 GPU_MIG_PROFILE = "gpu.mig.profile"
+GPU_MIG_SLICES = "gpu.mig.slices"  # the GPU instance's compute slices (of the GPU's 7 on A100 .. B200)
 JOB_ID = "ofu.job.id"
 PRECISION = "ofu.precision"
 JOB_SHARED = "ofu.job.shared"  # true when several jobs hold the GPU

@@ -87,15 +87,20 @@ class OfuResult:
     fref_source: str
     correction: float
     architecture: str | None
-    achieved_flops: float | None  # OFU x peak(precision), when the precision is known
+    achieved_flops: float | None  # OFU x peak(precision) x share, when the precision (and a MIG share) is known
 
 
 def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision: str = specs.UNKNOWN_PRECISION,
                 max_sm_clock_mhz: object = None, *, tpa_tolerance: float = TPA_TOLERANCE,
                 fref_overrides: dict[str, float] | None = None,
                 correction_overrides: dict[str, float] | None = None,
-                apply_correction: bool = True) -> OfuResult | NoValue:
-    """OFU for one GPU window from raw readings; a :class:`NoValue` reason when it has none."""
+                apply_correction: bool = True, share: float | None = 1.0) -> OfuResult | NoValue:
+    """OFU for one GPU window from raw readings; a :class:`NoValue` reason when it has none.
+
+    ``share``: the fraction of the GPU the readings stand for (a MIG instance's slices, see
+    :func:`specs.instance_share`); it scales the achieved FLOP/s, not OFU (TPA is measured
+    per instance). None: unknown, so no FLOP/s.
+    """
     tpa_value, reason = clean_ratio(tpa, tpa_tolerance)
     if tpa_value is None:
         return reason  # type: ignore[return-value]
@@ -114,5 +119,5 @@ def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision:
     return OfuResult(
         tpa=tpa_value, sm_clock_mhz=clock_value, raw=raw, corrected=corrected, fref_mhz=ref.mhz,
         fref_source=ref.source, correction=factor, architecture=arch,
-        achieved_flops=corrected * peak.flops if peak else None,
+        achieved_flops=corrected * peak.flops * share if peak and share is not None else None,
     )

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GPU_MIG_SLICES
 
 PRECISIONS = ("tf32", "fp16", "bf16", "fp8", "fp4", "int8", "fp64")
 UNKNOWN_PRECISION = "unknown"
@@ -102,6 +106,7 @@ class GpuSpec:
     patterns: tuple[str, ...]  # regexes over the normalized model string
     board_power_w: float = 0.0  # TDP; the simulator's power model uses it
     source: str = ""
+    mig_slices: int = 7  # MIG compute slices of the whole GPU (7 from A100 to GB300; A30: 4; 0: no MIG)
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
 
     def peak(self, precision: str) -> Peak | None:
@@ -134,7 +139,7 @@ def rates(sm_count: int, fp16_flop_per_sm_clk: int, clock_mhz: float, *, fp8: bo
 
 def _spec(key: str, name: str, arch: str, sms: int, max_mhz: float, ref_mhz: float, tflops: dict[str, float],
           patterns: tuple[str, ...], power_w: float, source: str,
-          clocks: dict[str, float] | None = None) -> GpuSpec:
+          clocks: dict[str, float] | None = None, mig_slices: int = 7) -> GpuSpec:
     """One entry: dense peaks in TFLOPS (TOPS for int8) per precision, all quoted at ``ref_mhz``
     unless ``clocks`` names another clock for a precision (FP64 is often quoted at boost)."""
     clocks = clocks or {}
@@ -142,7 +147,7 @@ def _spec(key: str, name: str, arch: str, sms: int, max_mhz: float, ref_mhz: flo
         key=key, name=name, architecture=arch, sm_count=sms, max_sm_clock_mhz=max_mhz,
         tensor_ref_clock_mhz=ref_mhz,
         peaks={p: Peak(v * TF, clocks.get(p, ref_mhz)) for p, v in tflops.items()},
-        patterns=patterns, board_power_w=power_w, source=source,
+        patterns=patterns, board_power_w=power_w, source=source, mig_slices=mig_slices,
         _compiled=tuple(re.compile(p) for p in patterns),
     )
 
@@ -210,24 +215,25 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     _spec("l40s", "NVIDIA L40S", "ada", 142, 2520, 2520,
           {**rates(142, 1024, 2520, fp8=True), "fp64": 1.43}, (r"\bl40s\b",),
           350, "NVIDIA L40S sheet: BF16 733 TF sparse -> 366.5 dense (its dense column's 362 disagrees with "
-          "142 x 1024 x 2.52 GHz), FP8 1466 sparse, TF32 366 sparse; f_ref = boost 2520 MHz (derived)"),
+          "142 x 1024 x 2.52 GHz), FP8 1466 sparse, TF32 366 sparse; f_ref = boost 2520 MHz (derived)",
+          mig_slices=0),
     _spec("l40", "NVIDIA L40", "ada", 142, 2490, 2490,
           {**rates(142, 512, 2490, fp8=True), "fp64": 1.41}, (r"\bl40\b",),
           300, "NVIDIA L40 sheet: BF16 181.05 TF dense (FP32 accumulate), FP8 362, TF32 90.5; = 142 x 512 x "
-          "2.49 GHz boost (derived)"),
+          "2.49 GHz boost (derived)", mig_slices=0),
     _spec("l4", "NVIDIA L4", "ada", 58, 2040, 2040,
           {**rates(58, 1024, 2040, fp8=True), "fp64": 0.47}, (r"\bl4\b",),
           72, "NVIDIA L4 sheet: FP16/BF16 242 TF sparse -> 121 dense, FP8 485 sparse, TF32 120 sparse; "
-          "= 58 x 1024 x 2.04 GHz boost (derived)"),
+          "= 58 x 1024 x 2.04 GHz boost (derived)", mig_slices=0),
     # --- Ampere: GA100 2048 dense FP16 FLOP/SM/clk, GA102 (A10) 1024.
     _spec("a10", "NVIDIA A10", "ampere", 72, 1695, 1695,
           {**rates(72, 1024, 1695), "fp64": 0.49}, (r"\ba10\b",),
           150, "NVIDIA A10 sheet: BF16 125 TF dense (250 sparse), TF32 62.5, INT8 250; = 72 x 1024 x 1.695 GHz "
-          "boost (derived)"),
+          "boost (derived)", mig_slices=0),
     _spec("a30", "NVIDIA A30", "ampere", 56, 1440, 1440,
           {**rates(56, 2048, 1440), "fp64": 10.3}, (r"\ba30\b",),
           165, "NVIDIA A30 sheet: BF16 165 TF dense (330 sparse), TF32 82, INT8 330, FP64 Tensor 10.3; "
-          "= 56 x 2048 x 1.44 GHz boost (derived)"),
+          "= 56 x 2048 x 1.44 GHz boost (derived)", mig_slices=4),
     _spec("a800_pcie", "NVIDIA A800 PCIe", "ampere", 108, 1410, 1410,
           {**rates(108, 2048, 1410), "fp64": 19.5}, (r"\ba800\b.*\bpcie\b",),
           300, "NVIDIA A800 PCIe sheet: BF16 312 TF dense, as A100 PCIe (1410 MHz)"),
@@ -268,3 +274,45 @@ def find_spec(model: str | None) -> GpuSpec | None:
         if any(pattern.search(normalized) for pattern in spec._compiled):
             return spec
     return None
+
+
+# --- MIG: an instance's share of its GPU ---------------------------------------------------------
+#
+# A MIG GPU instance owns ``Ng`` of the GPU's compute slices: NVIDIA's MIG user guide lists
+# each profile's "fraction of SMs" as N/7 on A100, H100, H200 and B200 (N/4 on A30). TPA is
+# measured per instance, so an instance's peak is the GPU's peak x N / 7: seven 1g instances
+# at TPA 1 together do what the whole GPU does, not seven times it. Profile names:
+# ``1g.10gb``, ``1g.10gb+me``, ``3g.40gb``, ``1g.18gb`` (H200), ``1g.23gb`` (B200), NVML's
+# ``MIG 1g.10gb``, compute instances ``1c.3g.40gb`` (the GPU instance is 3 slices).
+
+_MIG_PROFILE = re.compile(r"(?:^|[^0-9a-z])(\d+)g\.\d+gb", re.IGNORECASE)
+
+
+def mig_slices(profile: object) -> int | None:
+    """The GPU instance's compute slices from a MIG profile name (``3g.40gb`` -> 3), or None."""
+    match = _MIG_PROFILE.search(str(profile or ""))
+    return int(match.group(1)) if match else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _share(model: str | None, instance: bool, profile: str, slices: str) -> float | None:
+    if not instance and not profile and not slices:
+        return 1.0  # the whole GPU
+    spec = find_spec(model)
+    count = int(slices) if slices.strip().isdigit() else mig_slices(profile)
+    if spec is None or not count or not spec.mig_slices:
+        return None  # a MIG instance of unknown size: no FLOP figure rather than the whole GPU's
+    return min(count, spec.mig_slices) / spec.mig_slices
+
+
+def instance_share(model: str | None, attributes: Mapping[str, Any]) -> float | None:
+    """The fraction of the GPU's peak a sample or point stands for: 1 for a whole GPU.
+
+    A MIG instance (``gpu.mig.instance_id``, ``gpu.mig.profile`` or ``gpu.mig.slices`` in
+    ``attributes``) stands for its slices over the GPU's; None when its size is unknown.
+    """
+    instance, profile, slices = (attributes.get(GPU_MIG_INSTANCE), attributes.get(GPU_MIG_PROFILE),
+                                 attributes.get(GPU_MIG_SLICES))
+    if instance is None and profile is None and slices is None:
+        return 1.0
+    return _share(model, instance is not None, str(profile or ""), str(slices or ""))

@@ -129,3 +129,15 @@ def clean_clock(value: object) -> tuple[float | None, NoValue | None]:
     if number == 0:
         return None, NoValue.ZERO_CLOCK
     return number, None
+
+
+def rescale(value: object, factor: float) -> object:
+    """A reading in other units (percent -> ratio), multiplied by ``factor``; no value left as read.
+
+    Why: a DCGM blank scaled is no longer a blank (2**47 / 100 is just a large number, then
+    judged "out of range"), so a blank, NaN or unreadable value keeps its raw form and
+    :func:`clean` later names the reason. Not for readings whose scale alone may exceed a
+    sentinel (a clock in Hz): convert those before judging them.
+    """
+    number, _ = clean(value)
+    return value if number is None else number * factor

@@ -21,6 +21,7 @@ query lookback. Served bare, each scrape is stamped with the scrape time.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -35,6 +36,8 @@ from otel_ofu.pipeline.config import Duration, FieldError, require
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
 
 DEFAULT_ENDPOINT = "127.0.0.1:9464"  # the OpenTelemetry SDKs' Prometheus exporter port
+EXPIRE_EVERY_S = 60.0  # exports also expire old series at most this often (scrapes always do)
+WARNED_SIZE = 1024  # distinct warnings remembered (then it starts over)
 
 # The Collector's unit translation (pkg/translator/prometheus).
 UNIT_WORDS = {
@@ -185,6 +188,7 @@ class PrometheusExporter(Exporter):
         self._gpu_jobs: dict[Attributes, tuple[Attributes, int]] = {}
         self._series_of: dict[Attributes, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self.clock: Callable[[], float] = time.monotonic  # a seam for expiration tests
+        self._expired_at = -math.inf
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -199,6 +203,9 @@ class PrometheusExporter(Exporter):
             if self.config.passthrough and batch.passthrough:
                 for point in _passthrough_points(batch.passthrough, self._warn_once):
                     self._put(point, now)
+            # Also without scrapes (Prometheus down for days): series of gone pods must not pile up.
+            if now - self._expired_at >= min(EXPIRE_EVERY_S, float(self.config.metric_expiration)):
+                self._expire_locked(now)
 
     def _put(self, point: MetricPoint, now: float) -> None:
         cfg = self.config
@@ -268,33 +275,40 @@ class PrometheusExporter(Exporter):
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
+            if len(self._warned) >= WARNED_SIZE:
+                self._warned.clear()  # keys name senders' metrics: bounded, at worst warned again
             self._warned.add(key)
             self.log.warning(message, *args)
 
     # --- serving --------------------------------------------------------------------------
 
     def expire(self) -> None:
-        """Drop series older than metric_expiration (also done on every scrape)."""
-        limit = self.clock() - float(self.config.metric_expiration)
+        """Drop series older than metric_expiration (done on every scrape, and every minute of exports)."""
+        now = self.clock()
         with self._lock:
-            for name in list(self._families):
-                family = self._families[name]
-                for labels in [k for k, s in family.series.items() if s.updated < limit]:
-                    del family.series[labels]
-                if not family.series:
-                    del self._families[name]
-            for labels in [k for k, t in self._targets.items() if t < limit]:
-                del self._targets[labels]
-            for resource, series in list(self._series_of.items()):
-                live = {(n, labels) for n, labels in series
-                        if n in self._families and labels in self._families[n].series}
-                if live:
-                    self._series_of[resource] = live
-                else:  # every series of this GPU's job expired: forget the GPU
-                    del self._series_of[resource]
-                    gpu = gpu_identity(resource)
-                    if self._gpu_jobs.get(gpu, (None,))[0] == resource:
-                        del self._gpu_jobs[gpu]
+            self._expire_locked(now)
+
+    def _expire_locked(self, now: float) -> None:
+        self._expired_at = now
+        limit = now - float(self.config.metric_expiration)
+        for name in list(self._families):
+            family = self._families[name]
+            for labels in [k for k, s in family.series.items() if s.updated < limit]:
+                del family.series[labels]
+            if not family.series:
+                del self._families[name]
+        for labels in [k for k, t in self._targets.items() if t < limit]:
+            del self._targets[labels]
+        for resource, series in list(self._series_of.items()):
+            live = {(n, labels) for n, labels in series
+                    if n in self._families and labels in self._families[n].series}
+            if live:
+                self._series_of[resource] = live
+            else:  # every series of this GPU's job expired: forget the GPU
+                del self._series_of[resource]
+                gpu = gpu_identity(resource)
+                if self._gpu_jobs.get(gpu, (None,))[0] == resource:
+                    del self._gpu_jobs[gpu]
 
     def snapshot(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         """Prometheus name -> labels -> value, as the next scrape would serve (after expiry)."""

@@ -106,6 +106,7 @@ def arch_name(api: Any, arch: int | None) -> str:
 class MigInstance:
     gpu_instance_id: int
     uuid: str  # of the first MIG device (compute instance) in this GPU instance
+    slices: int | None = None  # the GPU instance's compute slices (nvmlDeviceGetAttributes), None if NVML will not say
 
 
 @dataclass
@@ -171,7 +172,10 @@ def mig_instances(api: Any, handle: Any) -> list[MigInstance]:
                 continue
             raise
         gi = int(api.nvmlDeviceGetGpuInstanceId(mig))
-        out.setdefault(gi, MigInstance(gi, str(api.nvmlDeviceGetUUID(mig))))
+        if gi not in out:
+            attributes = _optional(api, api.nvmlDeviceGetAttributes, mig)
+            slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else 0
+            out[gi] = MigInstance(gi, str(api.nvmlDeviceGetUUID(mig)), slices or None)
     return sorted(out.values(), key=lambda m: m.gpu_instance_id)
 
 

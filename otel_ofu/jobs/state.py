@@ -37,7 +37,7 @@ from typing import Any
 
 from otel_ofu.core.model import Attributes, MetricPoint
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 _FRAME = struct.Struct("<II")  # payload length, crc32
 _MAGIC = b"OFUJOBS1"
 _SNAPSHOT_MODULES = ("otel_ofu.jobs.", "otel_ofu.pipeline.config")
@@ -94,8 +94,12 @@ class JobState:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def load(self) -> tuple[Any | None, list[list[MetricPoint]]]:
-        """The saved book (None: start fresh) and the journal's batches to replay into it, in order."""
+    def load(self) -> tuple[Any | None, list[tuple[float, list[MetricPoint]]]]:
+        """The saved book (None: start fresh) and the journal's batches to replay into it, in order.
+
+        Each batch comes with the processor's clock reading when it was first observed, so the
+        replay sees what the processor saw.
+        """
         book = None
         if self.snapshot_path.exists():
             try:
@@ -127,9 +131,9 @@ class JobState:
         self.generation = int(generation)
         return _SnapshotUnpickler(io.BytesIO(body[header_end + 1:])).load()
 
-    def _read_journal(self) -> list[list[MetricPoint]]:
+    def _read_journal(self) -> list[tuple[float, list[MetricPoint]]]:
         data = self.journal_path.read_bytes()
-        batches: list[list[MetricPoint]] = []
+        batches: list[tuple[float, list[MetricPoint]]] = []
         resources: dict[int, Attributes] = {}
         names: dict[int, str] = {}
         i = 0
@@ -152,11 +156,11 @@ class JobState:
                     return []
                 good = i
                 continue
-            new_names, new_resources, points = record
+            now, new_names, new_resources, points = record
             names.update(new_names)
             resources.update(new_resources)
-            batches.append([MetricPoint(names[n], v, t, resources[r], resources[a], u, m, s)
-                            for n, v, t, r, a, u, m, s in points])
+            batches.append((now, [MetricPoint(names[n], v, t, resources[r], resources[a], u, m, s)
+                                  for n, v, t, r, a, u, m, s in points]))
             good = i
         if good < len(data):
             self.log.warning("jobs journal %s: %d bytes at its end were cut short by a crash and are ignored "
@@ -166,8 +170,8 @@ class JobState:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def append(self, points: list[MetricPoint]) -> None:
-        """Journal one batch's points (those the jobs book reads), in processing order."""
+    def append(self, now: float, points: list[MetricPoint]) -> None:
+        """Journal one batch's points (those the jobs book reads) and the clock it was observed at, in order."""
         if self._journal is None:
             self._open_journal()
         new_names: dict[int, str] = {}
@@ -187,7 +191,7 @@ class JobState:
                 ids.append(r)
             rows.append((n, p.value, p.time_unix_nano, ids[0], ids[1], p.unit, p.monotonic,
                          p.start_time_unix_nano))
-        self._write_frame((new_names, new_resources, rows))
+        self._write_frame((now, new_names, new_resources, rows))
 
     def checkpoint(self, book: Any) -> None:
         """Write ``book`` atomically as the new snapshot, then start an empty journal."""

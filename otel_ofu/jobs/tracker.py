@@ -3,8 +3,20 @@
 :class:`JobBook` routes ``gpu.ofu`` (with ``gpu.flops.achieved``) and reported-MFU points to
 one :class:`JobTracker` per ``ofu.job.id``. Each GPU point covers the window since that
 GPU's previous point. Jobs are evaluated once per ``resolution`` bin of data time, when the
-job's data has passed the bin's end; a job whose points stop for ``job_timeout`` (data time)
-has ended. Pure: no I/O, no wall clock; the processor and the report both drive it.
+job's data has passed the bin's end.
+
+When a job has ended is judged per source (the host that stamped the points, ``host.name``),
+each in its own clock: a job has ended when every host that ran it has sent data
+``job_timeout`` newer than the job's last point there, or has gone silent. Why per source:
+nodes' clocks disagree, and a Collector replays a node's backlog after a partition; one
+process-wide "newest data time" ended everyone's jobs whenever one node ran ahead, and a
+single point stamped a day in the future ended them all. Silence is judged on the caller's
+clock (``now``: the processor's wall clock; a recording's newest data time in the report),
+and a point stamped more than ``max_future`` beyond its host's usual lead over ``now`` is not
+counted at all.
+
+Pure: no I/O, no wall clock of its own; the processor and the report both drive it. Every
+per-key structure is bounded or expires (docs/jobs.md, "State").
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from typing import Any
 
 from otel_ofu.core import specs
 from otel_ofu.core.model import (
+    HOST_NAME,
+    HW_ID,
     HW_MODEL,
     JOB_ID,
     JOB_SHARED,
@@ -47,8 +61,15 @@ class JobsConfig:
     windows: list[Duration] = field(default_factory=lambda: [Duration(300), Duration(3600)])
     # Evaluation step: bins of data time; one set of job metrics per job per bin.
     resolution: Duration = field(default_factory=lambda: Duration(60))
-    # A job with no points for this long (data time) has ended.
+    # A job has ended when each host that ran it has sent data this much newer than the job's
+    # last point there (each host's own clock), or has been silent this long (see silence_timeout).
     job_timeout: Duration = field(default_factory=lambda: Duration(300))
+    # A job whose hosts all went silent (nothing arrives from them: node gone, or a network
+    # partition whose backlog may still come) ends after this long without any of their data.
+    silence_timeout: Duration = field(default_factory=lambda: Duration(900))
+    # A point stamped further than this ahead of this process's clock is not counted (skipped,
+    # reason "future"): a node with a broken clock must not move anyone's time.
+    max_future: Duration = field(default_factory=lambda: Duration(600))
     # The window a GPU's first point covers (set it to the collection interval) ...
     default_interval: Duration = field(default_factory=lambda: Duration(10))
     # ... and a gap between two points longer than this is a gap, not GPU time we saw.
@@ -73,6 +94,9 @@ class JobsConfig:
         for i, w in enumerate(self.windows):
             require(w >= self.resolution, f"windows[{i}]", f"must be at least resolution ({self.resolution:g}s)")
         require(self.job_timeout >= self.resolution, "job_timeout", "must be at least resolution")
+        require(self.silence_timeout >= self.job_timeout, "silence_timeout",
+                f"must be at least job_timeout ({self.job_timeout:g}s)")
+        require(self.max_future > 0, "max_future", "must be positive")
         require(self.default_interval > 0, "default_interval", "must be positive")
         require(self.max_gap >= self.default_interval, "max_gap", "must be at least default_interval")
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
@@ -118,7 +142,7 @@ class JobSummary:
     job_id: str
     start: float
     end: float
-    reason: str  # timeout | shutdown
+    reason: str  # timeout | silent | shutdown (end_of_recording in the report)
     gpus: int  # distinct GPUs over its life
     peak_gpus: int
     totals: JobTotals
@@ -149,6 +173,7 @@ class JobTracker:
         self.histogram = WeightedHistogram()
         self.precisions: dict[str, float] = {}
         self.gpus: set[Any] = set()
+        self.sources: dict[Any, float] = {}  # host -> the end of the job's last window there (that host's clock)
         self.peak_gpus = 0
         self.first_start = math.inf
         self.last_end = -math.inf
@@ -160,8 +185,10 @@ class JobTracker:
         self.findings: list[Finding] = []
 
     def add_gpu_window(self, gpu: Any, start: float, end: float, ofu: float, flops_per_s: float | None = None,
-                       precision: str | None = None) -> None:
+                       precision: str | None = None, source: Any = None) -> None:
         seconds = end - start
+        if end > self.sources.get(source, -math.inf):
+            self.sources[source] = end
         self.ofu.add(start, end, ofu)
         if flops_per_s is not None:
             self.flops.add(start, end, flops_per_s)
@@ -274,6 +301,7 @@ class Update:
     transitions: list[tuple[JobTracker, Transition]] = field(default_factory=list)
     ended: list[JobSummary] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> points
+    ahead: tuple[str, float] | None = None  # the host furthest ahead of the caller's clock, and by how much (s)
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -301,40 +329,93 @@ def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     return None
 
 
-def peak_flops(model: str | None, precision: str | None, ofu: float) -> float | None:
-    """OFU x the dense peak at the precision, when both the model and the precision are known."""
+def peak_flops(model: str | None, precision: str | None, ofu: float,
+               attributes: dict[str, Any] | None = None) -> float | None:
+    """OFU x the dense peak at the precision x the GPU's share (a MIG instance's slices), when all are known.
+
+    For points without ``gpu.flops.achieved`` (recordings, peers): the same figure the ``ofu``
+    processor would have made.
+    """
     spec = specs.find_spec(model)
     peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    return ofu * peak.flops if peak else None
+    share = specs.instance_share(model, attributes) if attributes else 1.0
+    return ofu * peak.flops * share if peak and share is not None else None
+
+
+@dataclass(slots=True)
+class _Source:
+    """One host's clock, as its points show it.
+
+    ``data``: the newest data time it sent (its own clock); ``arrived``: when its newest
+    point arrived (the caller's clock); ``lead``: how far its data has run ahead of the
+    caller's clock at most (its skew, or a simulation's acceleration), None until a point
+    is accepted; ``pending``: a jump ahead not yet confirmed (lead, batch number).
+    """
+
+    data: float
+    arrived: float
+    lead: float | None = None
+    pending: tuple[float, int] | None = None
+    gpus: set[tuple] = field(default_factory=set)  # its (GPU, job) keys in JobBook._gpu_last
+
+
+def _source_of(resource: Attributes, gpu: Attributes) -> Any:
+    """The clock a GPU point was stamped by: its host; the GPU itself when it names no host."""
+    for key, value in resource:
+        if key == HOST_NAME and value not in (None, ""):
+            return str(value)
+    return gpu
 
 
 class JobBook:
-    """All jobs of one pipeline (or one recording)."""
+    """All jobs of one pipeline (or one recording).
 
-    def __init__(self, config: JobsConfig):
+    ``history``: keep every ended job's summary (``ended``) and count every GPU ever seen
+    (``gpu_count``), for a recording the report reads to its end. A long-running processor
+    leaves it off: then nothing here grows with the number of jobs, pods or GPUs ever seen.
+    """
+
+    def __init__(self, config: JobsConfig, history: bool = False):
         self.config = config
         self.jobs: dict[str, JobTracker] = {}
-        self.ended: list[JobSummary] = []
-        self.now = -math.inf  # the newest data time seen
+        self.ended: list[JobSummary] = []  # only with history
+        self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
+        self._sources: dict[Any, _Source] = {}
         self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
         self._mfu_last: dict[str, tuple[float, float]] = {}
+        self._gpus_seen: set[Attributes] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
+        self._next_sweep = -math.inf
+        self._batch = 0  # observe() calls so far: a jump ahead is confirmed by a later one
+        self._fleet_lead_batch = -1
+        self._fleet_lead_value: float | None = None
         self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
         self.unattributed_histogram = WeightedHistogram()
 
     @property
+    def history(self) -> bool:
+        return self._gpus_seen is not None
+
+    @property
     def gpu_count(self) -> int:
-        """Distinct GPUs (resources) that sent OFU, with or without a job."""
+        """Distinct GPUs (resources) that sent OFU, with or without a job: ever (history), else recently."""
+        if self._gpus_seen is not None:
+            return len(self._gpus_seen)
         return len({gpu for gpu, _ in self._gpu_last})
 
-    def observe(self, points: Iterable[MetricPoint]) -> Update:
+    def observe(self, points: Iterable[MetricPoint], now: float | None = None) -> Update:
+        """Take one batch of points. ``now``: the caller's clock, seconds (the processor's wall clock).
+
+        Without ``now`` (a recording), the newest data time seen stands in for it.
+        """
         points = list(points)
+        self._batch += 1
         update = Update()
         flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
         touched: dict[str, JobTracker] = {}
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched)
+                self._gpu_point(point, flops, update, touched, now)
         for point in points:  # after the GPU points: a job exists once a GPU has reported for it
             if point.name == self.config.mfu_metric:
                 self._mfu_point(point, update, touched)
@@ -342,7 +423,7 @@ class JobBook:
             snapshots, transitions = tracker.advance()
             update.snapshots += [(tracker, s) for s in snapshots]
             update.transitions += [(tracker, t) for t in transitions]
-        self.expire(update)
+        self.expire(update, now)
         return update
 
     def _interval(self, table: dict[Any, tuple[float, float]], key: Any, t: float,
@@ -367,12 +448,22 @@ class JobBook:
         touched[job] = tracker
         return tracker
 
-    def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker]) -> None:
+    def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
+                   now: float | None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
             return
         gpu = gpu_identity(point.resource)  # the same GPU across its jobs
+        source = _source_of(point.resource, gpu)
+        arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
+        clock = self._sources.get(source)
+        if self._ahead(source, clock, t - arrival, arrival):
+            update.skip("future")
+            if update.ahead is None or t - arrival > update.ahead[1]:
+                name = source if isinstance(source, str) else dict(source).get(HW_ID, "?")
+                update.ahead = (str(name), t - arrival)
+            return
         job, attributes = _job_of(point)
         # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
         # its next job (or of no job) before the last ones of its job, through another gateway lane.
@@ -380,7 +471,17 @@ class JobBook:
         if start is None:
             update.skip("out_of_order")
             return
-        self.now = max(self.now, t)
+        self.newest = max(self.newest, t)
+        clock = self._sources.get(source)
+        if clock is None:
+            clock = self._sources[source] = _Source(t, arrival)
+        clock.data, clock.arrived = max(clock.data, t), max(clock.arrived, arrival)
+        clock.lead = t - arrival if clock.lead is None else max(clock.lead, t - arrival)
+        if clock.pending is not None and clock.pending[1] < self._batch:
+            clock.pending = None
+        clock.gpus.add((gpu, job))
+        if self._gpus_seen is not None:
+            self._gpus_seen.add(gpu)
         shared = bool(attributes.get(JOB_SHARED)) and not self.config.include_shared
         if job is None or job in self._ignored or shared:
             self.unattributed.add(t - start, point.value)
@@ -389,9 +490,38 @@ class JobBook:
         precision = attributes.get(PRECISION)
         rate = flops.get((point.resource, point.time_unix_nano))
         if rate is None:
-            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value)
+            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value, attributes)
         tracker = self._tracker(job, attributes, update, touched)
-        tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision))
+        tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision), source)
+
+    def _ahead(self, source: Any, clock: _Source | None, lead: float, arrival: float) -> bool:
+        """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
+
+        Too far: more than ``max_future`` beyond its host's lead so far (a new host: the fleet's
+        median lead). A host that keeps its clock steadily ahead, or a simulation running
+        faster than real time, is measured against itself; a lone point a day ahead is not
+        counted. A jump that the host's next request confirms (its clock really moved) is.
+        """
+        limit = float(self.config.max_future)
+        usual = clock.lead if clock is not None and clock.lead is not None else self._fleet_lead()
+        if usual is None or lead - usual <= limit:
+            return False
+        if clock is None:
+            clock = self._sources[source] = _Source(-math.inf, arrival)
+        pending = clock.pending
+        if pending is not None and pending[1] < self._batch and abs(lead - pending[0]) <= limit:
+            return False  # the second request in a row this far ahead: the host's clock moved
+        if pending is None or pending[1] < self._batch:
+            clock.pending = (lead, self._batch)
+        return True
+
+    def _fleet_lead(self) -> float | None:
+        """The median lead of the hosts seen (computed once per batch): a new host's yardstick."""
+        if self._fleet_lead_batch != self._batch:
+            leads = sorted(c.lead for c in self._sources.values() if c.lead is not None)
+            self._fleet_lead_value = leads[(len(leads) - 1) // 2] if leads else None
+            self._fleet_lead_batch = self._batch
+        return self._fleet_lead_value
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
         job, _ = _job_of(point)
@@ -407,12 +537,57 @@ class JobBook:
         touched[tracker.job_id] = tracker
         tracker.add_mfu(start, t, point.value)
 
-    def expire(self, update: Update) -> None:
-        """End jobs whose data stopped ``job_timeout`` before the newest data seen."""
-        cutoff = self.now - float(self.config.job_timeout)
+    def expire(self, update: Update, now: float | None = None) -> None:
+        """End jobs that have ended by their hosts' clocks, or whose hosts all went silent; forget old keys."""
+        reference = self.newest if now is None else now
         for job, tracker in list(self.jobs.items()):
-            if tracker.last_end < cutoff:
-                self._end(job, "timeout", update)
+            reason = self._end_reason(tracker, reference)
+            if reason is not None:
+                self._end(job, reason, update)
+        if reference >= self._next_sweep:
+            self._sweep(reference)
+            self._next_sweep = reference + float(self.config.resolution)
+
+    def _end_reason(self, tracker: JobTracker, reference: float) -> str | None:
+        """``timeout`` when a host moved on past the job and none still runs it; ``silent``; else None."""
+        timeout = float(self.config.job_timeout)
+        moved_on = False
+        quiet = math.inf  # the shortest silence among its hosts
+        for source, last in tracker.sources.items():
+            clock = self._sources.get(source)
+            if clock is None:  # forgotten: silent for longer than silence_timeout
+                continue
+            if clock.data - last > timeout:
+                moved_on = True
+            elif reference - clock.arrived > timeout:
+                quiet = min(quiet, reference - clock.arrived)
+            else:
+                return None  # this host still runs the job (or its data is still within the timeout)
+        if moved_on:
+            return "timeout"
+        if quiet > float(self.config.silence_timeout):
+            return "silent"
+        return None
+
+    def _sweep(self, reference: float) -> None:
+        """Forget hosts silent past silence_timeout, and GPUs their host's clock has left behind.
+
+        A GPU's last point only matters for the window its next point covers and to refuse
+        points out of order; past ``max_gap`` its next point starts a new window anyway.
+        """
+        keep_gpu = float(self.config.max_gap) + float(self.config.job_timeout)
+        silence = float(self.config.silence_timeout)
+        for key, clock in list(self._sources.items()):
+            if reference - clock.arrived > silence:
+                del self._sources[key]
+                for gpu in clock.gpus:
+                    self._gpu_last.pop(gpu, None)
+                continue
+            for gpu in list(clock.gpus):
+                last = self._gpu_last.get(gpu)
+                if last is None or clock.data - last[0] > keep_gpu:
+                    clock.gpus.discard(gpu)
+                    self._gpu_last.pop(gpu, None)
 
     def close_all(self, reason: str = "shutdown") -> Update:
         """End every job (at shutdown, or at the end of a recording)."""
@@ -423,7 +598,9 @@ class JobBook:
 
     def _end(self, job: str, reason: str, update: Update) -> None:
         tracker = self.jobs.pop(job)
+        self._mfu_last.pop(job, None)
         summary, transitions = tracker.end(reason)
         update.transitions += [(tracker, t) for t in transitions]
         update.ended.append(summary)
-        self.ended.append(summary)
+        if self.history:
+            self.ended.append(summary)

@@ -20,8 +20,11 @@ within ``tolerance_s`` of it (nearest TPA wins) are averaged into the sample's S
 A scrape stamps all its points with one time, so that is an exact match; dcgmreceiver's
 per-field timestamps differ by milliseconds. TPA and clock of one window must arrive in the
 same request (a Collector sends each scrape as one request unless a batch processor splits
-it with ``send_batch_max_size``). A TPA point without a clock still makes a sample; the
-``ofu`` processor then reports it as a dropped window (``missing``), never as 0.
+it with ``send_batch_max_size``). A TPA point without a clock, and a clock point with no TPA
+near it, still make a sample; the ``ofu`` processor then reports it as a dropped window
+(``missing``), never as 0, and re-emits the clock. Duplicate points of one entity and time are
+one reading. Input points of no GPU pass through untouched: nothing a sender sent disappears
+(docs/otlp-receiver.md).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
-from otel_ofu.core.values import clean_clock
+from otel_ofu.core.values import clean_clock, rescale
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, from_any_value, varint
 
@@ -92,8 +95,8 @@ def _scale(value: object, unit: str, kind: str) -> object:
     """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
     if not isinstance(value, (int, float)):
         return value
-    if kind == TPA:
-        return value / 100.0 if unit == "%" else value
+    if kind == TPA:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
+        return rescale(value, 0.01) if unit == "%" else value
     # dcgmreceiver reports Hz. A clock in Hz may exceed the INT32 blank sentinel (2.2 GHz),
     # so it is converted here and never judged as a possible DCGM blank.
     if unit == "Hz":
@@ -103,6 +106,31 @@ def _scale(value: object, unit: str, kind: str) -> object:
     if unit == "GHz":
         return value * 1e3
     return value
+
+
+def label_text(value: Any) -> str:
+    """An attribute value as the label text a Prometheus scrape would have carried.
+
+    Why: a Collector processor (transform, k8sattributes) or a non-Prometheus sender may put
+    ``gpu`` as an int or ``UUID`` as bytes; read as strings only, they became "" and the GPU
+    lost its index or identity. Whole doubles print as ints (``0.0`` -> ``"0"``).
+    """
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _any_text(value: Any) -> str:
+    """An OTLP AnyValue as label text (see :func:`label_text`)."""
+    return label_text(from_any_value(value))
 
 
 def _int_or_str(index: object) -> int | str:
@@ -122,8 +150,8 @@ class _Resource:
     def __init__(self, rm: ResourceMetrics):
         self.attributes = {kv.key: from_any_value(kv.value) for kv in rm.resource.attributes}
         # dcgm-exporter labels a Collector may have promoted to resource attributes.
-        self.labels = {k: str(v) for k, v in self.attributes.items() if k in dcgm_fields.EXPORTER_LABELS}
-        self.fallback_host = str(self.attributes.get(HOST_NAME) or self.attributes.get("server.address") or "")
+        self.labels = {k: label_text(v) for k, v in self.attributes.items() if k in dcgm_fields.EXPORTER_LABELS}
+        self.fallback_host = label_text(self.attributes.get(HOST_NAME) or self.attributes.get("server.address") or "")
         self.extra = {k: v for k, v in self.attributes.items()
                       if k not in SCRAPE_TARGET_ATTRIBUTES and k not in dcgm_fields.EXPORTER_LABELS and k != HOST_NAME}
         self.key = (frozenset(self.labels.items()), self.fallback_host)
@@ -219,8 +247,11 @@ class _Joiner:
     def __init__(self) -> None:
         self.entities: dict[tuple, _Entity | None] = {}
 
-    def prometheus_points(self, resource: _Resource, data: Any, kind: str, unit: str) -> None:
+    def prometheus_points(self, resource: _Resource, data: Any, kind: str, unit: str) -> list[int]:
         """One input metric's data points (``data``: its Gauge or Sum), each to its GPU entity.
+
+        Returns the indices of the points that are no GPU's (no ``gpu`` or ``UUID`` label):
+        nothing joins them, so they must pass through as they came.
 
         Why from bytes: protobuf objects cost about a microsecond per field read and per
         label. The Gauge/Sum is serialized once (C) and each point read from the bytes:
@@ -231,6 +262,7 @@ class _Joiner:
         """
         seen = resource.by_attribute_bytes
         points = data.data_points
+        left: list[int] = []
         wire = data.SerializeToString()
         end_of_data = len(wire)
         i = index = 0
@@ -246,7 +278,8 @@ class _Joiner:
             i, index = end, index + 1
             if end - start < 18 or wire[start] != 0x19 or wire[start + 9] not in _VALUE_TAGS or (
                     end > start + 18 and wire[start + 18] != _ATTRIBUTES_TAG):
-                self._prometheus_point(resource, points[index - 1], kind, unit)
+                if not self._prometheus_point(resource, points[index - 1], kind, unit):
+                    left.append(index - 1)
                 continue
             _, t, value_tag, value = (_TIME_DOUBLE if wire[start + 9] == 0x21 else _TIME_INT).unpack_from(wire, start)
             attribute_bytes = wire[start + 18:end]
@@ -254,27 +287,38 @@ class _Joiner:
             if entity is _NEW:
                 pairs = _string_attributes(attribute_bytes)
                 if pairs is None:  # other shapes (or a flags field): the protobuf path decides
-                    self._prometheus_point(resource, points[index - 1], kind, unit)
+                    if not self._prometheus_point(resource, points[index - 1], kind, unit):
+                        left.append(index - 1)
                     continue
                 entity = seen[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
-            if entity is not None:  # None: not a GPU series (e.g. a per-host field), nothing to join
+            if entity is not None:
                 getattr(entity, kind).append((t, _scale(value, unit, kind)))
-        for dp in points[index:]:  # anything the loop above did not reach (other fields first)
-            self._prometheus_point(resource, dp, kind, unit)
+            else:  # not a GPU series (e.g. a per-host field): nothing to join, it passes through
+                left.append(index - 1)
+        for rest_index in range(index, len(points)):  # anything the loop above did not reach (other fields first)
+            if not self._prometheus_point(resource, points[rest_index], kind, unit):
+                left.append(rest_index)
+        return left
 
-    def _prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> None:
-        """One data point read through protobuf (staleness markers skipped)."""
+    def _prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> bool:
+        """One data point read through protobuf; False when it is no GPU's (it passes through).
+
+        A staleness marker (the series went away; no reading) is taken and dropped: the
+        metric it ends is re-emitted by the ``ofu`` processor under its own name.
+        """
         if dp.flags & _FLAG_NO_RECORDED_VALUE:
-            return
+            return True
         attribute_bytes = _attribute_bytes(dp.SerializeToString())
         entity = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
         if entity is _NEW:
             pairs = _string_attributes(attribute_bytes)
             if pairs is None:
-                pairs = [(kv.key, kv.value.string_value) for kv in dp.attributes]
+                pairs = [(kv.key, _any_text(kv.value)) for kv in dp.attributes]
             entity = resource.by_attribute_bytes[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
-        if entity is not None:
-            getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        if entity is None:
+            return False
+        getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        return True
 
     def _prometheus_entity_of(self, resource: _Resource, pairs: list[tuple[str, str]]) -> _Entity | None:
         # The entity key is the point's dcgm-exporter labels (the same on every metric of one
@@ -287,58 +331,72 @@ class _Joiner:
 
     def dcgmreceiver_point(self, context: _Resource, dp: Any, kind: str, unit: str) -> None:
         resource = context.attributes
-        uuid = str(resource.get("gpu.uuid") or "")
-        index = resource.get("gpu.number")
-        index = "" if index is None else str(index)
-        host = str(resource.get(HOST_NAME) or "")
+        uuid = label_text(resource.get("gpu.uuid"))
+        index = label_text(resource.get("gpu.number"))
+        host = label_text(resource.get(HOST_NAME))
         key = (host, index, uuid, ())
         entity = self.entities.get(key)
         if entity is None:
             extra = {k: v for k, v in resource.items() if k not in DCGMRECEIVER_RESOURCE and k != HOST_NAME}
-            entity = self.entities[key] = _Entity(host, _int_or_str(index), uuid, str(resource.get("gpu.model") or ""),
+            entity = self.entities[key] = _Entity(host, _int_or_str(index), uuid, label_text(resource.get("gpu.model")),
                                                   None, extra)
         getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
 
 
 def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
-    if not entity.tpa:
-        return []
+    """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
+
+    Duplicate points of one GPU and time (the same scrape twice in a request, a batch sent
+    again) are one reading, the last one received. A clock with no TPA near it (profiling
+    off, the field not exported, Nsight holding the counters) is still a window: the ``ofu``
+    processor reports it as "no value" (``missing``) and re-emits its clock.
+    """
+    max_clock = entity.max_clock[-1][1] if entity.max_clock else None
     if len(entity.tpa) == 1 and len(entity.clock) == 1:  # a scrape: one TPA, one clock
         (t, tpa_value), (clock_t, raw) = entity.tpa[0], entity.clock[0]
-        clock: object = None
-        count = 0
         if abs(clock_t - t) <= tolerance_ns:
             valid = clean_clock(raw)[0]
             clock, count = (raw, 0) if valid is None else (valid, 1)
-        return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
-                          count, entity.max_clock[-1][1] if entity.max_clock else None, source=SOURCE,
-                          job_id=entity.job_id, resource=entity.resource)]
-    if len(entity.tpa) == 1:  # one window per request: every clock near it is its own
-        t = entity.tpa[0][0]
-        tpa = entity.tpa
-        clocks = [[value for ct, value in entity.clock if abs(ct - t) <= tolerance_ns]]
-    else:
-        tpa = sorted(entity.tpa, key=lambda p: p[0])
-        times = [t for t, _ in tpa]
-        clocks = [[] for _ in tpa]
-        for t, value in entity.clock:
+            return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=entity.resource)]
+    tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
+    times = [t for t, _ in tpa]
+    windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
+    lone: list[tuple[int, object, list[object]]] = []  # clock readings near no TPA reading
+    for t, value in sorted(dict(entity.clock).items()):
+        if times:
             i = bisect.bisect_left(times, t)
             best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
             if abs(times[best] - t) <= tolerance_ns:
-                clocks[best].append(value)
-    max_clock = entity.max_clock[-1][1] if entity.max_clock else None
+                windows[best][2].append(value)
+                continue
+        if lone and t - lone[-1][0] <= tolerance_ns:
+            lone[-1][2].append(value)
+        else:
+            lone.append((t, None, [value]))
+    windows += lone
+    if not windows and entity.max_clock:  # only the max clock: a window with neither reading
+        windows.append((entity.max_clock[-1][0], None, []))
     out = []
-    for (t, tpa_value), raw_clocks in zip(tpa, clocks):
+    for t, tpa_value, raw_clocks in windows:
         valid = [v for v in (clean_clock(c)[0] for c in raw_clocks) if v is not None]
         if valid:
             clock, count = sum(valid) / len(valid), len(valid)
         else:  # keep the raw reading (blank, 0, NaN) so the ofu processor names the reason
             clock, count = (raw_clocks[0] if raw_clocks else None), 0
         # Each sample gets its own resource dict (the entity's own when it makes only one).
-        resource = entity.resource if len(tpa) == 1 else dict(entity.resource)
+        resource = entity.resource if len(windows) == 1 else dict(entity.resource)
         out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
     return out
+
+
+def _keep_only(points: Any, indices: list[int]) -> None:
+    """Delete every data point but those at ``indices`` (a repeated field, in place)."""
+    keep = set(indices)
+    for p_index in range(len(points) - 1, -1, -1):
+        if p_index not in keep:
+            del points[p_index]
 
 
 def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _Edits | None = None,
@@ -379,17 +437,23 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
             data = getattr(metric, kind_of_data)
             points = data.data_points
             if name in _PROMETHEUS_INPUTS:
-                joiner.prometheus_points(resource, data, _PROMETHEUS_INPUTS[name], metric.unit)
+                left = joiner.prometheus_points(resource, data, _PROMETHEUS_INPUTS[name], metric.unit)
                 if keep_rest:
-                    del metrics[m_index]
-                    if edits is not None:
-                        edits.metrics.setdefault(s_index, {})[m_index] = None
+                    if left:  # points of no GPU: they stay, the joined ones go
+                        _keep_only(points, left)
+                        if edits is not None:
+                            edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
+                            edits.points += len(points)
+                    else:
+                        del metrics[m_index]
+                        if edits is not None:
+                            edits.metrics.setdefault(s_index, {})[m_index] = None
                 continue
             kind = _DCGMRECEIVER_INPUTS[name]
             other_pipes = []
             for p_index, dp in enumerate(points):
                 if kind == TPA:
-                    pipe = next((kv.value.string_value for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
+                    pipe = next((_any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
                     if pipe != "tensor":
                         other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
                         continue
@@ -397,10 +461,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                     joiner.dcgmreceiver_point(resource, dp, kind, metric.unit)
             if keep_rest:
                 if other_pipes:
-                    keep = set(other_pipes)
-                    for p_index in range(len(points) - 1, -1, -1):
-                        if p_index not in keep:
-                            del points[p_index]
+                    _keep_only(points, other_pipes)
                     if edits is not None:
                         edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
                         edits.points += len(points)

@@ -7,12 +7,17 @@ attributes), and events: ``ofu.job.start``, ``ofu.job.end`` (with the job's summ
 ``job_timeout`` without points or at shutdown), ``ofu.finding.open`` / ``ofu.finding.close``
 (MFU audit and regression alarms, with both numbers and the likely cause). The logic lives
 in :mod:`otel_ofu.jobs`; this module only turns its results into points and events.
+
+Time: a job's end is judged in the clock of each host that ran it; this process's wall clock
+only says when a host went silent and which points are stamped too far in the future
+(docs/jobs.md, "Time").
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
@@ -65,7 +70,8 @@ for _info in (
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, mfu_without_job)."),
+               "(out_of_order, not_finite, mfu_without_job, future: stamped more than max_future beyond its host's "
+               "usual lead over this process's clock)."),
 ):
     register(_info)
 
@@ -130,13 +136,19 @@ def state_fingerprint(config: JobsConfig) -> str:
                               config.state_key())
 
 
+FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this many seconds
+
+
 class JobsProcessor(Processor):
-    def __init__(self, config: JobsConfig, context: Context):
+    def __init__(self, config: JobsConfig, context: Context, *, clock: Callable[[], float] = time.time):
         super().__init__(config, context)
         self.book = JobBook(config)
+        self._clock = clock
+        self._warned_future_at = -math.inf
         self.state: JobState | None = None
         self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, config.mfu_metric})
-        self._pending: list[MetricPoint] | None = None  # the last batch's points, journaled once exported
+        # The last batch's points and its clock reading, journaled once exported.
+        self._pending: tuple[float, list[MetricPoint]] | None = None
         self._last_checkpoint = 0.0
 
     def start(self) -> None:
@@ -148,18 +160,26 @@ class JobsProcessor(Processor):
         book, batches = self.state.load()
         if book is not None:
             self.book = book
-        for points in batches:  # their outputs were exported before they were journaled
-            self.book.observe(points)
+        for now, points in batches:  # their outputs were exported before they were journaled
+            self.book.observe(points, now)
         if book is not None or batches:
             self.log.info("resumed %d job(s) from %s (%d batch(es) replayed from the journal); jobs new to this "
                           "instance start fresh", len(self.book.jobs), self.state.snapshot_path, len(batches))
         self._checkpoint()
 
     def process(self, batch: Batch) -> Batch:
-        update = self.book.observe(batch.points)
+        now = self._clock()
+        update = self.book.observe(batch.points, now)
         if self.state is not None:
             names = self._journal_names
-            self._pending = [p for p in batch.points if p.name in names]
+            self._pending = (now, [p for p in batch.points if p.name in names])
+        if update.ahead is not None and now - self._warned_future_at >= FUTURE_WARNING_INTERVAL_S:
+            self._warned_future_at = now
+            host, ahead = update.ahead
+            self.log.warning("jobs: %d point(s) stamped further ahead than their host's clock has run so far "
+                             "(max_future %gs) were not counted (e.g. host %s, %.0fs ahead of this process's clock): "
+                             "check that node's clock (NTP)", update.skipped.get("future", 0),
+                             float(self.config.max_future), host, ahead)
         points, events = self._render(update)
         return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
                      events=[*batch.events, *events])
@@ -168,9 +188,8 @@ class JobsProcessor(Processor):
         """Journal the batch just exported; checkpoint when due."""
         if self.state is None or self._pending is None:
             return
-        pending, self._pending = self._pending, None
-        if pending:
-            self.state.append(pending)
+        (now, points), self._pending = self._pending, None
+        self.state.append(now, points)
         if (time.monotonic() - self._last_checkpoint >= float(self.config.checkpoint_interval)
                 or self.state.journal_bytes >= self.config.max_journal_bytes):
             self._checkpoint()

@@ -3,7 +3,9 @@
 Place attribution processors (which set job and precision) before it: the precision picks
 f_ref, the correction factor and the peak for achieved FLOP/s. A sample that cannot give
 OFU (blank TPA, clock 0, unknown model without a max clock, ...) produces no ``gpu.ofu``
-point; it is counted in ``gpu.ofu.dropped`` with its reason instead.
+point; it is counted in ``gpu.ofu.dropped`` with its reason instead: once per window (a
+window sent twice counts once), in a series that is forgotten after ``dropped_max_stale``
+without drops and then starts again with a new start time (docs/state.md).
 
 OFU that arrives already computed (another otel-ofu's output, decoded by the ``otlp``
 receiver) is used as it is: a GPU whose ``gpu.ofu`` points arrive is not computed again from
@@ -15,6 +17,8 @@ and OFU is computed here from the inputs they came with (``gpu.tensor.activity``
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from otel_ofu.core import specs
@@ -40,10 +44,23 @@ from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, OfuResult, compute_ofu
 from otel_ofu.core.tiles import ARCH_TILES
 from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
 from otel_ofu.pipeline.component import Context, Factory, Processor
-from otel_ofu.pipeline.config import require
+from otel_ofu.pipeline.config import Duration, require
 
 UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
+_WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
+_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
+
+
+@dataclass(slots=True)
+class _DropCounter:
+    """One ``gpu.ofu.dropped`` series: a GPU resource and a reason."""
+
+    count: int
+    start_ns: int  # the series' start time (a forgotten series starts again: a counter reset)
+    last_ns: int  # the data time of the last window counted: the same window again is not counted twice
+    seen: float  # this process's monotonic clock at the last drop
+
 
 SKIPPED = register(MetricInfo(
     "otel_ofu.ofu.skipped", "{window}", "sum",
@@ -88,21 +105,28 @@ class OfuProcessorConfig:
     tpa_tolerance: float = TPA_TOLERANCE
     # Also emit the inputs (tensor activity, SM clock, power, ...) as their own metrics.
     emit_inputs: bool = True
+    # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
+    # pods and jobs come and go, and their series must not stay in memory forever.
+    dropped_max_stale: Duration = field(default_factory=lambda: Duration(3600))
     # OFU arriving already computed (gpu.ofu from another otel-ofu) is used as is; true: replace it
     # with OFU computed here from the inputs that came with it.
     recompute: bool = False
 
     def validate(self) -> None:
         require(0 <= self.tpa_tolerance <= 0.2, "tpa_tolerance", f"must be within [0, 0.2], got {self.tpa_tolerance}")
+        require(self.dropped_max_stale > 0, "dropped_max_stale", "must be positive")
         for model, mhz in self.reference_clocks.items():
             require(100 <= mhz <= 5000, f"reference_clocks.{model}", f"expected MHz within [100, 5000], got {mhz}")
 
 
 class OfuProcessor(Processor):
-    def __init__(self, config: OfuProcessorConfig, context: Context):
+    def __init__(self, config: OfuProcessorConfig, context: Context, *,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__(config, context)
+        self._clock = clock
         self._warned_models: set[str] = set()
-        self._dropped: dict[tuple[Attributes, str], int] = {}
+        self._dropped: dict[tuple[Attributes, str], _DropCounter] = {}
+        self._next_sweep = clock() + _SWEEP_INTERVAL_S
         self._attributes_cache: dict[tuple, tuple[Attributes, dict[str, Attributes]]] = {}
         self._arriving: dict[tuple, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
@@ -205,10 +229,13 @@ class OfuProcessor(Processor):
             sample.tensor_active, sample.sm_clock_mhz, sample.model, precision, sample.max_sm_clock_mhz,
             tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
             correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
+            share=specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0,
         )
         point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
+                if len(self._warned_models) >= _WARNED_MODELS_SIZE:
+                    self._warned_models.clear()  # model strings come from senders: bounded, at worst warned again
                 self._warned_models.add(sample.model)
                 self.log.warning("GPU model %r is not in the spec table: using its reported max SM clock (%.0f MHz) "
                                  "as f_ref; points carry %s=%s. Add it under reference_clocks to fix.",
@@ -281,12 +308,29 @@ class OfuProcessor(Processor):
         return entry
 
     def _drop(self, sample: GpuSample, reason: NoValue, resource: Attributes, t: int) -> MetricPoint:
+        """Count a window without OFU once: the same GPU, reason and window again (a batch sent twice) is not."""
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._forget_stale(now)
         key = (resource, reason.value)
-        self._dropped[key] = count = self._dropped.get(key, 0) + 1
-        self.context.telemetry.add("otel_ofu.ofu.dropped", 1, reason=reason.value)
-        self.log.debug("no OFU for %s GPU %s at %d: %s", sample.host, sample.gpu_index, t, reason.value)
-        return MetricPoint("gpu.ofu.dropped", count, t, resource, attrs({DROP_REASON: reason.value}), "{window}",
-                           monotonic=True)
+        counter = self._dropped.get(key)
+        if counter is None:
+            counter = self._dropped[key] = _DropCounter(0, max(0, t - int(sample.window_s * 1e9)), -1, now)
+        if counter.last_ns != t:
+            counter.count += 1
+            counter.last_ns = t
+            self.context.telemetry.add("otel_ofu.ofu.dropped", 1, reason=reason.value)
+            self.log.debug("no OFU for %s GPU %s at %d: %s", sample.host, sample.gpu_index, t, reason.value)
+        counter.seen = now
+        return MetricPoint("gpu.ofu.dropped", counter.count, t, resource, attrs({DROP_REASON: reason.value}),
+                           "{window}", monotonic=True, start_time_unix_nano=counter.start_ns)
+
+    def _forget_stale(self, now: float) -> None:
+        """Drop counters with no drop for ``dropped_max_stale``: a later drop starts the series again."""
+        stale = float(self.config.dropped_max_stale)
+        for key in [k for k, c in self._dropped.items() if now - c.seen > stale]:
+            del self._dropped[key]
+        self._next_sweep = now + _SWEEP_INTERVAL_S
 
     def _input_points(self, sample: GpuSample, resource: Attributes, point_attrs: Attributes, t: int,
                       result: OfuResult | NoValue) -> list[MetricPoint]:

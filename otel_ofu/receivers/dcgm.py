@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from otel_ofu.core import dcgm_fields as F
 from otel_ofu.core.metrics import MetricInfo, register
-from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, Batch, GpuSample, MetricPoint
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GPU_MIG_SLICES, Batch, GpuSample, MetricPoint
 from otel_ofu.core.ofu import mean_clock
 from otel_ofu.core.values import NoValue, clean, clean_ratio
 from otel_ofu.gpu import dcgm_api, status
@@ -245,7 +245,7 @@ class DcgmReceiver(PollingReceiver):
         if entity.mig_instance_id is not None:
             resource[GPU_MIG_INSTANCE] = str(entity.mig_instance_id)
             resource[GPU_MIG_PROFILE] = f"profile-{entity.mig_profile_id}"
-            resource["gpu.mig.slices"] = str(entity.mig_slices)
+            resource[GPU_MIG_SLICES] = str(entity.mig_slices)
         return GpuSample(
             time_unix_nano=end, window_s=(end - start) / 1e9, host=self.status.host, gpu_index=entity.gpu_id,
             uuid=entity.uuid, model=entity.model, tensor_active=tpa, sm_clock_mhz=clock,

@@ -20,8 +20,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_SLICES, Batch, GpuSample
 from otel_ofu.core.ofu import mean_clock
+from otel_ofu.core.values import rescale
 from otel_ofu.gpu import nvml_api, status
 from otel_ofu.gpu.backoff import Backoff
 from otel_ofu.gpu.clock import SYSTEM_CLOCK, Clock
@@ -249,6 +250,8 @@ class NvmlReceiver(PollingReceiver):
         if target.gpu_instance_id is not None:
             mig = next(m for m in gpu.info.mig if m.gpu_instance_id == target.gpu_instance_id)
             resource.update({GPU_MIG_INSTANCE: str(mig.gpu_instance_id), "gpu.mig.uuid": mig.uuid})
+            if mig.slices:
+                resource[GPU_MIG_SLICES] = str(mig.slices)
             processes = [p for p in processes if getattr(p, "gpuInstanceId", None) == target.gpu_instance_id]
         pids = sorted({int(p.pid) for p in processes})
         if pids:
@@ -309,7 +312,7 @@ class NvmlReceiver(PollingReceiver):
 def _ratio(api: Any, value: float | None, ret: int) -> object:
     """A GPM percent as a 0..1 ratio; when NVML has no value, the reason (never 0)."""
     if value is not None:
-        return value / 100.0
+        return rescale(value, 0.01)  # NaN or a negative reading stays as read, for clean() to name
     if ret == api.NVML_ERROR_NOT_SUPPORTED:
         return status.TPA_NOT_SUPPORTED
     if ret == api.NVML_ERROR_NO_PERMISSION:

@@ -38,7 +38,7 @@ REQUESTS = register(MetricInfo(
     "length_required, tls_handshake, internal."))
 SAMPLES = register(MetricInfo(
     "otel_ofu.receiver.samples", "{window}", "sum",
-    "GPU windows (TPA joined with SM clock) a push receiver extracted from the metrics it received."))
+    "GPU windows (TPA joined with SM clock, or either alone) a push receiver extracted from the metrics it received."))
 DECODED = register(MetricInfo(
     "otel_ofu.receiver.decoded", "{point}", "sum",
     "Data points of the metrics listed in the otlp receiver's decode setting (another otel-ofu's per-GPU "

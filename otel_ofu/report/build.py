@@ -486,7 +486,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         paths = [str(paths)]
     config = config or JobsConfig()
     options = options or ReadOptions()
-    book = JobBook(config)
+    book = JobBook(config, history=True)
     names = {OFU_METRIC, FLOPS_METRIC, config.mfu_metric, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"

@@ -27,6 +27,7 @@ class FakeNvmlMig:
     uuid: str
     tpa: float = 0.0  # tensor activity of this GPU instance
     compute_instances: int = 1
+    slices: int = 1  # the GPU instance profile's compute slices (1g.10gb: 1)
 
 
 @dataclass
@@ -244,6 +245,17 @@ class FakeNvml:
         if index >= len(slots):
             raise self._error(_real.NVML_ERROR_NOT_FOUND)
         return FakeHandle(device.index, slots[index].gpu_instance_id)
+
+    def nvmlDeviceGetAttributes(self, device):
+        """As NVML: only MIG device handles have attributes (NOT_SUPPORTED on a whole GPU)."""
+        gpu = self._gpu(device)
+        if device.gpu_instance_id is None:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        mig = next(m for m in gpu.mig if m.gpu_instance_id == device.gpu_instance_id)
+        attributes = _real.c_nvmlDeviceAttributes()
+        attributes.gpuInstanceSliceCount = mig.slices
+        attributes.computeInstanceSliceCount = mig.slices
+        return attributes
 
     def nvmlDeviceGetGpuInstanceId(self, device):
         self._gpu(device)
