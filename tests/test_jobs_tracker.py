@@ -123,9 +123,11 @@ def test_shared_gpus_count_when_asked():
 def test_bad_points_are_skipped_and_counted():
     book = JobBook(JobsConfig())
     book.observe([ofu(20, 0.5)])
-    update = book.observe([ofu(10, 0.5), ofu(20, 0.5), ofu(30, float("nan")), mfu(20, 0.5, job="other")])
-    assert update.skipped == {"out_of_order": 2, "not_finite": 1, "mfu_without_job": 1}
+    update = book.observe([ofu(10, 0.5), ofu(20, 0.5), ofu(30, float("nan")), mfu(20, 0.5, job="other"),
+                           mfu(25, float("inf"))])
+    assert update.skipped == {"out_of_order": 2, "not_finite": 2}
     assert book.jobs["train"].totals.gpu_seconds == 10
+    assert book.pending_reports == 1  # "other" may still get its first GPU window
 
 
 def test_job_resource_copies_scheduler_attributes():

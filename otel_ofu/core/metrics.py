@@ -43,8 +43,11 @@ _METRICS = (
     MetricInfo("sim.gpu.mfu.true", "1", "gauge",
                "Simulator only: the ground-truth MFU of the simulated job on this GPU over the window."),
     MetricInfo("training.mfu", "1", "gauge",
-               "MFU as the training job reports it about itself (the simulator emits it as a framework "
-               "would; the MFU audit compares it with OFU)."),
+               "MFU as the training job reports it about itself, a fraction (unit % is read as percent); "
+               "the MFU audit compares it with OFU (docs/audit.md). The simulator emits it as a framework would."),
+    MetricInfo("training.tflops_per_gpu", "T{flop}/s", "gauge",
+               "Achieved model TFLOP/s per GPU as the training job reports it (what Megatron-LM and torchtitan "
+               "log); the MFU audit divides it by the dense peak at the job's precision."),
     MetricInfo("otel_ofu.ofu.dropped", "{window}", "sum",
                "Self-telemetry: GPU windows the ofu processor could not turn into OFU, by reason."),
     MetricInfo("otel_ofu.pipeline.dropped", "{item}", "sum",
@@ -53,6 +56,14 @@ _METRICS = (
 )
 
 METRICS: dict[str, MetricInfo] = {m.name: m for m in _METRICS}
+
+# What a training job reports about itself (docs/audit.md), by default: its MFU as a fraction,
+# and achieved TFLOP/s per GPU under otel-ofu's name and under Megatron-LM's own OpenTelemetry
+# name (megatron/core/telemetry/training_metrics.py). Receivers decode them into points,
+# attribution gives them the reporting process's job, the jobs processor audits them.
+MFU_REPORT_METRIC = "training.mfu"
+TFLOPS_REPORT_METRICS: tuple[str, ...] = ("training.tflops_per_gpu", "megatron.training.throughput_tflops")
+TRAINING_REPORT_METRICS: tuple[str, ...] = (MFU_REPORT_METRIC, *TFLOPS_REPORT_METRICS)
 
 # What the ofu processor emits per GPU: another otel-ofu's ``otlp`` receiver decodes these into
 # points by default (a jobs tier behind node agents), instead of passing them through as bytes.

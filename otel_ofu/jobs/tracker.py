@@ -22,12 +22,14 @@ per-key structure is bounded or expires (docs/jobs.md, "State").
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from otel_ofu.core import specs
+from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import (
     HOST_NAME,
     HW_ID,
@@ -74,7 +76,13 @@ class JobsConfig:
     default_interval: Duration = field(default_factory=lambda: Duration(10))
     # ... and a gap between two points longer than this is a gap, not GPU time we saw.
     max_gap: Duration = field(default_factory=lambda: Duration(120))
-    mfu_metric: str = "training.mfu"  # the metric a job reports its own MFU in
+    mfu_metric: str = MFU_REPORT_METRIC  # the metric a job reports its own MFU in (a fraction)
+    # Metrics a job reports achieved TFLOP/s per GPU in; divided by the dense peak of the job's
+    # GPUs at the job's precision (docs/audit.md, Units).
+    tflops_metrics: list[str] = field(default_factory=lambda: list(TFLOPS_REPORT_METRICS))
+    # Reports of a job no GPU has reported for yet, kept (all jobs together) until it does or
+    # until job_timeout of data time has passed.
+    max_pending_reports: int = 10000
     ignore_jobs: list[str] = field(default_factory=lambda: [NO_JOB, "unknown", ""])
     include_shared: bool = False  # a GPU several jobs share cannot be split between them
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)  # onto the job's resource
@@ -106,6 +114,10 @@ class JobsConfig:
                     f"{self.storage!r} is a file; storage names a directory for the jobs state")
         require(self.checkpoint_interval > 0, "checkpoint_interval", "must be positive")
         require(self.max_journal_bytes >= 1024 * 1024, "max_journal_bytes", "must be at least 1 MiB")
+        for i, name in enumerate(self.tflops_metrics):
+            require(bool(name), f"tflops_metrics[{i}]", "must name a metric")
+            require(name != self.mfu_metric, f"tflops_metrics[{i}]", f"{name} is already mfu_metric (a fraction)")
+        require(self.max_pending_reports >= 0, "max_pending_reports", "must not be negative")
 
     def state_key(self) -> JobsConfig:
         """The settings a saved state depends on (not where or how often it is saved)."""
@@ -175,6 +187,9 @@ class JobTracker:
         self.gpus: set[Any] = set()
         self.sources: dict[Any, float] = {}  # host -> the end of the job's last window there (that host's clock)
         self.peak_gpus = 0
+        # Dense peak FLOP/s of one of the job's GPUs at its precision, from its latest GPU window
+        # (None while the model or the precision is unknown): converts reported TFLOP/s to MFU.
+        self.peak_flops_per_gpu: float | None = None
         self.first_start = math.inf
         self.last_end = -math.inf
         self._res = float(config.resolution)
@@ -302,9 +317,18 @@ class Update:
     ended: list[JobSummary] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> points
     ahead: tuple[str, float] | None = None  # the host furthest ahead of the caller's clock, and by how much (s)
+    # Reports dropped because no GPU ever reported for their job, by job id ("" for no job id).
+    unmatched: dict[str, int] = field(default_factory=dict)
+    # Reports in TFLOP/s that could not be converted (the job's GPU model or precision unknown), by job id.
+    unconverted: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def no_job(self, job: str | None) -> None:
+        self.skip(MFU_WITHOUT_JOB)
+        key = job or ""
+        self.unmatched[key] = self.unmatched.get(key, 0) + 1
 
 
 def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
@@ -367,6 +391,27 @@ def _source_of(resource: Attributes, gpu: Attributes) -> Any:
     return gpu
 
 
+MFU_WITHOUT_JOB = "mfu_without_job"
+TFLOPS_WITHOUT_PEAK = "tflops_without_peak"
+# A TFLOP/s report's unit, lower-cased without braces -> FLOP/s per unit; anything else (no unit,
+# "1") is the metric's definition: TFLOP/s.
+_FLOPS_UNITS = {"flop/s": 1.0, "flops": 1.0, "gflop/s": 1e9, "tflop/s": 1e12, "tflops": 1e12, "pflop/s": 1e15}
+
+
+def flops_per_unit(unit: str) -> float:
+    """How many FLOP/s one unit of a reported throughput is (TFLOP/s unless the unit says otherwise)."""
+    return _FLOPS_UNITS.get(unit.replace("{", "").replace("}", "").strip().lower(), 1e12)
+
+
+def reported_mfu(point: MetricPoint, mfu_metric: str, peak_flops_per_gpu: float | None) -> float | None:
+    """A report as MFU: the fraction itself (``%`` divided by 100), or TFLOP/s over the GPU's peak."""
+    if point.name == mfu_metric:
+        return point.value / 100.0 if point.unit == "%" else point.value
+    if peak_flops_per_gpu is None or peak_flops_per_gpu <= 0:
+        return None
+    return point.value * flops_per_unit(point.unit) / peak_flops_per_gpu
+
+
 class JobBook:
     """All jobs of one pipeline (or one recording).
 
@@ -382,7 +427,11 @@ class JobBook:
         self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
         self._sources: dict[Any, _Source] = {}
         self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
-        self._mfu_last: dict[str, tuple[float, float]] = {}
+        # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
+        self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
+        self._report_names = frozenset({config.mfu_metric, *config.tflops_metrics})
+        self._pending: dict[str, deque[MetricPoint]] = {}  # job -> reports before its first GPU window
+        self._pending_count = 0
         self._gpus_seen: set[Attributes] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
         self._next_sweep = -math.inf
@@ -416,9 +465,14 @@ class JobBook:
         for point in points:
             if point.name == OFU_METRIC:
                 self._gpu_point(point, flops, update, touched, now)
-        for point in points:  # after the GPU points: a job exists once a GPU has reported for it
-            if point.name == self.config.mfu_metric:
+        for tracker in update.started:  # reports that came before the job's first GPU window
+            for point in self._pending.pop(tracker.job_id, ()):
+                self._pending_count -= 1
                 self._mfu_point(point, update, touched)
+        for point in points:  # after the GPU points: a job exists once a GPU has reported for it
+            if point.name in self._report_names:
+                self._mfu_point(point, update, touched)
+        self._expire_pending(update, now)
         for tracker in touched.values():
             snapshots, transitions = tracker.advance()
             update.snapshots += [(tracker, s) for s in snapshots]
@@ -493,6 +547,7 @@ class JobBook:
             rate = peak_flops(attributes.get(HW_MODEL), precision, point.value, attributes)
         tracker = self._tracker(job, attributes, update, touched)
         tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision), source)
+        tracker.peak_flops_per_gpu = peak_flops(attributes.get(HW_MODEL), precision, 1.0, attributes)
 
     def _ahead(self, source: Any, clock: _Source | None, lead: float, arrival: float) -> bool:
         """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
@@ -524,18 +579,80 @@ class JobBook:
         return self._fleet_lead_value
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
+        """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.
+
+        Each reporter (a rank: its resource without the job identity attribution added, and its
+        point attributes) is its own series of windows; the job's reported MFU over an interval
+        is the time-weighted mean over all of them (docs/audit.md says why the mean).
+        """
         job, _ = _job_of(point)
-        tracker = self.jobs.get(job) if job is not None else None
-        if tracker is None or not math.isfinite(point.value):
-            update.skip("mfu_without_job")
+        if job is None or job in self._ignored:
+            update.no_job(job)
+            return
+        if not math.isfinite(point.value):
+            update.skip("not_finite")
+            return
+        tracker = self.jobs.get(job)
+        if tracker is None:
+            self._hold(job, point, update)
+            return
+        value = reported_mfu(point, self.config.mfu_metric, tracker.peak_flops_per_gpu)
+        if value is None:
+            update.skip(TFLOPS_WITHOUT_PEAK)
+            update.unconverted[job] = update.unconverted.get(job, 0) + 1
             return
         t = point.time_unix_nano / 1e9
-        start = self._interval(self._mfu_last, job, t)
+        reporter = (point.name, gpu_identity(point.resource), point.attributes)
+        start = self._interval(self._mfu_last.setdefault(job, {}), reporter, t)
         if start is None:
             update.skip("out_of_order")
             return
         touched[tracker.job_id] = tracker
-        tracker.add_mfu(start, t, point.value)
+        tracker.add_mfu(start, t, value)
+
+    def _hold(self, job: str, point: MetricPoint, update: Update) -> None:
+        """Keep a report until its job's first GPU window; the oldest goes when the store is full."""
+        if self.config.max_pending_reports == 0:
+            update.no_job(job)
+            return
+        self._pending.setdefault(job, deque()).append(point)
+        self._pending_count += 1
+        while self._pending_count > self.config.max_pending_reports:
+            oldest = next(iter(self._pending))  # the job waiting longest
+            self._drop_pending(oldest, update, 1)
+
+    def _drop_pending(self, job: str, update: Update, count: int | None = None) -> None:
+        queue = self._pending[job]
+        for _ in range(len(queue) if count is None else count):
+            queue.popleft()
+            self._pending_count -= 1
+            update.no_job(job)
+        if not queue:
+            del self._pending[job]
+
+    def _expire_pending(self, update: Update, now: float | None) -> None:
+        """Reports older than job_timeout whose job never appeared match no job.
+
+        Older by the caller's clock (``now``), or by the newest data time for a recording.
+        """
+        if not self._pending:
+            return
+        reference = self.newest if now is None else now
+        cutoff = (reference - float(self.config.job_timeout)) * 1e9
+        for job in list(self._pending):
+            queue = self._pending[job]
+            stale = 0
+            for point in queue:
+                if point.time_unix_nano >= cutoff:
+                    break
+                stale += 1
+            if stale:
+                self._drop_pending(job, update, stale)
+
+    @property
+    def pending_reports(self) -> int:
+        """Reports held for jobs no GPU has reported for yet."""
+        return self._pending_count
 
     def expire(self, update: Update, now: float | None = None) -> None:
         """End jobs that have ended by their hosts' clocks, or whose hosts all went silent; forget old keys."""

@@ -70,8 +70,10 @@ for _info in (
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, mfu_without_job, future: stamped more than max_future beyond its host's "
-               "usual lead over this process's clock)."),
+               "(out_of_order, not_finite, mfu_without_job, tflops_without_peak, future: stamped more than "
+               "max_future beyond its host's usual lead over this process's clock)."),
+    MetricInfo("otel_ofu.jobs.reports.pending", "{point}", "gauge", "Reports (MFU, TFLOP/s) held for jobs no GPU "
+               "has reported for yet (bounded by max_pending_reports)."),
 ):
     register(_info)
 
@@ -137,6 +139,8 @@ def state_fingerprint(config: JobsConfig) -> str:
 
 
 FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this many seconds
+# Job ids remembered so that a report problem is logged once per job (then forgotten in bulk).
+_MAX_LOGGED_JOBS = 4096
 
 
 class JobsProcessor(Processor):
@@ -145,8 +149,10 @@ class JobsProcessor(Processor):
         self.book = JobBook(config)
         self._clock = clock
         self._warned_future_at = -math.inf
+        self._logged: set[tuple[str, str]] = set()  # (problem, job id) already logged
         self.state: JobState | None = None
-        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, config.mfu_metric})
+        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, config.mfu_metric,
+                                         *config.tflops_metrics})
         # The last batch's points and its clock reading, journaled once exported.
         self._pending: tuple[float, list[MetricPoint]] | None = None
         self._last_checkpoint = 0.0
@@ -218,6 +224,8 @@ class JobsProcessor(Processor):
     def _render(self, update: Update) -> tuple[list[MetricPoint], list[Event]]:
         for reason, count in update.skipped.items():
             self.context.telemetry.add("otel_ofu.jobs.skipped", count, reason=reason)
+        self.context.telemetry.set("otel_ofu.jobs.reports.pending", self.book.pending_reports)
+        self._log_report_problems(update)
         points: list[MetricPoint] = []
         events: list[Event] = [self._start_event(tracker) for tracker in update.started]
         for tracker, snapshot in update.snapshots:
@@ -233,6 +241,29 @@ class JobsProcessor(Processor):
                                 self._end_text(summary)))
             self.log.info("%s", self._end_text(summary))
         return points, events
+
+    def _log_report_problems(self, update: Update) -> None:
+        """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
+        problems = [("unmatched", job) for job in update.unmatched] + [("unconverted", j) for j in update.unconverted]
+        for problem, job in problems:
+            if (problem, job) in self._logged:
+                continue
+            if len(self._logged) >= _MAX_LOGGED_JOBS:
+                self._logged.clear()
+            self._logged.add((problem, job))
+            if problem == "unconverted":
+                self.log.warning("job %s reports TFLOP/s but the model or precision of its GPUs is unknown, so it "
+                                 "cannot be compared with OFU: declare the job's precision (docs/audit.md, Units) "
+                                 "or report MFU. Logged once per job.", job)
+            elif job:
+                self.log.warning("reports (MFU/TFLOP/s) for job %s match no job: no GPU reported for it within "
+                                 "job_timeout (%gs). Check that the reporting process names the same pod, Slurm job "
+                                 "or process as its GPUs (docs/audit.md). Logged once per job.", job,
+                                 float(self.config.job_timeout))
+            else:
+                self.log.warning("reports (MFU/TFLOP/s) without ofu.job.id: put the attribution processor before "
+                                 "jobs and give the reporting process a pod, Slurm or process identity "
+                                 "(docs/audit.md). Logged once.")
 
     def _start_event(self, tracker: JobTracker) -> Event:
         precisions = ",".join(sorted(tracker.precisions))

@@ -487,7 +487,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, config.mfu_metric, TRUTH_METRIC}
+    names = {OFU_METRIC, FLOPS_METRIC, config.mfu_metric, *config.tflops_metrics, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
     lines = sum(s.lines for s in sources)

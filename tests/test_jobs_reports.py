@@ -1,0 +1,135 @@
+"""What a job reports about itself, in the JobBook: ranks, units, reports before the job, unmatched."""
+
+import pytest
+
+from otel_ofu.core import specs
+from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
+from otel_ofu.jobs.findings import MFU_GAP, OPEN
+from otel_ofu.jobs.tracker import JobBook, JobsConfig, flops_per_unit
+from otel_ofu.pipeline.config import FieldError, build_config
+
+H100 = "NVIDIA H100 80GB HBM3"
+T0 = 1_800_000_000
+H100_BF16 = specs.find_spec(H100).peak("bf16").flops
+
+
+def gpu(t, value, uuid="GPU-a", job="train", precision="bf16"):
+    return MetricPoint("gpu.ofu", value, int((T0 + t) * 1e9),
+                       attrs({HW_ID: uuid, HW_MODEL: H100, HOST_NAME: "node-0", JOB_ID: job, PRECISION: precision}))
+
+
+def report(t, value, job="train", pid=1, name="training.mfu", unit="1", host="node-0"):
+    """A rank's report as attribution leaves it: the process's resource plus the job's id."""
+    resource = {"service.name": "trainer", HOST_NAME: host, "process.pid": pid}
+    if job is not None:
+        resource[JOB_ID] = job
+    return MetricPoint(name, value, int((T0 + t) * 1e9), attrs(resource), (), unit)
+
+
+def fast_config(**extra):
+    return build_config(JobsConfig, {"resolution": "10s", "windows": ["60s"], "job_timeout": "60s",
+                                     "default_interval": "10s", "max_gap": "30s",
+                                     "audit": {"window": "60s", "sustain": "30s", "clear_after": "30s"}, **extra})
+
+
+def run(book, seconds, gpu_ofu, reports):
+    """Every 10 s: two GPUs at ``gpu_ofu`` and whatever ``reports(t)`` returns."""
+    updates = []
+    for t in range(10, seconds + 1, 10):
+        updates.append(book.observe([gpu(t, gpu_ofu, "GPU-a"), gpu(t, gpu_ofu, "GPU-b"), *reports(t)]))
+    return updates
+
+
+def opened(updates):
+    return [(tracker.job_id, tr.finding) for u in updates for tracker, tr in u.transitions if tr.action == OPEN]
+
+
+def test_ranks_reporting_together_give_one_value_per_window_their_mean():
+    book = JobBook(fast_config())
+    run(book, 120, 0.3, lambda t: [report(t, 0.30, pid=1), report(t, 0.34, pid=2)])
+    tracker = book.jobs["train"]
+    assert tracker.mfu.mean(T0 + 60, T0 + 120) == pytest.approx(0.32)
+    assert tracker.mfu_life == pytest.approx(0.32)
+    # Two ranks in one window are two series, not one series stepping backwards in time.
+    assert not any(book.observe([report(125, 0.3, pid=p)]).skipped for p in (1, 2))
+
+
+def test_a_rank_reporting_twice_the_ofu_opens_an_mfu_gap_for_the_job():
+    book = JobBook(fast_config())
+    updates = run(book, 180, 0.26, lambda t: [report(t, 0.52, pid=7)])
+    ((job, finding),) = opened(updates)
+    assert job == "train" and finding.kind == MFU_GAP
+    assert finding.numbers["mfu_reported"] == pytest.approx(0.52) and finding.numbers["ofu"] == pytest.approx(0.26)
+
+
+def test_honest_reports_open_nothing():
+    book = JobBook(fast_config())
+    assert opened(run(book, 300, 0.26, lambda t: [report(t, 0.25, pid=7)])) == []
+    assert book.jobs["train"].mfu_life == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("precision", "tflops", "expected"), [
+    ("bf16", H100_BF16 / 2 / 1e12, 0.5),
+    ("fp8", H100_BF16 / 2 / 1e12, 0.25),  # the same TFLOP/s is half as much of the FP8 peak
+])
+def test_tflops_per_gpu_is_divided_by_the_peak_at_the_jobs_precision(precision, tflops, expected):
+    book = JobBook(fast_config())
+    for t in (10, 20, 30):
+        book.observe([gpu(t, 0.5, precision=precision), report(t, tflops, name="megatron.training.throughput_tflops")])
+    assert book.jobs["train"].mfu_life == pytest.approx(expected)
+
+
+def test_tflops_of_a_job_whose_precision_is_unknown_is_not_guessed():
+    book = JobBook(fast_config())
+    book.observe([gpu(10, 0.5, precision="unknown")])
+    update = book.observe([report(20, 400.0, name="training.tflops_per_gpu")])
+    assert update.skipped == {"tflops_without_peak": 1} and update.unconverted == {"train": 1}
+    assert book.jobs["train"].mfu_life is None
+
+
+def test_units_percent_and_flops():
+    book = JobBook(fast_config())
+    book.observe([gpu(10, 0.5)])
+    book.observe([gpu(20, 0.5), report(20, 40.0, unit="%")])  # torchtitan logs mfu(%)
+    assert book.jobs["train"].mfu_life == pytest.approx(0.40)
+    assert flops_per_unit("{flop}/s") == 1.0 and flops_per_unit("T{flop}/s") == 1e12 and flops_per_unit("") == 1e12
+
+
+def test_a_report_before_the_jobs_first_gpu_window_waits_for_it():
+    book = JobBook(fast_config())
+    first = book.observe([report(10, 0.4), report(20, 0.4)])
+    assert first.skipped == {} and book.pending_reports == 2 and "train" not in book.jobs
+    book.observe([gpu(30, 0.4), report(30, 0.4)])
+    tracker = book.jobs["train"]
+    assert book.pending_reports == 0
+    assert tracker.mfu.first_start == pytest.approx(T0 + 0)  # the held reports count from their own time
+    assert tracker.mfu_life == pytest.approx(0.4)
+
+
+def test_a_report_no_gpu_ever_matches_is_dropped_after_job_timeout_and_named():
+    book = JobBook(fast_config())
+    book.observe([report(10, 0.4, job="k8s:llm/typo")])
+    updates = run(book, 80, 0.3, lambda t: [])
+    dropped = [u for u in updates if u.unmatched]
+    assert len(dropped) == 1 and dropped[0].unmatched == {"k8s:llm/typo": 1}
+    assert dropped[0].skipped.get("mfu_without_job") == 1 and book.pending_reports == 0
+
+
+def test_held_reports_are_bounded_oldest_job_first():
+    book = JobBook(fast_config(max_pending_reports=2))
+    book.observe([report(10, 0.4, job="a")])
+    book.observe([report(10, 0.4, job="b")])
+    update = book.observe([report(20, 0.4, job="b")])
+    assert update.unmatched == {"a": 1} and book.pending_reports == 2
+
+
+def test_a_report_without_a_job_id_is_counted():
+    update = JobBook(fast_config()).observe([report(10, 0.4, job=None)])
+    assert update.unmatched == {"": 1} and update.skipped == {"mfu_without_job": 1}
+
+
+def test_config_names_the_bad_key():
+    with pytest.raises(FieldError, match="tflops_metrics"):
+        build_config(JobsConfig, {"tflops_metrics": ["training.mfu"]})
+    with pytest.raises(FieldError, match="max_pending_reports"):
+        build_config(JobsConfig, {"max_pending_reports": -1})
