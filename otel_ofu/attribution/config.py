@@ -8,6 +8,7 @@ from typing import Literal
 
 from otel_ofu.attribution.kubelet import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
 from otel_ofu.attribution.rules import RuleConfig
+from otel_ofu.core.metrics import TRAINING_REPORT_METRICS
 from otel_ofu.core.model import NO_JOB
 from otel_ofu.pipeline.config import Duration, FieldError, require
 
@@ -105,6 +106,10 @@ class AttributionProcessorConfig:
     # Kubernetes API source; "" = those rules (or, without that source, the pod name).
     k8s_job_label: str = ""
     rules: list[RuleConfig] = field(default_factory=list)
+    # Metrics a training process reports about itself (its MFU, TFLOP/s per GPU): a point of
+    # one of these without ofu.job.id gets the job of the process that sent it, named from its
+    # resource (pod, Slurm job, or pid on this node) like its GPUs (docs/audit.md).
+    report_metrics: list[str] = field(default_factory=lambda: list(TRAINING_REPORT_METRICS))
     max_jobs: int = 1000
     job_idle_timeout: Duration = field(default_factory=lambda: Duration(600.0))
     overflow_job_id: str = "overflow"
@@ -116,3 +121,5 @@ class AttributionProcessorConfig:
         require(self.job_idle_timeout > 0, "job_idle_timeout", "must be positive")
         require(self.overflow_job_id not in UNSET_JOBS, "overflow_job_id", "must name a job id")
         require(bool(self.precision_env), "precision_env", "must not be empty")
+        for i, name in enumerate(self.report_metrics):
+            require(isinstance(name, str) and bool(name.strip()), f"report_metrics[{i}]", "must name a metric")

@@ -13,8 +13,10 @@ README.md, section Attribution describes sources, precedence, attributes and lim
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,7 @@ from otel_ofu.attribution.k8s_api import PodRecord, PodWatcher
 from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
+from otel_ofu.attribution.reports import resource_claim, resource_pid
 from otel_ofu.attribution.rules import RuleResult, evaluate
 from otel_ofu.attribution.slurm import ENV_KEYS, slurm_attributes
 from otel_ofu.core import specs
@@ -67,6 +70,10 @@ OVERFLOW_METRIC = register(MetricInfo(
     "Samples whose job was over attribution's max_jobs and got the overflow job id instead."))
 JOBS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.jobs", "{job}", "gauge", "Distinct job ids attribution currently holds a slot for."))
+REPORTS_METRIC = register(MetricInfo(
+    "otel_ofu.attribution.reports", "{point}", "sum",
+    "Points a training process reported about itself (report_metrics: MFU, TFLOP/s), by outcome: attributed "
+    "(named from its pod, Slurm job or process), kept (it carried ofu.job.id), no_identity (nothing names its job)."))
 REFRESH_ERRORS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.refresh.errors", "{error}", "sum",
     "Failed attribution lookups, by source (kubelet, pids); the last good answer is used for cache_ttl."))
@@ -103,6 +110,13 @@ class AttributionProcessor(Processor):
         key = config.precision_key  # the pod annotation, pod label and attribute naming a job's precision
         self._precision_names = (K8S_POD_ANNOTATION_PREFIX + key, K8S_POD_LABEL_PREFIX + key, key) if key else ()
         self._limiter = JobLimiter(config.max_jobs, int(config.job_idle_timeout * 1e9), config.overflow_job_id)
+        self._report_names = frozenset(config.report_metrics)
+        # Slurm job ids GPUs know only through dcgm-exporter's hpc_job (job id as given, not
+        # slurm:<id>): a report naming that Slurm job gets the same id. Least recently seen first.
+        self._hpc_only: OrderedDict[str, None] = OrderedDict()
+        # Hosts whose /proc this processor reads: a report's process.pid is looked up only there.
+        self._local_hosts = {socket.gethostname()}
+        self._no_identity_logged: set[tuple[str, str]] = set()
         self._last_overflow_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,10 +225,81 @@ class AttributionProcessor(Processor):
                                  ", ".join(sorted(overflowed)[:3]))
             self._last_overflow_ns = latest
         self.context.telemetry.set(JOBS_METRIC.name, len(self._limiter))
-        if renamed and batch.points:
-            batch = Batch(samples=batch.samples, points=[_renamed(p, renamed) for p in batch.points],
-                          passthrough=batch.passthrough, events=batch.events)
+        points = batch.points
+        if renamed and points:
+            points = [_renamed(p, renamed) for p in points]
+        if self._report_names and any(p.name in self._report_names for p in points):
+            points = [self.annotate_report(p) if p.name in self._report_names else p for p in points]
+        if points is not batch.points:
+            batch = Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
         return batch
+
+    # --- what training processes report about themselves ---------------------------------
+
+    def annotate_report(self, point: MetricPoint) -> MetricPoint:
+        """Give a training process's report (MFU, TFLOP/s) the ``ofu.job.id`` its GPUs get.
+
+        The process is named by its own resource: a pod, a Slurm job, or a pid on this node
+        (through its cgroup and environment). Those go through the same sources and rules of
+        naming as GPU claims (the Kubernetes API, ``k8s_job_label``, ``slurm:<id>``), so a
+        report from any rank names the whole job. A point that already carries a job id keeps it.
+        """
+        if job_id_of(point) not in UNSET_JOBS and job_id_of(point) is not None:
+            self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="kept")
+            return point
+        resource = dict(point.resource)
+        claim = resource_claim(resource) or self._pid_claim(resource)
+        if claim is None:
+            self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="no_identity")
+            self._log_no_identity(point, resource)
+            return point
+        if claim.key[0] == "slurm" and claim.key[1] in self._hpc_only:
+            claim.job_id = claim.key[1]
+        if self.pods is not None:
+            claim = self._with_pod(claim)
+        for key, value in claim.resource.items():
+            resource.setdefault(key, value)
+        resource[JOB_ID] = self._job_id(claim)
+        resource[JOB_SOURCE] = "+".join(sorted(set(claim.source.split("+"))))
+        self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="attributed")
+        attributes = tuple(item for item in point.attributes if item[0] != JOB_ID)
+        return dataclasses.replace(point, resource=attrs(resource), attributes=attributes)
+
+    def _pid_claim(self, resource: dict[str, Any]) -> Claim | None:
+        """The Slurm job or pod of a reporting process on this node, from /proc (processes source)."""
+        pid = resource_pid(resource)
+        if pid is None or not self.config.processes.enabled or str(resource.get(HOST_NAME)) not in self._local_hosts:
+            return None
+        info = self._process(pid)
+        if info is None:
+            return None
+        slurm = slurm_attributes(info)
+        if slurm:
+            return Claim(("slurm", slurm[SLURM_JOB_ID]), "slurm", slurm)
+        if info.cgroup.pod_uid:
+            return Claim(("k8s-uid", info.cgroup.pod_uid), "process", {K8S_POD_UID: info.cgroup.pod_uid})
+        return None
+
+    def _log_no_identity(self, point: MetricPoint, resource: dict[str, Any]) -> None:
+        key = (str(resource.get("service.name", "")), str(resource.get(HOST_NAME, "")))
+        if key in self._no_identity_logged:
+            return
+        if len(self._no_identity_logged) >= 1024:
+            self._no_identity_logged.clear()
+        self._no_identity_logged.add(key)
+        self.log.warning("attribution: %s from service.name=%r host.name=%r names no job: its resource has no "
+                         "k8s.pod.name + k8s.namespace.name, slurm.job.id or (with the processes source) a "
+                         "process.pid on this node, nor ofu.job.id (docs/audit.md). Logged once per reporter.",
+                         point.name, key[0] or None, key[1] or None)
+
+    def _note_hpc_only(self, claims: list[Claim]) -> None:
+        if len(claims) != 1 or claims[0].key[0] != "hpc":
+            return
+        hpc = claims[0].key[1]
+        self._hpc_only[hpc] = None
+        self._hpc_only.move_to_end(hpc)
+        while len(self._hpc_only) > self.config.max_jobs:
+            self._hpc_only.popitem(last=False)
 
     def annotate(self, sample: GpuSample) -> str | None:
         """Set job, precision and attributes on one sample; returns the job id if it overflowed.
@@ -226,6 +311,9 @@ class AttributionProcessor(Processor):
         resource, attributes = dict(sample.resource), dict(sample.attributes)
         pids = self._pids(uuid, sample.gpu_key(), resource, attributes)
         claims, loose_precisions = self._claims(uuid, resource, pids)
+        self._note_hpc_only(claims)
+        if cfg.processes.enabled and len(self._local_hosts) < 64:
+            self._local_hosts.add(str(sample.host))
         claim_resource = _merged_resource(claims)
         # What rules and precision labels look at: the sample's resource attributes, then the
         # claims' attributes, then the point attributes (later ones win). Built as a dict only
