@@ -10,6 +10,8 @@ Layers, lowest first (docs/architecture.md draws them):
 - components: ``receivers``, ``processors``, ``exporters``; one per module, and a component
   never imports another (the service wires them).
 - applications: ``cli`` and ``report``.
+- ``training``: the helper training code imports to report its MFU; it may import only the
+  core (and, outside otel_ofu, the standard library and the OpenTelemetry SDK).
 
 Every import counts, including those inside functions: a lazy import is still a dependency.
 """
@@ -38,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     **{lib: {CORE, PIPELINE, *LIBRARIES} for lib in LIBRARIES},
     **{comp: {CORE, PIPELINE, *LIBRARIES} for comp in COMPONENTS},
     **{app: {CORE, PIPELINE, *LIBRARIES, *COMPONENTS, *APPLICATIONS} for app in APPLICATIONS},
+    "training": {CORE, "training"},
 }
 
 
@@ -118,6 +121,23 @@ def test_core_is_pure():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             bad += [f"{name} imports {n}" for n in names if n.split(".")[0] in impure]
+    assert not bad, bad
+
+
+def test_training_helper_needs_only_the_standard_library_and_the_opentelemetry_sdk():
+    """Training code imports otel_ofu.training: it must not drag in grpc servers, YAML, frameworks."""
+    import sys
+
+    allowed = {"opentelemetry", "otel_ofu", "__future__"}
+    bad = []
+    for name, path in modules().items():
+        if layer(name) != "training" and not name.startswith("otel_ofu.core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{name} imports {n}" for n in names
+                    if n.split(".")[0] not in allowed and n.split(".")[0] not in sys.stdlib_module_names]
     assert not bad, bad
 
 
