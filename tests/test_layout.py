@@ -5,7 +5,7 @@ Layers, lowest first (docs/architecture.md draws them):
 - ``core``: the data model, the OFU math, specs, tiles, blank values, DCGM fields, the metric
   registry. Pure: imports nothing from the rest of otel_ofu.
 - ``pipeline``: the component model, config loader, registry, telemetry and service.
-- libraries the components share: ``otlp`` (the wire), ``delivery`` (queues, retries),
+- libraries the components share: ``otlp`` (the wire), ``delivery`` (queues, retries), ``scrape``,
   ``gpu`` (DCGM/NVML seams), ``attribution``, ``jobs``, ``sim``.
 - components: ``receivers``, ``processors``, ``exporters``; one per module, and a component
   never imports another (the service wires them).
@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "otel_ofu"
 
 CORE = "core"
 PIPELINE = "pipeline"
-LIBRARIES = {"otlp", "delivery", "gpu", "attribution", "jobs", "sim", "console"}
+LIBRARIES = {"otlp", "delivery", "gpu", "attribution", "jobs", "sim", "console", "scrape"}
 COMPONENTS = {"receivers", "processors", "exporters"}
 APPLICATIONS = {"cli", "report"}
 
