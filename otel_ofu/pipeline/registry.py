@@ -18,6 +18,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "otel_ofu.receivers.dcgm",
         "otel_ofu.receivers.nvml",
         "otel_ofu.receivers.dcgm_exporter",
+        "otel_ofu.receivers.prometheus",
         "otel_ofu.receivers.replay",
         "otel_ofu.receivers.otlp",
         "otel_ofu.receivers.selftelemetry",

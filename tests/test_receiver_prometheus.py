@@ -1,0 +1,108 @@
+"""The prometheus receiver: a training job's own /metrics page, served by a real local HTTP server."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from otel_ofu.core.model import Batch, job_id_of
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.pipeline.telemetry import Telemetry
+from otel_ofu.receivers.prometheus import PrometheusReceiver, PrometheusReceiverConfig, parse_reports
+from tests.test_attribution import make as make_attribution
+
+# What the OpenTelemetry Python Prometheus exporter serves for a process using the reporter's
+# names: the resource in target_info, unit 1 as the _ratio suffix; plus a page's own gauge.
+OTEL_PAGE = """# HELP target_info Target metadata
+# TYPE target_info gauge
+target_info{service_name="training",k8s_pod_name="llama-1",k8s_namespace_name="llm",process_pid="4711"} 1
+# HELP training_mfu_ratio MFU the training job computes for itself
+# TYPE training_mfu_ratio gauge
+training_mfu_ratio{rank="0"} 0.52
+training_mfu_ratio{rank="1"} NaN
+# TYPE megatron_training_throughput_tflops gauge
+megatron_training_throughput_tflops{k8s_pod_name="llama-0"} 512.5
+# TYPE training_loss gauge
+training_loss 2.3
+# TYPE training_mfu_total counter
+training_mfu_total 7
+"""
+
+
+class _Page(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def page():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Page", (_Page,), {"body": OTEL_PAGE.encode()}))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def make(config: dict) -> PrometheusReceiver:
+    cfg = build_config(PrometheusReceiverConfig, config)
+    return PrometheusReceiver(cfg, Context("prometheus", Telemetry()), lambda batch: None)
+
+
+def test_reports_and_their_identity_from_target_info_and_labels(page):
+    batch = make({"endpoint": page}).poll()
+    mfu, tflops = sorted(batch.points, key=lambda p: p.name, reverse=True)
+    assert (mfu.name, mfu.value, mfu.unit) == ("training.mfu", 0.52, "1")
+    assert dict(mfu.resource) == {"service.name": "training", "k8s.pod.name": "llama-1",
+                                  "k8s.namespace.name": "llm", "process.pid": 4711}
+    assert dict(mfu.attributes) == {"rank": "0"}  # the NaN rank is no value; rank keeps ranks apart
+    assert (tflops.name, tflops.value) == ("megatron.training.throughput_tflops", 512.5)
+    assert dict(tflops.resource)["k8s.pod.name"] == "llama-0"  # the sample's own label wins over target_info
+    assert {p.name for p in batch.points} == {"training.mfu", "megatron.training.throughput_tflops"}  # not loss
+
+
+def test_configured_names_and_resource_win(page):
+    batch = make({"endpoint": page, "metrics": {"training_loss": "training.mfu"},
+                  "resource": {"k8s.pod.name": "llama-7", "slurm.job.id": "99"}}).poll()
+    (point,) = batch.points
+    assert point.value == 2.3 and dict(point.resource)["k8s.pod.name"] == "llama-7"
+
+
+def test_scraped_reports_get_their_job_from_attribution(page):
+    points = make({"endpoint": page}).poll().points
+    out = make_attribution().process(Batch(points=points)).points
+    assert sorted(job_id_of(p) for p in out) == ["k8s:llm/llama-0", "k8s:llm/llama-1"]
+
+
+def test_a_dead_endpoint_is_counted_and_a_bad_page_is_malformed(page):
+    receiver = make({"endpoints": [f"{page}/nothing-here", page.replace("http://", "") + "/metrics"]})
+    batch = receiver.poll()
+    assert len(batch.points) == 2  # the good endpoint still gives its points
+    errors = receiver.context.telemetry.counters("otel_ofu.scrape.errors")
+    assert [dict(a)["reason"] for a in errors] == ["http_404"]
+    with pytest.raises(ValueError):
+        parse_reports("training_mfu{{{ 1\n", metrics={"training_mfu": "training.mfu"}, time_unix_nano=1)
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    ({}, "endpoint"),
+    ({"endpoint": "ftp://x"}, "endpoint"),
+    ({"endpoint": "x:1", "metrics": {}}, "metrics"),
+    ({"endpoint": "x:1", "metrics": {"a": ""}}, "metrics.a"),
+    ({"endpoint": "x:1", "collection_interval": "1s", "scrape_timeout": "2s"}, "scrape_timeout"),
+])
+def test_bad_config_names_the_key(config, key):
+    with pytest.raises(FieldError) as err:
+        build_config(PrometheusReceiverConfig, config)
+    assert err.value.key == key
