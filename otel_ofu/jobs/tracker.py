@@ -430,7 +430,8 @@ class JobBook:
         # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
         self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
         self._report_names = frozenset({config.mfu_metric, *config.tflops_metrics})
-        self._pending: dict[str, deque[MetricPoint]] = {}  # job -> reports before its first GPU window
+        # job -> reports before its first GPU window, as plain tuples (a book can be saved as plain data)
+        self._pending: dict[str, deque[tuple]] = {}
         self._pending_count = 0
         self._gpus_seen: set[Attributes] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
@@ -466,9 +467,9 @@ class JobBook:
             if point.name == OFU_METRIC:
                 self._gpu_point(point, flops, update, touched, now)
         for tracker in update.started:  # reports that came before the job's first GPU window
-            for point in self._pending.pop(tracker.job_id, ()):
+            for held in self._pending.pop(tracker.job_id, ()):
                 self._pending_count -= 1
-                self._mfu_point(point, update, touched)
+                self._mfu_point(MetricPoint(*held), update, touched)
         for point in points:  # after the GPU points: a job exists once a GPU has reported for it
             if point.name in self._report_names:
                 self._mfu_point(point, update, touched)
@@ -615,7 +616,8 @@ class JobBook:
         if self.config.max_pending_reports == 0:
             update.no_job(job)
             return
-        self._pending.setdefault(job, deque()).append(point)
+        self._pending.setdefault(job, deque()).append(
+            (point.name, point.value, point.time_unix_nano, point.resource, point.attributes, point.unit))
         self._pending_count += 1
         while self._pending_count > self.config.max_pending_reports:
             oldest = next(iter(self._pending))  # the job waiting longest
@@ -642,8 +644,8 @@ class JobBook:
         for job in list(self._pending):
             queue = self._pending[job]
             stale = 0
-            for point in queue:
-                if point.time_unix_nano >= cutoff:
+            for held in queue:
+                if held[2] >= cutoff:  # its time_unix_nano
                     break
                 stale += 1
             if stale:
