@@ -90,3 +90,26 @@ def test_settings_are_checked():
         start_mfu_reporter(protocol="carrier-pigeon")
     with pytest.raises(ValueError, match="export_interval_s"):
         start_mfu_reporter(export_interval_s=0)
+
+
+def test_the_recipes_in_docs_audit_are_valid_python_and_yaml():
+    """The recipes cannot run here (no frameworks), but a typo in one would not survive this."""
+    import ast
+    import re
+    import textwrap
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "audit.md").read_text()
+    blocks = re.findall(r"```(python|yaml)\n(.*?)```", text, flags=re.S)
+    assert sum(kind == "python" for kind, _ in blocks) >= 5
+    for kind, body in blocks:
+        body = textwrap.dedent(body)
+        if kind == "python":
+            tree = ast.parse(body)
+            imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                        and n.module == "otel_ofu.training" for a in n.names}
+            assert imported <= {"start_mfu_reporter", "MfuReporter"}
+        else:
+            assert isinstance(yaml.safe_load(body), dict)
