@@ -8,7 +8,7 @@ from collections import Counter
 import grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otel_ofu.core.metrics import GPU_METRICS
+from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS
 from otel_ofu.core.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
@@ -46,8 +46,8 @@ def key(p: MetricPoint) -> tuple:
             p.start_time_unix_nano)
 
 
-def test_default_decode_list_is_otel_ofus_per_gpu_metrics_and_the_reported_mfu():
-    assert set(DEFAULT_DECODE) == {*GPU_METRICS, "training.mfu"}
+def test_default_decode_list_is_otel_ofus_per_gpu_metrics_and_what_jobs_report():
+    assert set(DEFAULT_DECODE) == {*GPU_METRICS, *TRAINING_REPORT_METRICS}
     assert OtlpReceiverConfig().decode == list(DEFAULT_DECODE)
 
 

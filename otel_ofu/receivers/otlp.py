@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.metrics import GPU_METRICS, MetricInfo, register
+from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricInfo, register
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
@@ -47,7 +47,7 @@ DECODED = register(MetricInfo(
 # Decoded by default: what an otel-ofu node agent sends (its per-GPU metrics, job identity on the
 # resource) and what a training job reports about itself, so a jobs tier or a local jobs processor
 # uses them as they are.
-DEFAULT_DECODE = (*GPU_METRICS, "training.mfu")
+DEFAULT_DECODE = (*GPU_METRICS, *TRAINING_REPORT_METRICS)
 
 DEFAULT_GRPC_ENDPOINT = "127.0.0.1:4317"
 DEFAULT_HTTP_ENDPOINT = "127.0.0.1:4318"

@@ -127,7 +127,7 @@ receivers:
     {{- end }}
     passthrough: true
     # As collector-config/fleet-jobs.yaml: what the jobs processor reads is decoded, the rest passes as bytes.
-    decode: [gpu.ofu, gpu.flops.achieved, training.mfu]
+    decode: [gpu.ofu, gpu.flops.achieved, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
   selftelemetry:
     collection_interval: 30s
 processors:
