@@ -3,10 +3,13 @@
 import pytest
 
 from otel_ofu.core import specs
-from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
+from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch, MetricPoint, attrs
 from otel_ofu.jobs.findings import MFU_GAP, OPEN
+from otel_ofu.jobs.state import JobState
 from otel_ofu.jobs.tracker import JobBook, JobsConfig, flops_per_unit
+from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.processors.jobs import JobsProcessor, state_fingerprint
 
 H100 = "NVIDIA H100 80GB HBM3"
 T0 = 1_800_000_000
@@ -133,3 +136,60 @@ def test_config_names_the_bad_key():
         build_config(JobsConfig, {"tflops_metrics": ["training.mfu"]})
     with pytest.raises(FieldError, match="max_pending_reports"):
         build_config(JobsConfig, {"max_pending_reports": -1})
+
+
+def test_held_reports_survive_a_saved_jobs_state(tmp_path):
+    """A jobs tier with storage saves its book: reports still waiting for their job go with it."""
+    config = fast_config()
+    book = JobBook(config)
+    book.observe([gpu(10, 0.3), report(10, 0.3)])
+    book.observe([report(20, 0.4, job="later")])
+    JobState(tmp_path, "jobs", state_fingerprint(config)).checkpoint(book)
+    restored, _ = JobState(tmp_path, "jobs", state_fingerprint(config)).load()
+    assert restored.pending_reports == 1 and restored.jobs["train"].mfu_life == pytest.approx(0.3)
+    restored.observe([gpu(30, 0.4, uuid="GPU-z", job="later")])
+    assert restored.jobs["later"].mfu_life == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("stop", ["crash", "restart"])
+def test_reports_of_every_kind_resume_after_a_crash_or_a_restart(tmp_path, stop):
+    """The journal and the snapshot carry MFU and TFLOP/s reports, the held ones included."""
+    half_peak = H100_BF16 / 2 / 1e12  # TFLOP/s per GPU: MFU 0.5 at BF16
+    batches = [
+        [gpu(10, 0.5), report(10, half_peak, name="training.tflops_per_gpu"), report(10, 0.4, job="later"),
+         report(10, 0.6 * half_peak, job="later", name="megatron.training.throughput_tflops")],
+        [gpu(20, 0.5), report(20, half_peak, name="training.tflops_per_gpu")],
+        [gpu(30, 0.5, uuid="GPU-z", job="later")],  # the held reports' job appears
+    ]
+    clock = [0.0]
+
+    def processor(storage) -> JobsProcessor:
+        config = build_config(JobsConfig, {"resolution": "10s", "windows": ["60s"], "job_timeout": "60s",
+                                           "default_interval": "10s", "max_gap": "30s",
+                                           "storage": str(storage) if storage else None, "checkpoint_interval": "1h"})
+        proc = JobsProcessor(config, Context("jobs@metrics"), clock=lambda: clock[0])
+        proc.start()
+        return proc
+
+    def feed(proc: JobsProcessor, points: list[MetricPoint]) -> None:
+        clock[0] = points[0].time_unix_nano / 1e9
+        proc.process(Batch(points=points))
+        proc.exported()
+
+    uninterrupted = processor(None)
+    for points in batches:
+        feed(uninterrupted, points)
+    first = processor(tmp_path)
+    for points in batches[:2]:
+        feed(first, points)
+    if stop == "crash":
+        first.state.close()  # killed: only the journal since the start's checkpoint holds the reports
+    else:
+        first.flush()
+        first.shutdown()
+    second = processor(tmp_path)
+    assert second.book.pending_reports == 2 and "later" not in second.book.jobs
+    feed(second, batches[2])
+    for job, mfu in (("train", 0.5), ("later", (0.4 + 0.3) / 2)):  # later: the mean of its two reporters
+        assert second.book.jobs[job].mfu_life == pytest.approx(mfu)
+        assert second.book.jobs[job].mfu_life == pytest.approx(uninterrupted.book.jobs[job].mfu_life)
