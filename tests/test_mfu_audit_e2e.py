@@ -23,14 +23,12 @@ import pytest
 import yaml
 
 from otel_ofu.core import specs
-from otel_ofu.core.metrics import TRAINING_REPORT_METRICS
 from otel_ofu.core.model import Batch, job_id_of
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.pipeline.component import Context
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import parse_metrics
-from otel_ofu.receivers.otlp import OtlpReceiverConfig
-from tests.e2e_util import Process, free_ports, otel_ofu_command, read_points, require_alive, unavailable, wait_for
+from tests.e2e_util import Process, free_ports, otel_ofu_command, read_points, require_alive, wait_for
 from tests.kube_apiserver import WATCHER_TOKEN, WATCHER_USER, KubeApiServer
 
 PODS_ONLY = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
@@ -102,14 +100,6 @@ class _Exporter(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module", autouse=True)
-def intake():
-    """Reports reach the processors through the otlp receiver's decode list (issue 12's intake)."""
-    if "decode" not in OtlpReceiverConfig.__dataclass_fields__:
-        unavailable("the otlp receiver has no decode intake yet (issue 12, branch fleet): reports never reach "
-                    "the processors")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     server = KubeApiServer(tmp_path_factory.mktemp("kube")).start()
@@ -163,8 +153,7 @@ def test_reported_mfu_twice_the_ofu_is_a_finding_for_that_job_and_honest_jobs_ge
         "receivers": {
             "dcgm_exporter": {"endpoints": pages, "collection_interval": "1s", "exporter_collect_interval": "1s"},
             "otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"},
-                                   "http": {"endpoint": f"127.0.0.1:{http_port}"}},
-                     "decode": list(TRAINING_REPORT_METRICS)},
+                                   "http": {"endpoint": f"127.0.0.1:{http_port}"}}},  # decode: its default
         },
         "processors": {
             "attribution": {
