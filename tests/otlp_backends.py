@@ -154,9 +154,11 @@ def _rpc_status(failure: Failure) -> bytes:
 class GrpcBackend(Backend):
     """OTLP/gRPC metrics and logs services on 127.0.0.1 (plaintext, or TLS with ``credentials``)."""
 
-    def __init__(self, port: int | None = None, credentials: grpc.ServerCredentials | None = None):
+    def __init__(self, port: int | None = None, credentials: grpc.ServerCredentials | None = None,
+                 max_request_bytes: int | None = None):
         super().__init__(port)
         self.credentials = credentials
+        self.max_request_bytes = max_request_bytes  # gRPC's own limit: larger requests get RESOURCE_EXHAUSTED
         self._server: grpc.Server | None = None
 
     def _handle(self, kind: str, request, context, response):
@@ -183,7 +185,8 @@ class GrpcBackend(Backend):
             def Export(self, request, context):  # noqa: N802
                 return backend._handle("logs", request, context, logs_service_pb2.ExportLogsServiceResponse())
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        options = [("grpc.max_receive_message_length", self.max_request_bytes)] if self.max_request_bytes else []
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
         address = f"127.0.0.1:{self.port}"
@@ -207,9 +210,12 @@ class GrpcBackend(Backend):
 class HttpBackend(Backend):
     """OTLP/HTTP protobuf on 127.0.0.1: POST /v1/metrics and /v1/logs (gzip understood)."""
 
-    def __init__(self, port: int | None = None, tls: tuple[str, str] | None = None):
+    def __init__(self, port: int | None = None, tls: tuple[str, str] | None = None,
+                 max_request_bytes: int | None = None):
         super().__init__(port)
         self.tls = tls  # (certificate chain file, key file): serve HTTPS
+        self.max_request_bytes = max_request_bytes  # larger bodies (after gzip) get 413
+        self.too_large = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -232,6 +238,11 @@ class HttpBackend(Backend):
                 if self.path not in kinds:
                     return self._reply(404, status_pb2.Status(code=5, message="no such path").SerializeToString())
                 kind, request_type, response_type = kinds[self.path]
+                if backend.max_request_bytes is not None and len(body) > backend.max_request_bytes:
+                    with backend.lock:
+                        backend.too_large += 1
+                    status = status_pb2.Status(code=8, message=f"{len(body)} bytes is too large")
+                    return self._reply(413, status.SerializeToString())
                 failure = backend._next_failure()
                 if failure is not None:
                     extra = {"Retry-After": f"{failure.retry_after:g}"} if failure.retry_after is not None else {}

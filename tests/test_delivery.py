@@ -134,7 +134,7 @@ def consumer_threads() -> list[threading.Thread]:
 
 
 def test_shutdown_wakes_idle_consumers(tmp_path):
-    delivery = idle_delivery(lambda _: SendResult.success(), tmp_path / "q.sqlite3", consumers=3)
+    delivery = idle_delivery(lambda _it, _timeout: SendResult.success(), tmp_path / "q.sqlite3", consumers=3)
     delivery.start()
     delivery.shutdown()
     assert not consumer_threads()
@@ -144,7 +144,7 @@ def test_shutdown_interrupts_a_retry_backoff_and_sends_nothing_new(tmp_path):
     path = tmp_path / "q.sqlite3"
     attempts: list[bytes] = []
 
-    def send(it: Item) -> SendResult:
+    def send(it: Item, timeout: float) -> SendResult:
         attempts.append(it.payload)
         return SendResult.success() if it.payload == b"ok" else SendResult.retry("UNAVAILABLE")
 
@@ -185,7 +185,7 @@ class Script:
         self.results = list(results)
         self.sent: list[Item] = []
 
-    def __call__(self, it: Item) -> SendResult:
+    def __call__(self, it: Item, timeout: float = 10.0) -> SendResult:
         result = self.results.pop(0) if self.results else SendResult.success()
         if result.ok:
             self.sent.append(it)
@@ -231,9 +231,9 @@ def test_failures_that_are_given_up_are_dropped_with_a_reason(first, options, re
 # --- real backends: outages, overflow, shutdown -------------------------------------------------
 
 
-def make(protocol: str, endpoint: str, telemetry: Telemetry, **queue) -> OtlpExporter:
+def make(protocol: str, endpoint: str, telemetry: Telemetry, timeout: str | None = None, **queue) -> OtlpExporter:
     factory = otlp_exporter.FACTORY if protocol == "grpc" else otlphttp_exporter.FACTORY
-    data = {"endpoint": endpoint, "compression": "none",
+    data = {"endpoint": endpoint, "compression": "none", **({"timeout": timeout} if timeout else {}),
             "retry_on_failure": {"initial_interval": "20ms", "max_interval": "200ms", "max_elapsed_time": 0},
             "sending_queue": {"num_consumers": 4, **queue}}
     if protocol == "grpc":
@@ -472,3 +472,186 @@ def test_disk_queue_survives_kill_9(tmp_path):
     db = sqlite3.connect(tmp_path / "queue" / "otlp.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM queue").fetchone()[0] == 0
     db.close()
+
+
+# --- issue 11 item 8 and issue 15: what a real fleet does to delivery ------------------------
+
+
+def test_queue_size_smaller_than_num_consumers_is_refused():
+    from otel_ofu.pipeline.config import FieldError
+
+    with pytest.raises(FieldError, match="num_consumers") as error:
+        build_config(otlp_exporter.FACTORY.config_type,
+                     {"endpoint": "127.0.0.1:4317", "sending_queue": {"queue_size": 4, "num_consumers": 10}})
+    assert error.value.key == "sending_queue.queue_size"
+    build_config(otlp_exporter.FACTORY.config_type,  # bytes: not comparable with consumers
+                 {"endpoint": "127.0.0.1:4317", "sending_queue": {"sizer": "bytes", "queue_size": 4096}})
+
+
+def test_a_full_disk_loses_only_the_new_batch_and_counts_it(tmp_path):
+    """Before: the oldest batches were evicted first, then the insert failed: both lost, uncounted."""
+    store = SqliteStore(tmp_path / "q.sqlite3")
+    queue = BoundedQueue(store, capacity=3)
+    telemetry = Telemetry()
+    delivery = Delivery("otlp/disk", lambda _it, _t: SendResult.success(), queue, DeliveryOptions(),
+                        telemetry, __import__("logging").getLogger("t"))  # not started: nothing is sent
+    for n in range(3):
+        delivery.submit("metrics", b"x" * 100, 10 + n)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is now full (SQLITE_FULL)
+    delivery.submit("metrics", b"y" * 200_000, 7)  # needs new pages: cannot be stored
+    assert reasons(telemetry) == {"storage_error": 7}
+    assert queue.pending() == [("metrics", 10), ("metrics", 11), ("metrics", 12)]  # nothing old was evicted
+    queue.close()
+    reopened = BoundedQueue(SqliteStore(tmp_path / "q.sqlite3"), capacity=3)
+    assert reopened.pending() == [("metrics", 10), ("metrics", 11), ("metrics", 12)]
+    reopened.close()
+
+
+@pytest.mark.parametrize("sizer, capacity, expect_batches", [("bytes", 2500, 2), ("items", 25, 2), ("requests", 2, 2)])
+def test_sizer_bounds_the_queue_in_its_unit(sizer, capacity, expect_batches):
+    queue = BoundedQueue(MemoryStore(), capacity=capacity, sizer=sizer)
+    evicted = []
+    for _n in range(5):
+        evicted += queue.put(Item("metrics", bytes(1000), 10), block=False)
+    assert len(queue) == expect_batches and queue.used() <= capacity
+    assert len(evicted) == 5 - expect_batches
+    with pytest.raises(QueueFull, match="exceeds the queue's capacity"):
+        BoundedQueue(MemoryStore(), capacity=500, sizer="bytes").put(Item("metrics", bytes(501), 1), block=False)
+
+
+def test_disk_queue_in_bytes_reopens_with_its_sizes(tmp_path):
+    queue = BoundedQueue(SqliteStore(tmp_path / "q.sqlite3"), capacity=10_000, sizer="bytes")
+    for n in range(3):
+        queue.put(Item("metrics", bytes(3000), n + 1), block=False)
+    assert queue.used() == 9000
+    queue.close()
+    reopened = BoundedQueue(SqliteStore(tmp_path / "q.sqlite3"), capacity=10_000, sizer="bytes")
+    assert reopened.used() == 9000
+    assert reopened.put(Item("metrics", bytes(3000), 9), block=False) == [("metrics", 1)]  # oldest out
+    reopened.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("queue_enabled", [True, False])
+def test_a_batch_refused_as_too_large_is_split_not_dropped(protocol, queue_enabled):
+    """gRPC's own size limit answers RESOURCE_EXHAUSTED without RetryInfo; an HTTP backend 413."""
+    backend = (GrpcBackend(max_request_bytes=3000) if protocol == "grpc" else HttpBackend(max_request_bytes=3000))
+    backend.start()
+    telemetry = Telemetry()
+    exporter = make(protocol, backend.endpoint, telemetry, enabled=queue_enabled, num_consumers=1, queue_size=10)
+    try:
+        points = gpu_points(gpus=8, windows=2)  # about 12 kB: four or more requests of <= 3000 bytes
+        exporter.export(Batch(points=points))
+        assert wait_until(lambda: backend.point_counts() == triples(points)), backend.point_counts()
+        assert reasons(telemetry) == {}
+        assert telemetry.counter(SENT, exporter="otlp/t", signal="metrics") == len(points)
+        assert len(backend.metrics) >= 4
+    finally:
+        exporter.shutdown()
+        backend.stop()
+
+
+def test_a_single_point_too_large_to_split_is_dropped_with_its_reason():
+    backend = GrpcBackend(max_request_bytes=50).start()
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, num_consumers=1, queue_size=10)
+    try:
+        exporter.export(Batch(points=gpu_points(gpus=1, windows=1)[:1]))
+        assert wait_until(lambda: reasons(telemetry) == {"permanent_error": 1})
+    finally:
+        exporter.shutdown()
+        backend.stop()
+
+
+class DripBackend:
+    """An OTLP/HTTP backend that accepts a request, then answers one byte at a time (slow proxy)."""
+
+    def __init__(self, byte_interval: float):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received = 0
+        self.answered = threading.Event()
+        backend = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                backend.received += 1
+                reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+                import time as _time
+
+                for byte in reply:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    _time.sleep(byte_interval)
+                backend.answered.set()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("storage", [False, True])
+def test_a_send_outliving_shutdown_is_counted_once_and_not_sent_again(storage, tmp_path):
+    """Before: counted both sent and dropped (memory), or left on disk and re-sent after a restart."""
+    backend = DripBackend(byte_interval=0.09)  # ~7 s to answer, each byte well within the 0.5 s timeout
+    telemetry = Telemetry()
+    queue = {"num_consumers": 1, "queue_size": 10, "drain_timeout": "0s",
+             **({"storage": str(tmp_path / "queue")} if storage else {})}
+    # shutdown waits timeout + 5 s for a consumer: the answer outlasts that
+    exporter = make("http", backend.endpoint, telemetry, timeout="500ms", **queue)
+    try:
+        exporter.export(Batch(points=gpu_points(gpus=1, windows=1)))
+        assert wait_until(lambda: backend.received == 1)
+        exporter.shutdown()  # returns while the answer is still dripping in
+        assert not backend.answered.is_set()
+        assert wait_until(lambda: telemetry.counter(SENT, exporter="otlp/t", signal="metrics") == 5)
+        assert wait_until(lambda: backend.answered.is_set())
+        if storage:
+            assert wait_until(lambda: _queue_rows(tmp_path / "queue" / "otlp_t.sqlite3") == 0)
+        assert reasons(telemetry) == {}
+    finally:
+        backend.stop()
+
+
+def _queue_rows(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT COUNT(*) FROM queue").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_recovery_after_failures_is_logged_once(caplog):
+    """Before: the first retry of each batch warned and recovery was silent."""
+    backend = GrpcBackend()  # down
+    telemetry = Telemetry()
+    exporter = make("grpc", backend.endpoint, telemetry, num_consumers=4)
+    caplog.set_level("DEBUG", logger="otel_ofu")
+    try:
+        batches = [gpu_points(gpus=1, windows=1, t0=T0 + w * 10**10) for w in range(6)]
+        for points in batches:
+            exporter.export(Batch(points=points))
+        assert wait_until(lambda: sum(telemetry.counters(RETRIED).values()) >= 12)
+        backend.start()
+        assert wait_until(lambda: backend.point_counts() == triples([p for b in batches for p in b]))
+        assert wait_until(lambda: any("accepts data again" in r.getMessage() for r in caplog.records))
+    finally:
+        exporter.shutdown()
+        backend.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([m for m in warnings if "sending failed" in m]) == 1, warnings
+    assert not [m for m in warnings if "retry" in m and "sending failed" not in m], warnings
+    recovered = [r for r in caplog.records if "accepts data again" in r.getMessage()]
+    assert len(recovered) == 1 and recovered[0].levelname == "INFO"
+    assert "failed attempts" in recovered[0].getMessage()

@@ -177,15 +177,17 @@ def test_resource_exhausted_is_retried_only_with_retry_info(make_exporter):
     try:
         telemetry = Telemetry()
         exporter = make_exporter("grpc", server.endpoint, telemetry, sending_queue={"num_consumers": 1})
-        server.fail(Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, times=1))  # no RetryInfo: permanent
-        exporter.export(Batch(points=gpu_points(gpus=1, windows=1)))
-        assert wait_until(lambda: telemetry.counters(DROPPED))
+        server.fail(Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, times=1))  # no RetryInfo: too large, split
+        first = gpu_points(gpus=1, windows=1)
+        exporter.export(Batch(points=first))
+        assert wait_until(lambda: backend_has(server, first))
+        assert not telemetry.counters(DROPPED) and not telemetry.counters(RETRIED)
         server.fail(Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, retry_after=0.05, times=2))
         points = gpu_points(gpus=1, windows=1, t0=T0 + 5)
         exporter.export(Batch(points=points))
         assert wait_until(lambda: backend_has(server, points))
         assert sum(telemetry.counters(RETRIED).values()) == 2
-        assert server.point_counts() == triples(points)
+        assert server.point_counts() == triples(first) + triples(points)
     finally:
         server.stop()
 

@@ -90,17 +90,18 @@ RECEIVER_ACCEPTED = register(MetricInfo(
 
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
 # ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (README.md, section Shipping OTLP).
-register(MetricInfo("otel_ofu.exporter.queue.size", "{batch}", "gauge",
-                    "Export requests accepted and not yet sent or dropped (waiting and in flight)."))
-register(MetricInfo("otel_ofu.exporter.queue.capacity", "{batch}", "gauge",
-                    "sending_queue.queue_size: the most export requests the queue holds."))
+register(MetricInfo("otel_ofu.exporter.queue.size", "1", "gauge",
+                    "What the export requests accepted and not yet sent or dropped take (waiting and in flight), "
+                    "in sending_queue.sizer units: requests, items or bytes."))
+register(MetricInfo("otel_ofu.exporter.queue.capacity", "1", "gauge",
+                    "sending_queue.queue_size, in sending_queue.sizer units: the most the queue holds."))
 register(MetricInfo("otel_ofu.exporter.sent", "{item}", "sum",
                     "Data points (signal=metrics) or log records (signal=logs) the backend accepted."))
 register(MetricInfo("otel_ofu.exporter.retried", "{request}", "sum",
                     "Send attempts that failed retryably and were retried, by reason (UNAVAILABLE, http_503, ...)."))
 register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
                     "Data points or log records given up on, by reason: queue_full, permanent_error, "
-                    "retries_exhausted, retry_disabled, rejected, shutdown."))
+                    "retries_exhausted, retry_disabled, rejected, shutdown, storage_error."))
 
 
 def markdown_table() -> str:

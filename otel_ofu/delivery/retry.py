@@ -19,6 +19,7 @@ class SendResult:
     detail: str = ""  # what the backend said, for the log line
     retry_after: float | None = None  # seconds the backend asked us to wait (Retry-After, RetryInfo)
     rejected: int = 0  # items the backend refused in a partial success (never retried)
+    too_large: bool = False  # refused for its size (HTTP 413, RESOURCE_EXHAUSTED without RetryInfo): split it
 
     @classmethod
     def success(cls, rejected: int = 0, detail: str = "") -> SendResult:
@@ -29,8 +30,8 @@ class SendResult:
         return cls(False, True, reason, detail, retry_after)
 
     @classmethod
-    def permanent(cls, reason: str, detail: str = "") -> SendResult:
-        return cls(False, False, reason, detail)
+    def permanent(cls, reason: str, detail: str = "", too_large: bool = False) -> SendResult:
+        return cls(False, False, reason, detail, too_large=too_large)
 
 
 class Backoff:

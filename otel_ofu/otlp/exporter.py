@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from otel_ofu.core.model import Batch
-from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, MemoryStore, SqliteStore
+from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, Item, MemoryStore, SqliteStore
 from otel_ofu.otlp.exporter_config import OtlpExporterConfig, resolve
 from otel_ofu.pipeline.component import Context, Exporter
 
@@ -45,7 +45,7 @@ class OtlpExporter(Exporter):
         if queue_cfg.enabled:
             store = SqliteStore(queue_file(queue_cfg.storage, self.context.component_id)) if queue_cfg.storage \
                 else MemoryStore()
-            queue = BoundedQueue(store, queue_cfg.queue_size)
+            queue = BoundedQueue(store, queue_cfg.queue_size, queue_cfg.sizer)
         options = DeliveryOptions(
             queue_enabled=queue_cfg.enabled, num_consumers=queue_cfg.num_consumers,
             block_on_overflow=queue_cfg.block_on_overflow, block_timeout=float(queue_cfg.block_timeout),
@@ -54,7 +54,7 @@ class OtlpExporter(Exporter):
             max_elapsed_time=float(retry.max_elapsed_time), multiplier=retry.multiplier,
             randomization_factor=retry.randomization_factor, send_timeout=self.settings.timeout)
         self.delivery = Delivery(self.context.component_id, self._transport.send, queue, options,
-                                 self.context.telemetry, self.log)
+                                 self.context.telemetry, self.log, split=_split)
         self.delivery.start()
         if self.settings.insecure_skip_verify:
             self.log.warning("%s: tls.insecure_skip_verify is set: the server's certificate is not checked",
@@ -76,6 +76,10 @@ class OtlpExporter(Exporter):
         if logs is not None:
             self.delivery.submit("logs", *logs)
 
+    def begin_shutdown(self, deadline: float) -> None:
+        if self.delivery is not None:
+            self.delivery.begin_shutdown(deadline)
+
     def shutdown(self) -> None:
         if self.delivery is not None:
             self.delivery.shutdown()
@@ -83,6 +87,13 @@ class OtlpExporter(Exporter):
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+
+
+def _split(item: Item) -> list[Item]:
+    """A batch the backend refused as too large, as smaller batches (see :func:`split_payload`)."""
+    from otel_ofu.otlp.payload import split_payload
+
+    return [Item(item.signal, payload, count) for payload, count in split_payload(item.signal, item.payload)]
 
 
 class OtlpHttpExporter(OtlpExporter):

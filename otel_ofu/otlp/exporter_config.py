@@ -68,7 +68,10 @@ class QueueConfig:
     # (no polling), so the nine a daemon sending every 10 s rarely needs cost no CPU, and ten
     # keep a slow backend from holding up the next batches.
     num_consumers: int = 10
-    queue_size: int = 1000  # batches (export requests) accepted and not yet sent
+    # What queue_size counts, as the Collector's sending_queue.sizer: requests (batches),
+    # items (data points and log records) or bytes (serialized payload bytes).
+    sizer: Literal["requests", "items", "bytes"] = "requests"
+    queue_size: int = 1000  # in sizer units: accepted and not yet sent
     # Full queue: false drops the oldest batch (counted); true makes export() wait for room,
     # at most block_timeout, which slows the receivers down.
     block_on_overflow: bool = False
@@ -79,6 +82,13 @@ class QueueConfig:
     def validate(self) -> None:
         require(self.num_consumers >= 1, "num_consumers", "must be at least 1")
         require(self.queue_size >= 1, "queue_size", "must be at least 1")
+        # A consumer holds one batch while it sends: fewer slots than consumers leaves some idle
+        # and the queue full while they all send.
+        require(self.sizer != "requests" or self.queue_size >= self.num_consumers, "queue_size",
+                f"must be at least num_consumers ({self.num_consumers}) with sizer requests, "
+                f"got {self.queue_size}")
+        require(self.sizer != "bytes" or self.queue_size >= 1024, "queue_size",
+                f"with sizer bytes it counts payload bytes: {self.queue_size} holds not even one request")
         require(self.block_timeout >= 0, "block_timeout", "must be >= 0")
         require(self.drain_timeout >= 0, "drain_timeout", "must be >= 0")
         if self.storage is not None:

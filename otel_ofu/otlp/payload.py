@@ -42,3 +42,85 @@ def logs_payload(events: Sequence[Event]) -> tuple[bytes, int] | None:
 def count_data_points(resource_metrics: PbResourceMetrics) -> int:
     """Gauge, sum, histogram and summary data points of one ResourceMetrics."""
     return otlp.count_data_points(resource_metrics)
+
+
+def split_payload(signal: str, payload: bytes) -> list[tuple[bytes, int]]:
+    """A serialized request the backend refused as too large, as two requests of about half each.
+
+    Split at the outermost level that has two or more entries: resources, then metrics (or log
+    records) of one resource, then data points of one metric. Returns [] when the request holds
+    a single data point or log record, which cannot be split.
+    """
+    if signal == "logs":
+        return _split_logs(payload)
+    return _split_metrics(payload)
+
+
+def _halves(items: list) -> tuple[list, list]:
+    middle = len(items) // 2
+    return items[:middle], items[middle:]
+
+
+def _split_metrics(payload: bytes) -> list[tuple[bytes, int]]:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    request = ExportMetricsServiceRequest.FromString(payload)
+    parts: list[ExportMetricsServiceRequest] = []
+    resources = list(request.resource_metrics)
+    if len(resources) >= 2:
+        parts = [ExportMetricsServiceRequest(resource_metrics=half) for half in _halves(resources)]
+    elif resources:
+        rm = resources[0]
+        metrics = [(sm, m) for sm in rm.scope_metrics for m in sm.metrics]
+        if len(metrics) >= 2:
+            for half in _halves(metrics):
+                part = ExportMetricsServiceRequest()
+                out = part.resource_metrics.add(resource=rm.resource, schema_url=rm.schema_url)
+                scopes: dict[int, object] = {}
+                for sm, metric in half:
+                    target = scopes.get(id(sm))
+                    if target is None:
+                        target = scopes[id(sm)] = out.scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url)
+                    target.metrics.append(metric)  # type: ignore[attr-defined]
+                parts.append(part)
+        elif metrics:
+            sm, metric = metrics[0]
+            kind = metric.WhichOneof("data")
+            points = list(getattr(metric, kind).data_points) if kind else []
+            if len(points) >= 2:
+                for half in _halves(points):
+                    part = ExportMetricsServiceRequest()
+                    out = part.resource_metrics.add(resource=rm.resource, schema_url=rm.schema_url)
+                    piece = out.scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url).metrics.add()
+                    piece.CopyFrom(metric)
+                    data = getattr(piece, kind)
+                    del data.data_points[:]
+                    data.data_points.extend(half)
+                    parts.append(part)
+    return [(p.SerializeToString(), sum(count_data_points(rm) for rm in p.resource_metrics)) for p in parts]
+
+
+def _split_logs(payload: bytes) -> list[tuple[bytes, int]]:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    request = ExportLogsServiceRequest.FromString(payload)
+    parts: list[ExportLogsServiceRequest] = []
+    resources = list(request.resource_logs)
+    if len(resources) >= 2:
+        parts = [ExportLogsServiceRequest(resource_logs=half) for half in _halves(resources)]
+    elif resources:
+        rl = resources[0]
+        records = [(sl, r) for sl in rl.scope_logs for r in sl.log_records]
+        if len(records) >= 2:
+            for half in _halves(records):
+                part = ExportLogsServiceRequest()
+                out = part.resource_logs.add(resource=rl.resource, schema_url=rl.schema_url)
+                scopes: dict[int, object] = {}
+                for sl, record in half:
+                    target = scopes.get(id(sl))
+                    if target is None:
+                        target = scopes[id(sl)] = out.scope_logs.add(scope=sl.scope, schema_url=sl.schema_url)
+                    target.log_records.append(record)  # type: ignore[attr-defined]
+                parts.append(part)
+    return [(p.SerializeToString(), sum(len(sl.log_records) for rl in p.resource_logs for sl in rl.scope_logs))
+            for p in parts]

@@ -7,9 +7,11 @@ way the Collector's otlp exporters do; :mod:`otel_ofu.delivery` does the retryin
 
 - gRPC retryable: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE,
   DATA_LOSS; RESOURCE_EXHAUSTED only when the server sent RetryInfo (whose delay is honoured).
-  Everything else (INVALID_ARGUMENT, UNAUTHENTICATED, UNIMPLEMENTED, ...) is permanent.
+  Everything else (INVALID_ARGUMENT, UNAUTHENTICATED, UNIMPLEMENTED, ...) is permanent;
+  RESOURCE_EXHAUSTED without RetryInfo is how gRPC refuses a message over its size limit, so
+  it is marked ``too_large`` and the delivery loop splits the batch.
 - HTTP retryable: 429, 502, 503, 504 (honouring Retry-After) and connection errors or
-  timeouts; any other non-2xx status is permanent.
+  timeouts; any other non-2xx status is permanent (413 marked ``too_large``).
 """
 
 from __future__ import annotations
@@ -91,9 +93,10 @@ class GrpcTransport:
         self._metadata = tuple((k.lower(), v) for k, v in settings.headers.items())
         self._retryable = frozenset(getattr(grpc.StatusCode, name) for name in _RETRYABLE_GRPC_NAMES)
 
-    def send(self, item: Item) -> SendResult:
+    def send(self, item: Item, timeout: float | None = None) -> SendResult:
         try:
-            response = self._calls[item.signal](item.payload, metadata=self._metadata, timeout=self.settings.timeout)
+            response = self._calls[item.signal](item.payload, metadata=self._metadata,
+                                                timeout=self.settings.timeout if timeout is None else timeout)
         except self._grpc.RpcError as error:
             return self.classify(error)
         rejected, message = _rejected(item.signal, response)
@@ -103,9 +106,10 @@ class GrpcTransport:
         code = error.code()
         name = code.name if code is not None else "UNKNOWN"
         retry_after = grpc_retry_delay(error.trailing_metadata() or ())
-        if code in self._retryable or (code == self._grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None):
+        exhausted = code == self._grpc.StatusCode.RESOURCE_EXHAUSTED
+        if code in self._retryable or (exhausted and retry_after is not None):
             return SendResult.retry(name, error.details() or "", retry_after)
-        return SendResult.permanent(name, error.details() or "")
+        return SendResult.permanent(name, error.details() or "", too_large=exhausted)
 
     def close(self) -> None:
         self._channel.close()
@@ -169,11 +173,12 @@ class HttpTransport:
             self._headers["Content-Encoding"] = "gzip"
         self._responses = _response_types()
 
-    def send(self, item: Item) -> SendResult:
+    def send(self, item: Item, timeout: float | None = None) -> SendResult:
         body = gzip.compress(item.payload, mtime=0) if self.settings.compression == "gzip" else item.payload
         url = self.settings.targets[item.signal]
         try:
-            response = self._session.post(url, data=body, headers=self._headers, timeout=self.settings.timeout,
+            response = self._session.post(url, data=body, headers=self._headers,
+                                          timeout=self.settings.timeout if timeout is None else timeout,
                                           verify=self._verify, cert=self._cert, allow_redirects=False)
         except self._requests.exceptions.RequestException as error:
             # Connection refused/reset, timeouts, TLS handshake: retryable, as in the Collector.
@@ -191,7 +196,7 @@ class HttpTransport:
         detail = _http_error_message(response)
         if status in RETRYABLE_HTTP:
             return SendResult.retry(f"http_{status}", detail, parse_retry_after(response.headers.get("Retry-After")))
-        return SendResult.permanent(f"http_{status}", detail)
+        return SendResult.permanent(f"http_{status}", detail, too_large=status == 413)
 
     def close(self) -> None:
         self._session.close()

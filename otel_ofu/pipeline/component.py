@@ -93,6 +93,13 @@ class Exporter(Component):
     def export(self, batch: Batch) -> None:
         raise NotImplementedError
 
+    def begin_shutdown(self, deadline: float) -> None:
+        """The service is stopping: finish by ``deadline`` (time.monotonic()); retry nothing past it.
+
+        Called before the processors' final flush, whose exports must not wait out a full
+        retry policy against a backend that is down.
+        """
+
 
 class PollingReceiver(Receiver):
     """A receiver that calls :meth:`poll` on its own thread every ``interval()`` seconds.

@@ -351,6 +351,8 @@ class ServiceConfig:
     log_level: str = "info"
     exit_when_done: bool = False  # stop once every receiver that ends by itself (a replay) has ended
     warnings: list[str] = dataclasses.field(default_factory=list)  # valid, but probably not what was meant
+    # service.shutdown_timeout: how long stopping may take, the final flush included (docs/reliability.md).
+    shutdown_timeout: float = 20.0
 
 
 def component_type(component_id: str) -> str:
@@ -431,8 +433,10 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
     if not isinstance(service, dict):
         fail("missing 'service' with 'pipelines'", component="service")
         service = {}
-    for key in sorted(set(service) - {"pipelines", "telemetry", "extensions", "exit_when_done"}):
-        fail(f"unknown key '{key}' (expected pipelines, telemetry, exit_when_done)", component="service")
+    allowed = {"pipelines", "telemetry", "extensions", "exit_when_done", "shutdown_timeout"}
+    for key in sorted(set(service) - allowed):
+        fail(f"unknown key '{key}' (expected pipelines, telemetry, exit_when_done, shutdown_timeout)",
+             component="service")
     pipelines_doc = service.get("pipelines")
     if doc.get("service") is not None and (not isinstance(pipelines_doc, dict) or not pipelines_doc):
         fail("at least one pipeline is required", component="service.pipelines")
@@ -449,10 +453,17 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
     exit_when_done = service.get("exit_when_done", False)
     if not isinstance(exit_when_done, bool):
         fail(f"expected true or false, got {exit_when_done!r}", component="service", key="exit_when_done")
+    shutdown_timeout = 20.0
+    try:
+        shutdown_timeout = float(Duration.parse(service.get("shutdown_timeout", "20s")))
+        if shutdown_timeout <= 0:
+            fail("must be positive", component="service", key="shutdown_timeout")
+    except (TypeError, ValueError) as exc:
+        fail(str(exc), component="service", key="shutdown_timeout")
     if errors:
         raise ConfigError.combine(errors)
     return ServiceConfig(file=file, components=components, pipelines=pipelines, log_level=log_level.lower(),
-                         exit_when_done=bool(exit_when_done), warnings=warnings)
+                         exit_when_done=bool(exit_when_done), warnings=warnings, shutdown_timeout=shutdown_timeout)
 
 
 def _pipeline(name: str, body: Any, components: dict[str, dict[str, Any]], declared: dict[str, set[str]],

@@ -193,13 +193,32 @@ class Service:
             raise
 
     def shutdown(self) -> None:
-        """Receivers first (no new data), then processors, then exporters (which flush)."""
+        """Receivers first (no new data), then processors (their final flush), then exporters.
+
+        Bounded by ``service.shutdown_timeout``: the exporters learn the deadline before the
+        final flush, so its exports (job-end metrics, events) are not retried past it, and
+        each exporter's drain ends by it; what could not be delivered is logged and counted.
+        """
+        started = time.monotonic()
+        deadline = started + self.config.shutdown_timeout
+        # First, so that a receiver blocked in an export (no sending queue, backend down) is freed.
+        for slot in self.exporters.values():
+            try:
+                slot.exporter.begin_shutdown(deadline)
+            except Exception:
+                log.exception("%s failed to prepare for shutdown", slot.exporter.context.component_id)
         for receiver in self.receivers.values():
             _safe_shutdown(receiver)
         for pipeline in self.pipelines:
             pipeline.flush()
         for component in [*self.processors, *(s.exporter for s in self.exporters.values())]:
             _safe_shutdown(component)
+        took = time.monotonic() - started
+        if took > self.config.shutdown_timeout:
+            log.warning("stopping took %.1fs, more than service.shutdown_timeout (%.0fs)", took,
+                        self.config.shutdown_timeout)
+        else:
+            log.info("stopped in %.1fs", took)
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> None:
         """Run until ``duration`` seconds pass, ``stop`` is set, or SIGINT/SIGTERM arrives."""
