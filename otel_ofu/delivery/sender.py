@@ -40,6 +40,7 @@ REJECTED = "rejected"  # refused in a partial success
 SHUTDOWN = "shutdown"  # not sent by the shutdown deadline (memory queue, or no queue)
 STORAGE_ERROR = "storage_error"  # the disk queue could not store or read it (disk full, I/O error)
 
+SATURATED_FRACTION = 0.9  # see Delivery.saturated
 _OVERFLOW_LOG_INTERVAL_S = 30.0
 _FAILING_LOG_INTERVAL_S = 60.0  # while a backend keeps failing, one summary per interval
 _JOIN_GRACE_S = 5.0  # beyond one attempt's timeout, how long shutdown waits for a consumer
@@ -153,6 +154,14 @@ class Delivery:
             self.log.error("%s: dropping %d %s items: shut down before they could be sent", self.component_id,
                            item.count, item.signal)
             self._drop(item.signal, item.count, SHUTDOWN)
+
+    def saturated(self) -> bool:
+        """The queue is at least SATURATED_FRACTION full: a push receiver should refuse, not make it evict.
+
+        The margin leaves room for the requests already in flight when the receiver checked.
+        """
+        queue = self.queue
+        return queue is not None and queue.used() >= SATURATED_FRACTION * queue.capacity
 
     # --- consumer side ----------------------------------------------------------------------
 

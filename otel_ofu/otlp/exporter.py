@@ -76,6 +76,10 @@ class OtlpExporter(Exporter):
         if logs is not None:
             self.delivery.submit("logs", *logs)
 
+    def saturated(self) -> bool:
+        delivery = self.delivery
+        return delivery is not None and delivery.saturated()
+
     def begin_shutdown(self, deadline: float) -> None:
         if self.delivery is not None:
             self.delivery.begin_shutdown(deadline)

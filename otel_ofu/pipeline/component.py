@@ -31,6 +31,9 @@ class Context:
     # Called by a receiver that has ended by itself (a replay at the end of its file), so the
     # service can stop when every such receiver is done (``service.exit_when_done``).
     on_finished: Callable[[], None] | None = None
+    # For receivers: the id of an exporter downstream whose sending queue is nearly full, else
+    # None. A push receiver refuses (retryably) rather than make it drop accepted data.
+    downstream_saturated: Callable[[], str | None] = field(default=lambda: None)
 
     @property
     def logger(self) -> logging.Logger:
@@ -92,6 +95,10 @@ class Processor(Component):
 class Exporter(Component):
     def export(self, batch: Batch) -> None:
         raise NotImplementedError
+
+    def saturated(self) -> bool:
+        """True while its sending queue is nearly full: more data would push accepted data out."""
+        return False
 
     def begin_shutdown(self, deadline: float) -> None:
         """The service is stopping: finish by ``deadline`` (time.monotonic()); retry nothing past it.

@@ -1,11 +1,15 @@
 """Settings shared by the components that listen (the ``otlp`` receiver, the ``prometheus``
 exporter): ``host:port`` endpoints, server TLS and mTLS, the loopback check. The Collector's
-confignet/configtls, in small.
+confignet/configtls, in small; and :class:`WatchedFiles`, which tells when a credential file
+was rotated so that it is read again without a restart.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,3 +54,41 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class WatchedFiles:
+    """Credential files (a bearer token, TLS certificates and keys) that may be rotated in place.
+
+    ``changed()`` says whether any of them changed (inode, size or modification time, following
+    symlinks, so a Kubernetes secret's ``..data`` swap counts) since the last call that said so;
+    it looks at most every ``interval`` seconds, so calling it per request or handshake is cheap.
+    """
+
+    def __init__(self, paths: list[str], interval: float = 1.0):
+        self.paths = [str(Path(p).expanduser()) for p in paths if p]
+        self.interval = interval
+        self._checked_at = time.monotonic()
+        self._signature = self._read_signature()
+        self._lock = threading.Lock()
+
+    def _read_signature(self) -> tuple:
+        out = []
+        for path in self.paths:
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)  # mid-rotation: compared like any other state
+        return tuple(out)
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked_at < self.interval:
+                return False
+            self._checked_at = now
+            signature = self._read_signature()
+            if signature == self._signature:
+                return False
+            self._signature = signature
+            return True

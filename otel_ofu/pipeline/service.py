@@ -156,13 +156,18 @@ class Service:
             for rid in spec.receivers:
                 feeds.setdefault(rid, []).append(pipeline)
         for rid, pipelines in feeds.items():
+            downstream = {e: self.exporters[e].exporter for p in pipelines for e, _ in p.exporters}
             self.receivers[rid] = self._create(factories["receivers"], rid, config.components["receivers"][rid],  # type: ignore[assignment]
-                                               consumer=_counted(_fan_out(pipelines), self.telemetry, rid))
+                                               consumer=_counted(_fan_out(pipelines), self.telemetry, rid),
+                                               saturated=_saturated(downstream))
 
-    def _create(self, section_factories, comp_id: str, cfg, ctx_id: str | None = None, **kwargs) -> Component:
+    def _create(self, section_factories, comp_id: str, cfg, ctx_id: str | None = None, saturated=None,
+                **kwargs) -> Component:
         factory = section_factories[component_type(comp_id)]
         context = Context(component_id=ctx_id or comp_id, telemetry=self.telemetry,
                           on_finished=self._receiver_finished)
+        if saturated is not None:
+            context.downstream_saturated = saturated
         return factory.create(cfg, context, **kwargs)
 
     def _receiver_finished(self) -> None:
@@ -248,6 +253,16 @@ class Service:
             log.info("otel-ofu shutting down")
             self.shutdown()
             restore()
+
+
+def _saturated(exporters: dict[str, Exporter]):
+    def first_saturated() -> str | None:
+        for exporter_id, exporter in exporters.items():
+            if exporter.saturated():
+                return exporter_id
+        return None
+
+    return first_saturated
 
 
 def _safe_shutdown(component: Component) -> None:

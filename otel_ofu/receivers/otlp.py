@@ -6,9 +6,16 @@ TPA and SM clock points are joined into GPU samples (:mod:`otel_ofu.otlp_join`) 
 ``ofu`` processor, and every other metric passes through untouched to the exporters.
 
 Secure by default: it listens on 127.0.0.1 unless told otherwise, supports TLS and mTLS per
-protocol, bearer-token auth and a maximum request size. A malformed, oversized or
-unauthenticated request gets the proper gRPC status / HTTP code, is counted in
-``otel_ofu.receiver.requests`` (attribute ``outcome``) and never stops the receiver.
+protocol, bearer-token auth and a maximum request size; the token and certificate files are
+read again when they change. A malformed, oversized or unauthenticated request gets the
+proper gRPC status / HTTP code, is counted in ``otel_ofu.receiver.requests`` (attribute
+``outcome``) and never stops the receiver.
+
+Overload: at most ``max_concurrent_requests`` requests are worked on at once, the memory
+limiter is checked per request, and a request that would make an exporter's sending queue
+push accepted data out is not taken. Each of these refuses with the status the OTLP spec
+names as retryable (gRPC RESOURCE_EXHAUSTED with RetryInfo, HTTP 429 or 503 with
+Retry-After), before the body is decoded, so the sender keeps the data and retries.
 """
 
 from __future__ import annotations
@@ -29,13 +36,18 @@ from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, FieldError, build_config, require
-from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
+from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint
+from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
 
 REQUESTS = register(MetricInfo(
     "otel_ofu.receiver.requests", "{request}", "sum",
     "OTLP export requests a push receiver got, by receiver, protocol (grpc, http) and outcome: accepted, "
     "malformed, too_large, unauthenticated, unsupported_media_type, not_found, method_not_allowed, "
-    "length_required, tls_handshake, internal."))
+    "length_required, tls_handshake, internal; refused under load (retryable): busy, memory_limited, "
+    "queue_full."))
+MEMORY = register(MetricInfo(
+    "otel_ofu.process.memory.usage", "By", "gauge",
+    "Resident memory of the otel-ofu process, as the otlp receiver's memory limiter last measured it."))
 SAMPLES = register(MetricInfo(
     "otel_ofu.receiver.samples", "{window}", "sum",
     "GPU windows (TPA joined with SM clock, or either alone) a push receiver extracted from the metrics it received."))
@@ -58,6 +70,11 @@ GRPC_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 # before otel-ofu sees them, so those are not counted); between the two, we refuse and count.
 GRPC_HARD_LIMIT_FACTOR = 4
 HTTP_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONCURRENT_REQUESTS = 16
+# What a refused sender is told to wait (RetryInfo / Retry-After): busy clears as soon as a
+# request finishes; memory and a full queue need the exporters to send first.
+RETRY_AFTER_BUSY_S = 1
+RETRY_AFTER_MEMORY_S = 5
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -127,6 +144,35 @@ class AuthConfig:
         return self.bearer_token
 
 
+class TokenSource:
+    """The bearer token, read again from ``bearer_token_file`` when the file changes (rotation).
+
+    A file that is briefly missing or empty mid-rotation keeps the previous token (logged).
+    """
+
+    def __init__(self, auth: AuthConfig, log: Any):
+        self._auth, self._log = auth, log
+        self._watch = WatchedFiles([auth.bearer_token_file]) if auth.bearer_token_file else None
+        self.value = auth.token()
+
+    def current(self) -> str:
+        if self._watch is not None and self._watch.changed():
+            try:
+                token = self._auth.token()
+            except OSError as exc:
+                self._log.warning("cannot read the rotated bearer_token_file %s (%s); keeping the previous token",
+                                  self._auth.bearer_token_file, exc.strerror)
+                return self.value
+            if token:
+                if token != self.value:
+                    self._log.info("bearer_token_file %s changed: using the new token", self._auth.bearer_token_file)
+                self.value = token
+            else:
+                self._log.warning("the rotated bearer_token_file %s is empty; keeping the previous token",
+                                  self._auth.bearer_token_file)
+        return self.value
+
+
 @dataclass
 class OtlpReceiverConfig:
     protocols: ProtocolsConfig = field(default_factory=_both_protocols)
@@ -138,9 +184,13 @@ class OtlpReceiverConfig:
     decode: list[str] = field(default_factory=lambda: list(DEFAULT_DECODE))
     window: Duration = field(default_factory=lambda: Duration(30))  # the source's TPA window (dcgm-exporter -c)
     join_tolerance: Duration = field(default_factory=lambda: Duration(5))  # clock vs TPA timestamp distance
+    # Requests decoded and processed at once; more are refused (retryable) until one ends.
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    memory_limiter: MemoryLimiterConfig = field(default_factory=MemoryLimiterConfig)  # off unless a limit is set
 
     def validate(self) -> None:
         require(self.max_request_size >= 1024, "max_request_size", "must be at least 1024 bytes")
+        require(self.max_concurrent_requests >= 1, "max_concurrent_requests", "must be at least 1")
         require(self.window > 0, "window", "must be positive")
         require(self.join_tolerance >= 0, "join_tolerance", "must not be negative")
         for i, name in enumerate(self.decode):
@@ -163,10 +213,22 @@ class RequestRefused(Exception):
         super().__init__(message)
 
 
+@dataclass(frozen=True)
+class Overload:
+    """Why a request is refused for now, and what the sender is told (retryable)."""
+
+    outcome: str  # busy | memory_limited | queue_full
+    message: str
+    http_status: int  # 429 (busy) or 503
+    retry_after_s: int
+
+
 class OtlpReceiver(Receiver):
     def __init__(self, config: OtlpReceiverConfig, context: Context, consumer: Consumer):
         super().__init__(config, context, consumer)
-        self._token = ""
+        self._token: TokenSource | None = None
+        self._slots = threading.BoundedSemaphore(config.max_concurrent_requests)
+        self._limiter = MemoryLimiter.from_config(config.memory_limiter)
         self._grpc_server: Any = None
         self._http_server: _HttpServer | None = None
         self._http_thread: threading.Thread | None = None
@@ -182,10 +244,44 @@ class OtlpReceiver(Receiver):
                                    outcome=outcome)
 
     def authorized(self, header: str | None) -> bool:
-        if not self._token:
+        token = self._token.current() if self._token is not None else ""
+        if not token:
             return True
         scheme, _, credentials = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._token.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode())
+
+    def try_begin(self) -> Overload | None:
+        """Take a request slot, or say why the request must be refused for now.
+
+        On None the caller owns a slot and must :meth:`end` it. Checked before the body is
+        decoded: a refused request costs almost nothing.
+        """
+        if not self._slots.acquire(blocking=False):
+            return Overload("busy", f"otel-ofu is working on max_concurrent_requests "
+                                    f"({self.config.max_concurrent_requests}) requests; retry later", 429,
+                            RETRY_AFTER_BUSY_S)
+        try:
+            if self._limiter is not None:
+                level = self._limiter.over_limit()
+                self.context.telemetry.set(MEMORY.name, self._limiter.last_bytes)
+                if level is not None:
+                    limit = self._limiter.hard if level == "hard" else self._limiter.soft
+                    self._slots.release()
+                    return Overload("memory_limited", f"otel-ofu is above its {level} memory limit "
+                                                      f"({limit // 2**20} MiB); retry later", 503,
+                                    RETRY_AFTER_MEMORY_S)
+            saturated = self.context.downstream_saturated()
+            if saturated is not None:
+                self._slots.release()
+                return Overload("queue_full", f"the sending queue of exporter {saturated} is full; retry later",
+                                503, RETRY_AFTER_MEMORY_S)
+        except Exception:
+            self._slots.release()
+            raise
+        return None
+
+    def end(self) -> None:
+        self._slots.release()
 
     def accept(self, request: Any, protocol: str, wire: bytes | None = None) -> None:
         """Join, hand to the pipeline and count one decoded ExportMetricsServiceRequest.
@@ -214,7 +310,7 @@ class OtlpReceiver(Receiver):
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._token = self.config.auth.token()
+        self._token = TokenSource(self.config.auth, self.log)
         grpc_cfg, http_cfg = self.config.grpc(), self.config.http()
         try:
             if grpc_cfg is not None:
@@ -228,7 +324,8 @@ class OtlpReceiver(Receiver):
     def _warn_if_exposed(self, protocol: str, cfg: ProtocolConfig, host: str) -> None:
         if is_loopback(host):
             return
-        missing = [what for what, ok in (("TLS", cfg.tls.enabled), ("auth", bool(self._token))) if not ok]
+        has_token = bool(self._token and self._token.value)
+        missing = [what for what, ok in (("TLS", cfg.tls.enabled), ("auth", has_token)) if not ok]
         if missing:
             self.log.warning("%s endpoint %s is reachable from other hosts without %s", protocol, cfg.endpoint,
                              " and ".join(missing))
@@ -239,7 +336,10 @@ class OtlpReceiver(Receiver):
         import grpc
 
         limit = self.config.max_request_size * GRPC_HARD_LIMIT_FACTOR
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=self.context.component_id),
+        # A few workers beyond the request slots, so a refusal is answered while all slots work.
+        workers = self.config.max_concurrent_requests + 4
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
+                                                        thread_name_prefix=self.context.component_id),
                              options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.so_reuseport", 0)])
         handler = grpc.method_handlers_generic_handler(GRPC_SERVICE, {
@@ -249,10 +349,10 @@ class OtlpReceiver(Receiver):
         host, port = parse_endpoint(cfg.endpoint)
         address = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
         if cfg.tls.enabled:
-            creds = grpc.ssl_server_credentials(
-                [(_read(cfg.tls.key_file), _read(cfg.tls.cert_file))],
-                root_certificates=_read(cfg.tls.client_ca_file) if cfg.tls.client_ca_file else None,
-                require_client_auth=bool(cfg.tls.client_ca_file))
+            tls = _ServerTls(cfg.tls, self.log)
+            # Asked at every handshake: new certificate files take effect without a restart.
+            creds = grpc.dynamic_ssl_server_credentials(tls.grpc_configuration(), tls.grpc_fetch,
+                                                        require_client_authentication=bool(cfg.tls.client_ca_file))
             bound = server.add_secure_port(address, creds)
         else:
             bound = server.add_insecure_port(address)
@@ -265,16 +365,29 @@ class OtlpReceiver(Receiver):
 
     def _grpc_export(self, body: bytes, context: Any) -> bytes:
         import grpc
+
+        metadata = dict(context.invocation_metadata())
+        if not self.authorized(metadata.get("authorization")):
+            self.count("grpc", "unauthenticated")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        overload = self.try_begin()
+        if overload is not None:
+            self.count("grpc", overload.outcome)
+            context.set_trailing_metadata((("grpc-status-details-bin", _retry_status(overload)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, overload.message)
+        try:
+            return self._grpc_work(body, context)
+        finally:
+            self.end()
+
+    def _grpc_work(self, body: bytes, context: Any) -> bytes:
+        import grpc
         from google.protobuf.message import DecodeError
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
             ExportMetricsServiceRequest,
             ExportMetricsServiceResponse,
         )
 
-        metadata = dict(context.invocation_metadata())
-        if not self.authorized(metadata.get("authorization")):
-            self.count("grpc", "unauthenticated")
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         if len(body) > self.config.max_request_size:
             self.count("grpc", "too_large")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -293,15 +406,7 @@ class OtlpReceiver(Receiver):
 
     def _start_http(self, cfg: ProtocolConfig) -> None:
         host, port = parse_endpoint(cfg.endpoint)
-        context = None
-        if cfg.tls.enabled:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(str(Path(cfg.tls.cert_file).expanduser()),
-                                    str(Path(cfg.tls.key_file).expanduser()))
-            if cfg.tls.client_ca_file:
-                context.verify_mode = ssl.CERT_REQUIRED
-                context.load_verify_locations(str(Path(cfg.tls.client_ca_file).expanduser()))
+        context = _ServerTls(cfg.tls, self.log) if cfg.tls.enabled else None
         server = _HttpServer((host or "0.0.0.0", port), self, context)
         self._http_server, self.http_port = server, server.server_address[1]
         self._http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -327,13 +432,75 @@ def _read(path: str) -> bytes:
     return Path(path).expanduser().read_bytes()
 
 
+def _retry_status(overload: Overload) -> bytes:
+    """A google.rpc.Status carrying RetryInfo: the OTLP spec's retryable RESOURCE_EXHAUSTED."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=overload.retry_after_s)))
+    return status_pb2.Status(code=8, message=overload.message, details=[detail]).SerializeToString()
+
+
+class _ServerTls:
+    """Server certificate, key and client CA, loaded again when one of the files changes.
+
+    A rotation that leaves the files unreadable or mismatched (key written before the
+    certificate) keeps serving the previous ones, logged, and is tried again on the next change.
+    """
+
+    def __init__(self, tls: ServerTlsConfig, log: Any):
+        self.tls, self.log = tls, log
+        self._watch = WatchedFiles([tls.cert_file, tls.key_file, tls.client_ca_file])
+        self._context = self._ssl_context()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(Path(self.tls.cert_file).expanduser()), str(Path(self.tls.key_file).expanduser()))
+        if self.tls.client_ca_file:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(str(Path(self.tls.client_ca_file).expanduser()))
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        """The SSL context for the next HTTP handshake."""
+        if self._watch.changed():
+            try:
+                self._context = self._ssl_context()
+                self.log.info("TLS certificate files changed: serving %s", self.tls.cert_file)
+            except (OSError, ssl.SSLError) as exc:
+                self.log.error("cannot load the changed TLS files (%s); still serving the previous certificate", exc)
+        return self._context
+
+    def grpc_configuration(self) -> Any:
+        import grpc
+
+        return grpc.ssl_server_certificate_configuration(
+            [(_read(self.tls.key_file), _read(self.tls.cert_file))],
+            root_certificates=_read(self.tls.client_ca_file) if self.tls.client_ca_file else None)
+
+    def grpc_fetch(self) -> Any:
+        """gRPC's per-handshake question: a new configuration, or None to keep the current one."""
+        if not self._watch.changed():
+            return None
+        try:
+            configuration = self.grpc_configuration()
+            self._ssl_context()  # the same check as for HTTP: key and certificate must match
+        except (OSError, ssl.SSLError) as exc:
+            self.log.error("cannot load the changed TLS files (%s); still serving the previous certificate", exc)
+            return None
+        self.log.info("TLS certificate files changed: serving %s (gRPC)", self.tls.cert_file)
+        return configuration
+
+
 # --- HTTP ------------------------------------------------------------------------------------
 
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], receiver: OtlpReceiver, tls: ssl.SSLContext | None):
+    def __init__(self, address: tuple[str, int], receiver: OtlpReceiver, tls: _ServerTls | None):
         self.receiver = receiver
         self.tls = tls
         if ":" in address[0]:
@@ -348,7 +515,7 @@ class _HttpServer(ThreadingHTTPServer):
             return
         try:
             request.settimeout(HTTP_TIMEOUT_S)
-            wrapped = self.tls.wrap_socket(request, server_side=True)
+            wrapped = self.tls.context().wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as exc:
             self.receiver.count("http", "tls_handshake")
             self.receiver.log.info("TLS handshake with %s failed: %s", client_address[0], exc)
@@ -416,6 +583,30 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if length > limit:
             return self._refuse(413, "too_large", f"request of {length} bytes exceeds max_request_size {limit}",
                                 reply_as)
+        overload = receiver.try_begin()
+        if overload is not None:
+            # Read and discard the body (in small pieces, nothing kept): the sender gets a clean
+            # answer on a connection it can reuse, not a reset while it is still writing.
+            drained = self._discard(length)
+            return self._refuse(overload.http_status, overload.outcome, overload.message, reply_as,
+                                {"Retry-After": str(overload.retry_after_s)}, body_read=drained)
+        try:
+            return self._work(length, encoding, media, reply_as)
+        finally:
+            receiver.end()
+
+    def _discard(self, length: int) -> bool:
+        remaining = length
+        while remaining > 0:
+            chunk = self.rfile.read(min(remaining, 65536))
+            if not chunk:
+                return False
+            remaining -= len(chunk)
+        return True
+
+    def _work(self, length: int, encoding: str, media: str, reply_as: str) -> None:
+        receiver = self.server.receiver
+        limit = receiver.config.max_request_size
         body = self.rfile.read(length)
         if len(body) != length:
             self.close_connection = True
@@ -500,7 +691,7 @@ def _response_body(media: str) -> bytes:
 
 def _status_body(code: int, message: str, media: str) -> bytes:
     """The OTLP/HTTP error body: a google.rpc.Status in the request's encoding."""
-    grpc_code = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13}.get(code, 2)
+    grpc_code = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}.get(code, 2)
     if media == JSON:
         return json.dumps({"code": grpc_code, "message": message}).encode()
     from google.rpc import status_pb2

@@ -1,0 +1,142 @@
+"""The memory limiter: refuse new data while the process holds too much (the Collector's model).
+
+Two limits, as the Collector's ``memory_limiter``: a hard limit (``limit_mib`` or
+``limit_percentage`` of the container's memory limit) and a soft limit below it by a spike
+allowance (``spike_limit_mib`` / ``spike_limit_percentage``, default 20 % of the hard limit).
+Above the soft limit a push receiver refuses requests with a retryable status, so the sender
+keeps the data and retries; above it, the limiter also asks the allocator to give freed memory
+back (a full garbage collection and glibc's ``malloc_trim``) before it measures again.
+
+What is measured is the resident set of the whole process (``/proc/self/statm``), so the limit
+covers everything it holds: requests being decoded, the sending queues in memory, processor
+state. It is read on every request (about 10 us), not on a timer, so a burst cannot run past
+the limit between two checks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from otel_ofu.pipeline.config import require
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TRIM_INTERVAL_S = 1.0  # at most one gc + malloc_trim per second while over the soft limit
+MIB = 1024 * 1024
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process, from /proc/self/statm (pages)."""
+    fd = os.open("/proc/self/statm", os.O_RDONLY)
+    try:
+        fields = os.read(fd, 128).split()
+    finally:
+        os.close(fd)
+    return int(fields[1]) * _PAGE
+
+
+def available_memory_bytes() -> int:
+    """The container's memory limit (cgroup v2, then v1), else the machine's physical memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()  # noqa: SIM115
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):  # "max" or a huge number: no limit
+            return int(text)
+    return os.sysconf("SC_PHYS_PAGES") * _PAGE
+
+
+def _malloc_trim() -> Callable[[], None]:
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is None:
+        return lambda: None
+    return lambda: trim(0)
+
+
+@dataclass
+class MemoryLimiterConfig:
+    """Off unless a limit is set. The keys are the Collector's memory_limiter's."""
+
+    limit_mib: int = 0  # hard limit, MiB of resident memory; 0: use limit_percentage
+    spike_limit_mib: int = 0  # soft limit = hard - spike; 0: 20 % of the hard limit
+    limit_percentage: int = 0  # hard limit as a percentage of the container's memory limit
+    spike_limit_percentage: int = 0
+
+    def validate(self) -> None:
+        require(self.limit_mib >= 0, "limit_mib", "must be >= 0 (0: off, or limit_percentage)")
+        require(self.spike_limit_mib >= 0, "spike_limit_mib", "must be >= 0")
+        require(0 <= self.limit_percentage <= 100, "limit_percentage", "must be within 0-100")
+        require(0 <= self.spike_limit_percentage <= 100, "spike_limit_percentage", "must be within 0-100")
+        require(not (self.limit_mib and self.limit_percentage), "limit_percentage",
+                "set either limit_mib or limit_percentage, not both")
+        require(not self.limit_mib or self.spike_limit_mib < self.limit_mib, "spike_limit_mib",
+                f"must be below limit_mib ({self.limit_mib})")
+        require(not self.limit_percentage or self.spike_limit_percentage < self.limit_percentage,
+                "spike_limit_percentage", f"must be below limit_percentage ({self.limit_percentage})")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.limit_mib or self.limit_percentage)
+
+    def limits(self, total: int | None = None) -> tuple[int, int]:
+        """(soft, hard) in bytes."""
+        if self.limit_mib:
+            hard = self.limit_mib * MIB
+            spike = self.spike_limit_mib * MIB
+        else:
+            total = available_memory_bytes() if total is None else total
+            hard = total * self.limit_percentage // 100
+            spike = total * self.spike_limit_percentage // 100
+        return hard - (spike or hard // 5), hard
+
+
+class MemoryLimiter:
+    """Says, per request, whether the process may take more data."""
+
+    def __init__(self, soft_bytes: int, hard_bytes: int, measure: Callable[[], int] = process_rss_bytes):
+        self.soft, self.hard = soft_bytes, hard_bytes
+        self._measure = measure
+        self._trim = _malloc_trim()
+        self._lock = threading.Lock()
+        self._trimmed_at = 0.0
+        self.last_bytes = 0
+        self.peak_bytes = 0
+
+    @classmethod
+    def from_config(cls, config: MemoryLimiterConfig) -> MemoryLimiter | None:
+        if not config.enabled:
+            return None
+        soft, hard = config.limits()
+        return cls(soft, hard)
+
+    def over_limit(self) -> str | None:
+        """None when below the soft limit; otherwise "soft" or "hard" (after trying to free memory)."""
+        used = self._measure()
+        self.last_bytes = used
+        self.peak_bytes = max(self.peak_bytes, used)
+        if used < self.soft:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            trim = now - self._trimmed_at >= _TRIM_INTERVAL_S
+            if trim:
+                self._trimmed_at = now
+        if trim:
+            gc.collect()
+            self._trim()
+            used = self._measure()
+            self.last_bytes = used
+            if used < self.soft:
+                return None
+        return "hard" if used >= self.hard else "soft"
