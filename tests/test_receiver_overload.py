@@ -1,4 +1,4 @@
-"""The otlp receiver under more load than it can take, and with credentials rotated under it.
+"""The otlp receiver under more load than it can take.
 
 Past a limit it refuses with the retryable status the OTLP spec names (gRPC RESOURCE_EXHAUSTED
 with RetryInfo, HTTP 429/503 with Retry-After), before decoding, so the sender keeps the data
@@ -8,12 +8,8 @@ benchmarks/overload.py) then delivers everything exactly once.
 
 from __future__ import annotations
 
-import os
-import shutil
-import ssl
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -27,7 +23,6 @@ from otel_ofu.pipeline.config import FieldError, build_config, parse_service_con
 from otel_ofu.pipeline.memory import MIB, MemoryLimiter, MemoryLimiterConfig, process_rss_bytes
 from otel_ofu.pipeline.service import Service
 from otel_ofu.receivers.otlp import REQUESTS
-from tests import certs
 from tests.otlp_shapes import dcgm_exporter_request
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
@@ -220,72 +215,3 @@ def test_otel_ofu_exporter_retries_a_busy_receiver_and_delivers_everything_once(
     assert received_points(item.batches) == triples(sent)
     assert sum(v for a, v in item.telemetry.counters(REQUESTS.name).items() if dict(a)["outcome"] == "busy") > 0
     assert not telemetry.counters("otel_ofu.exporter.dropped")
-
-
-# --- credentials rotated under a running receiver ---------------------------------------------
-
-
-def _replace(target: Path, source: Path) -> None:
-    """As a secret manager does: write beside, then rename over (atomic)."""
-    tmp = target.with_name(target.name + ".new")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-def test_a_rotated_token_file_takes_effect_without_a_restart(tmp_path):
-    token = tmp_path / "token"
-    token.write_text("first-token\n")
-    item = Live({"auth": {"bearer_token_file": str(token)}})
-    try:
-        old, new = [("authorization", "Bearer first-token")], [("authorization", "Bearer second-token")]
-        assert grpc_export(item.grpc_target, body(), metadata=old)[0] == grpc.StatusCode.OK
-        (tmp_path / "rotated").write_text("second-token\n")
-        _replace(token, tmp_path / "rotated")
-        assert wait_until(lambda: grpc_export(item.grpc_target, body(), metadata=new)[0] == grpc.StatusCode.OK)
-        assert grpc_export(item.grpc_target, body(), metadata=old)[0] == grpc.StatusCode.UNAUTHENTICATED
-        assert http_post(item.receiver.http_port, body(), headers={"Authorization": "Bearer second-token"})[0] == 200
-        assert http_post(item.receiver.http_port, body(), headers={"Authorization": "Bearer first-token"})[0] == 401
-    finally:
-        item.receiver.shutdown()
-
-
-@pytest.fixture
-def two_cert_sets(tmp_path):
-    if not certs.available():
-        pytest.skip("needs the cryptography package or the openssl command to make test certificates")
-    first, second = tmp_path / "a", tmp_path / "b"
-    first.mkdir()
-    second.mkdir()
-    return certs.make(first), certs.make(second)
-
-
-def test_rotated_server_certificates_take_effect_without_a_restart(tmp_path, two_cert_sets):
-    old, new = two_cert_sets
-    live_dir = tmp_path / "live"
-    live_dir.mkdir()
-    cert, key = live_dir / "server.pem", live_dir / "server.key"
-    shutil.copyfile(old.server_cert, cert)
-    shutil.copyfile(old.server_key, key)
-    tls = {"cert_file": str(cert), "key_file": str(key)}
-    item = Live({"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "tls": tls},
-                               "http": {"endpoint": "127.0.0.1:0", "tls": tls}}})
-
-    def grpc_ok(ca: Path) -> bool:
-        creds = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
-        return grpc_export(item.grpc_target, body(), credentials=creds)[0] == grpc.StatusCode.OK
-
-    def http_ok(ca: Path) -> bool:
-        try:
-            return http_post(item.receiver.http_port, body(), context=ssl.create_default_context(cafile=str(ca)))[0] \
-                == 200
-        except (ssl.SSLError, OSError):
-            return False
-
-    try:
-        assert grpc_ok(old.ca) and http_ok(old.ca)
-        _replace(key, new.server_key)
-        _replace(cert, new.server_cert)
-        assert wait_until(lambda: grpc_ok(new.ca)) and wait_until(lambda: http_ok(new.ca))
-        assert not http_ok(old.ca) and not grpc_ok(old.ca)  # the old certificate is no longer served
-    finally:
-        item.receiver.shutdown()

@@ -104,6 +104,9 @@ class OtlpExporterConfig:
     headers: dict[str, str] | None = None
     compression: Literal["gzip", "none"] | None = None
     timeout: Duration | None = None  # one send attempt
+    # otel-ofu's own: send "authorization: Bearer <file contents>", read again when the file changes
+    # (the Collector does this through its bearertokenauth extension's filename).
+    bearer_token_file: str | None = None
     retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
     sending_queue: QueueConfig = field(default_factory=QueueConfig)
 
@@ -111,6 +114,11 @@ class OtlpExporterConfig:
 
     def validate(self) -> None:
         require(self.timeout is None or self.timeout > 0, "timeout", "must be positive")
+        if self.bearer_token_file is not None:
+            require(Path(self.bearer_token_file).expanduser().is_file(), "bearer_token_file",
+                    f"file {self.bearer_token_file!r} does not exist")
+            require("authorization" not in {k.lower() for k in (self.headers or {})}, "bearer_token_file",
+                    "headers already sets authorization: use one or the other")
         require(not (self.protocol == "grpc" and self.tls.insecure_skip_verify), "tls.insecure_skip_verify",
                 "not supported by the gRPC client (grpcio); set tls.ca_file to the server's CA instead")
         resolve(self, os.environ)  # raises FieldError naming a bad variable or endpoint
@@ -138,6 +146,7 @@ class Settings:
     headers: dict[str, str]
     compression: str  # "gzip" | "none"
     timeout: float
+    bearer_token_file: str | None = None
 
 
 def _env(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
@@ -243,4 +252,5 @@ def resolve(config: OtlpExporterConfig, environ: Mapping[str, str]) -> Settings:
     return Settings(targets=targets, insecure=insecure, ca_file=pick(tls.ca_file, "CERTIFICATE"),
                     cert_file=pick(tls.cert_file, "CLIENT_CERTIFICATE"), key_file=pick(tls.key_file, "CLIENT_KEY"),
                     insecure_skip_verify=tls.insecure_skip_verify, headers=headers, compression=compression,
-                    timeout=timeout)
+                    timeout=timeout, bearer_token_file=(str(Path(config.bearer_token_file).expanduser())
+                                                        if config.bearer_token_file else None))

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from otel_ofu.delivery import Item, SendResult
 from otel_ofu.otlp.exporter_config import Settings
+from otel_ofu.pipeline.endpoints import WatchedFiles
+
+log = logging.getLogger("otel_ofu.otlp.transport")
 
 METHODS = {
     "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
@@ -64,6 +69,46 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
+class _Credentials:
+    """The TLS files and bearer token file of an exporter, read again when they are rotated.
+
+    ``refresh()`` is called before each send and says whether the transport must reconnect
+    (new certificates apply to new connections). A rotation caught half-done (an unreadable or
+    empty token file) keeps the previous credentials, logged, until the next change.
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._watch = WatchedFiles([p for p in (settings.ca_file, settings.cert_file, settings.key_file,
+                                                settings.bearer_token_file) if p])
+        self.token = self._read_token() if settings.bearer_token_file else None
+
+    def _read_token(self) -> str:
+        with open(str(self.settings.bearer_token_file), encoding="utf-8") as handle:
+            return handle.read().strip()
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self.settings.headers)
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def refresh(self) -> bool:
+        if not self._watch.changed():
+            return False
+        if self.settings.bearer_token_file:
+            try:
+                token = self._read_token()
+            except OSError as exc:
+                log.warning("cannot read the rotated bearer_token_file %s (%s); keeping the previous token",
+                            self.settings.bearer_token_file, exc.strerror)
+            else:
+                if token:
+                    self.token = token
+        log.info("credential files changed (%s): reconnecting with them", ", ".join(self._watch.paths))
+        return True
+
+
 class GrpcTransport:
     """A grpcio channel with the configured credentials, compression and metadata."""
 
@@ -72,6 +117,13 @@ class GrpcTransport:
 
         self._grpc = grpc
         self.settings = settings
+        self._credentials = _Credentials(settings)
+        self._lock = threading.Lock()
+        self._retryable = frozenset(getattr(grpc.StatusCode, name) for name in _RETRYABLE_GRPC_NAMES)
+        self._connect()
+
+    def _connect(self) -> None:
+        grpc, settings = self._grpc, self.settings
         # A short reconnect backoff: while the channel waits to reconnect, calls fail fast
         # with UNAVAILABLE, so a long one would outlast the backend's outage.
         options = [("grpc.primary_user_agent", _user_agent()), ("grpc.initial_reconnect_backoff_ms", 1000),
@@ -79,24 +131,33 @@ class GrpcTransport:
         compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
         target = settings.targets["metrics"]
         if settings.insecure:
-            self._channel = grpc.insecure_channel(target, options=options, compression=compression)
+            channel = grpc.insecure_channel(target, options=options, compression=compression)
         else:
             credentials = grpc.ssl_channel_credentials(root_certificates=_read(settings.ca_file),
                                                        private_key=_read(settings.key_file),
                                                        certificate_chain=_read(settings.cert_file))
-            self._channel = grpc.secure_channel(target, credentials, options=options, compression=compression)
+            channel = grpc.secure_channel(target, credentials, options=options, compression=compression)
         responses = _response_types()
         # request_serializer=None: the payload is already a serialized request.
-        self._calls = {signal: self._channel.unary_unary(method, request_serializer=None,
-                                                         response_deserializer=responses[signal].FromString)
+        self._calls = {signal: channel.unary_unary(method, request_serializer=None,
+                                                   response_deserializer=responses[signal].FromString)
                        for signal, method in METHODS.items()}
-        self._metadata = tuple((k.lower(), v) for k, v in settings.headers.items())
-        self._retryable = frozenset(getattr(grpc.StatusCode, name) for name in _RETRYABLE_GRPC_NAMES)
+        self._metadata = tuple((k.lower(), v) for k, v in self._credentials.headers().items())
+        # The previous channel is not closed: sends still on it finish there (closing would
+        # cancel them, and a cancelled send that the backend got would be sent twice).
+        self._channel = channel
 
     def send(self, item: Item, timeout: float | None = None) -> SendResult:
+        if self._credentials.refresh():
+            with self._lock:
+                try:
+                    self._connect()
+                except OSError as exc:
+                    log.error("cannot read the rotated TLS files (%s); keeping the previous connection", exc)
+        calls, metadata = self._calls, self._metadata
         try:
-            response = self._calls[item.signal](item.payload, metadata=self._metadata,
-                                                timeout=self.settings.timeout if timeout is None else timeout)
+            response = calls[item.signal](item.payload, metadata=metadata,
+                                          timeout=self.settings.timeout if timeout is None else timeout)
         except self._grpc.RpcError as error:
             return self.classify(error)
         rejected, message = _rejected(item.signal, response)
@@ -163,17 +224,26 @@ class HttpTransport:
 
         self._requests = requests
         self.settings = settings
-        self._session = requests.Session()
+        self._credentials = _Credentials(settings)
         # Passed with each request, not set on the session: requests lets REQUESTS_CA_BUNDLE /
         # CURL_CA_BUNDLE override a session's verify, which would ignore tls.ca_file.
         self._verify: bool | str = False if settings.insecure_skip_verify else (settings.ca_file or True)
         self._cert = (settings.cert_file, settings.key_file) if settings.cert_file else None
-        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": _user_agent(), **settings.headers}
-        if settings.compression == "gzip":
-            self._headers["Content-Encoding"] = "gzip"
         self._responses = _response_types()
+        self._connect()
+
+    def _connect(self) -> None:
+        """A new session: its connections load the certificate files afresh (the old one's stay pooled)."""
+        self._session = self._requests.Session()
+        headers = {"Content-Type": "application/x-protobuf", "User-Agent": _user_agent(),
+                   **self._credentials.headers()}
+        if self.settings.compression == "gzip":
+            headers["Content-Encoding"] = "gzip"
+        self._headers = headers
 
     def send(self, item: Item, timeout: float | None = None) -> SendResult:
+        if self._credentials.refresh():
+            self._connect()
         body = gzip.compress(item.payload, mtime=0) if self.settings.compression == "gzip" else item.payload
         url = self.settings.targets[item.signal]
         try:
