@@ -40,6 +40,7 @@ from otel_ofu.core import dcgm_fields
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
 from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, FieldError, require
 
@@ -388,7 +389,8 @@ FORMATS_BY_SUFFIX = {".jsonl": "otlp_json", ".json": "otlp_json", ".ndjson": "ot
 def detect_format(path: str | Path) -> str:
     """dmon, csv or otlp_json from the first lines of a file (then its suffix)."""
     path = Path(path)
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    handle, _ = files.open_text(path, errors="replace")  # zstd / gzip files too (the file exporter's)
+    with handle:
         fmt, first, first_line = sniff_format(handle)
     if fmt is not None:
         return fmt
@@ -407,17 +409,21 @@ def read_frames(path: str | Path, fmt: str, *, start_unix_nano: int, interval_s:
     name = str(path)
     if fmt == "auto":
         fmt = detect_format(path)
-    with open(path, encoding="utf-8", newline="") as handle:
-        try:
+    try:
+        if fmt == "otlp_json":
+            # Plain or compressed (zstd, gzip); a last line cut by a crash of the writer is
+            # skipped with a warning, not an error.
+            yield from parse_otlp_json((text for _, text in files.read_json_lines(path)), name, on_error=on_error)
+            return
+        handle, _ = files.open_text(path)
+        with handle:
             if fmt == "dmon":
                 yield from parse_dmon(handle, name, start_unix_nano=start_unix_nano, interval_s=interval_s,
                                       model=model, host=host, on_error=on_error)
-            elif fmt == "csv":
-                yield from parse_csv(handle, name, interval_s=interval_s, model=model, host=host, on_error=on_error)
             else:
-                yield from parse_otlp_json(handle, name, on_error=on_error)
-        except UnicodeDecodeError as exc:
-            raise ReplayFormatError(name, 0, f"not UTF-8 text: {exc}") from None
+                yield from parse_csv(handle, name, interval_s=interval_s, model=model, host=host, on_error=on_error)
+    except UnicodeDecodeError as exc:
+        raise ReplayFormatError(name, 0, f"not UTF-8 text: {exc}") from None
 
 
 def shift_batch(batch: Batch, offset_ns: int) -> Batch:
