@@ -360,12 +360,52 @@ def component_type(component_id: str) -> str:
     return component_id.split("/", 1)[0]
 
 
+MAX_EXPANDED_VALUES = 100_000  # a real config has hundreds; YAML aliases can make a few lines expand to billions
+
+
+def _alias_problem(doc: Any) -> str | None:
+    """A tree that YAML aliases (&a / *a) make cyclic or huge, which every later walk would hang on.
+
+    Sizes are memoised per node, so this costs the number of distinct nodes, not their expansion
+    (found by benchmarks/fuzz.py: a 12-line "billion laughs" config hung validation).
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise RecursionError
+        active.add(key)
+        children = node.values() if isinstance(node, dict) else node
+        total = 1 + sum(size(child) for child in children)
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        total = size(doc)
+    except RecursionError:
+        return "a YAML alias (*name) refers to a node that contains it: the document is infinite"
+    if total > MAX_EXPANDED_VALUES:
+        return (f"the document expands to {total:,} values through YAML aliases (&name / *name), more than "
+                f"{MAX_EXPANDED_VALUES:,}: write the values out")
+    return None
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:  # found by benchmarks/fuzz.py: was a traceback
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"line {line}: not UTF-8 text ({exc.reason})", file=str(path)) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -377,6 +417,9 @@ def load_document(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ConfigError("the top level must be a mapping with receivers, processors, exporters and service",
                           file=str(path))
+    problem = _alias_problem(doc)
+    if problem:
+        raise ConfigError(problem, file=str(path))
     try:
         return substitute_env(doc)
     except ConfigError as exc:

@@ -220,6 +220,8 @@ def parse_timestamp(text: str) -> int:
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         return round(moment.timestamp() * 1e9)
+    if not 0 <= number < 2 ** 64:  # inf, NaN, negative or beyond any clock (found by benchmarks/fuzz.py)
+        raise ValueError(f"timestamp {text!r} is out of range")
     if number < 1e11:
         return round(number * 1e9)
     if number < 1e14:

@@ -19,6 +19,8 @@ from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, FieldError, require
 from otel_ofu.sim import fleet as sim
 
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 64
 Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint"]
 
 
@@ -108,8 +110,10 @@ class SimReceiverConfig:
     jobs: list[SimJobConfig] = field(default_factory=list)
 
     def validate(self) -> None:
-        require(self.nodes >= 1, "nodes", "must be at least 1")
-        require(self.gpus_per_node >= 1, "gpus_per_node", "must be at least 1")
+        # Upper bounds: the fleet is built in memory (found by benchmarks/fuzz.py: nodes 2^47 hung validation).
+        require(1 <= self.nodes <= MAX_NODES, "nodes", f"must be within [1, {MAX_NODES}]")
+        require(1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node",
+                f"must be within [1, {MAX_GPUS_PER_NODE}]")
         require(bool(self.models), "models", "at least one GPU model is required")
         for i, model in enumerate(self.models):
             require(specs.find_spec(model) is not None, f"models[{i}]",

@@ -66,8 +66,10 @@ class ReportError(Exception):
 # --- reading ----------------------------------------------------------------------------------
 
 def _any_value(value: dict[str, Any]) -> Any:
-    for key in ("stringValue", "boolValue", "doubleValue"):
+    for key, kind in (("stringValue", str), ("boolValue", bool), ("doubleValue", None)):
         if key in value:
+            if kind is not None and not isinstance(value[key], kind):  # found by benchmarks/fuzz.py
+                raise ValueError(f"{key} is not a {kind.__name__}: {value[key]!r:.60}")
             return float(value[key]) if key == "doubleValue" else value[key]
     if "intValue" in value:
         return int(value["intValue"])
@@ -78,6 +80,9 @@ def _any_value(value: dict[str, Any]) -> Any:
 
 
 def _attributes(key_values: list[dict[str, Any]] | None) -> Attributes:
+    for kv in key_values or ():
+        if not isinstance(kv.get("key"), str):
+            raise ValueError(f"an attribute key is not a string: {kv.get('key')!r:.60}")
     return tuple(sorted((kv["key"], _any_value(kv.get("value") or {})) for kv in key_values or ()))
 
 
