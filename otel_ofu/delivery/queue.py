@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 
 log = logging.getLogger("otel_ofu.delivery")
 
+WAL_SIZE_LIMIT = 4 * 1024 * 1024
 Sizer = Literal["requests", "items", "bytes"]
 SIZERS: tuple[str, ...] = ("requests", "items", "bytes")
 
@@ -119,6 +120,9 @@ class SqliteStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            # After each checkpoint the WAL file is cut back to this, so the queue's disk use is its
+            # bound (sizer bytes) plus SQLite's page overhead plus at most about this much.
+            db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             db.execute(self._SCHEMA)
             # Reads every row's header: a damaged table fails here, at start, not on the first send.
             entries = [tuple(row) for row in db.execute(
