@@ -309,6 +309,7 @@ service:
         overload_started = time.monotonic()
         generator.paced(capacity * args.factor, args.overload_s)
         overload_end = time.monotonic() - overload_started
+        offered = (generator.next - 10_000_000) / overload_end
         generator.paced(capacity * 0.5, args.normal_s, workers=8)
         # drain: the Collector's queue empties and the sink stops changing
         drained_by = time.monotonic() + args.drain_s
@@ -345,8 +346,10 @@ service:
         partial = sum(1 for n in collector_accepted if 0 < got(n) < per_request)
         direct_delivered = sum(1 for n in direct_sent if got(n) >= per_request)
         points_per_request = GPUS_PER_REQUEST * 4
-        collector_dropped = (metric(col, "otelcol_exporter_send_failed_metric_points")
-                             + metric(col, "otelcol_exporter_enqueue_failed_metric_points")) / points_per_request
+        # Dropped after the Collector accepted them: retries given up (send_failed). Requests its
+        # full queue refused (enqueue_failed) were answered with an error: never accepted.
+        collector_dropped = metric(col, "otelcol_exporter_send_failed_metric_points") / points_per_request
+        collector_queue_refused = metric(col, "otelcol_exporter_enqueue_failed_metric_points") / points_per_request
         lost = len(collector_accepted) - delivered - round(collector_dropped)
         # recovery: from the end of the overload until otel-ofu refuses no more and the queue is empty
         recovered_at = None
@@ -368,10 +371,12 @@ service:
             "duplicates": sink["duplicates"],
             "recovery_s": round(recovered_at - overload_end, 1) if recovered_at is not None else None,
             "overload_rate_rps": round(capacity * args.factor, 1),
+            "offered_rps": round(offered, 1),  # what the generator managed in the overload phase
             "generator_sent": generator.next - 10_000_000,
             "collector_accepted": len(collector_accepted),
             "collector_refused": generator.failed,
             "collector_dropped_requests": round(collector_dropped, 1),
+            "collector_queue_full_refused_requests": round(collector_queue_refused, 1),
             "collector_retries_seen_by_ofu": int(sum(v for k, v in outcomes.items() if k != "accepted")),
             "partially_delivered": partial,
             "capacity_phase_requests": len(direct_sent),
