@@ -8,7 +8,7 @@ line, which readers skip with a warning (:func:`otel_ofu.otlp.files.read_json_li
 As the Collector's file exporter it can rotate (``rotation``: ``max_megabytes``, ``max_days``,
 ``max_backups``, ``localtime``; rotated files are named ``<name>-<UTC time>.<ext>``) and
 compress (``compression: zstd`` or ``gzip``). A metric's description is written the first
-time the metric appears in a file, not on every line (about a quarter of the bytes).
+time the metric appears in a file, not on every line (about a third of the demo's bytes).
 File layout and naming: docs/file-exporter.md.
 """
 

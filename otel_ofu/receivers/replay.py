@@ -294,8 +294,10 @@ def parse_csv(lines: Iterable[str], path: str, *, interval_s: float | None = Non
         if window_col >= 0:
             try:
                 window = float(row[window_col])
+                if not 0 < window < 1e9:  # NaN, inf, 0 or negative: no window (found by benchmarks/fuzz.py)
+                    raise ValueError
             except ValueError:
-                fail(ReplayFormatError(path, number, f"bad window_s {row[window_col]!r}"))
+                fail(ReplayFormatError(path, number, f"bad window_s {row[window_col]!r}: expected seconds > 0"))
                 continue
         elif interval_s is not None:
             window = interval_s
