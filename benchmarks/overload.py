@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-GPUS_PER_REQUEST = 64
+GPUS_PER_REQUEST = int(os.environ.get("OVERLOAD_GPUS_PER_REQUEST", "256"))  # set by --gpus (children read it)
 PASS_THROUGH = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP")
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 
@@ -144,6 +144,28 @@ class Generator:
             t.join()
         return done[0] / seconds
 
+    def paced_processes(self, rate: float, seconds: float, processes: int) -> None:
+        """:meth:`paced` split over ``processes`` processes (one Python process cannot offer 10x alone)."""
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fork would share gRPC's threads
+        results = context.Queue()
+        base, stride = self.next, 1_000_000
+        children = [context.Process(target=_paced_child, args=(self.target, base + i * stride, rate / processes,
+                                                               seconds, results)) for i in range(processes)]
+        for c in children:
+            c.start()
+        self.sent_by_children = 0
+        for _ in children:
+            ok, failed, count = results.get()
+            self.ok += ok
+            self.sent_by_children += count
+            for code, n in failed.items():
+                self.failed[code] = self.failed.get(code, 0) + n
+        for c in children:
+            c.join()
+        self.next = base + processes * stride
+
     def paced(self, rate: float, seconds: float, workers: int = 32) -> None:
         """Open loop: one request every 1/rate s, whatever the answers take (up to ``workers`` in flight)."""
         from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +182,14 @@ class Generator:
                     pool.submit(self.one)
                     sent += 1
                 time.sleep(0.002)
+
+
+def _paced_child(target: str, first: int, rate: float, seconds: float, results) -> None:
+    generator = Generator(target)
+    generator.next = first
+    generator.paced(rate, seconds)
+    time.sleep(1)  # answers still in flight
+    results.put((generator.ok, generator.failed, generator.next - first))
 
 
 def get_json(url: str) -> dict:
@@ -307,10 +337,13 @@ service:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         overload_started = time.monotonic()
-        generator.paced(capacity * args.factor, args.overload_s)
+        generator.paced_processes(capacity * args.factor, args.overload_s, args.generators)
         overload_end = time.monotonic() - overload_started
-        offered = (generator.next - 10_000_000) / overload_end
+        offered = generator.sent_by_children / overload_end
+        sent_overload = generator.sent_by_children
+        normal_from = generator.next
         generator.paced(capacity * 0.5, args.normal_s, workers=8)
+        sent_normal = generator.next - normal_from
         # drain: the Collector's queue empties and the sink stops changing
         drained_by = time.monotonic() + args.drain_s
         last = None
@@ -372,7 +405,7 @@ service:
             "recovery_s": round(recovered_at - overload_end, 1) if recovered_at is not None else None,
             "overload_rate_rps": round(capacity * args.factor, 1),
             "offered_rps": round(offered, 1),  # what the generator managed in the overload phase
-            "generator_sent": generator.next - 10_000_000,
+            "generator_sent": sent_overload + sent_normal,
             "collector_accepted": len(collector_accepted),
             "collector_refused": generator.failed,
             "collector_dropped_requests": round(collector_dropped, 1),
@@ -424,8 +457,13 @@ def main() -> None:
     parser.add_argument("--limit-mib", type=int, default=512, help="otel-ofu's memory_limiter.limit_mib")
     parser.add_argument("--queue-mib", type=int, default=64, help="otel-ofu's sending queue, in MiB (sizer bytes)")
     parser.add_argument("--collector-queue", type=int, default=1000, help="the Collector's sending_queue.queue_size")
+    parser.add_argument("--generators", type=int, default=3, help="load generator processes in the overload")
+    parser.add_argument("--gpus", type=int, default=256, help="GPUs per request (4 points each)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global GPUS_PER_REQUEST
+    GPUS_PER_REQUEST = args.gpus
+    os.environ["OVERLOAD_GPUS_PER_REQUEST"] = str(args.gpus)  # for the spawned generator processes
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=2))
