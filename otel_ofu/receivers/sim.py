@@ -111,9 +111,10 @@ class SimReceiverConfig:
 
     def validate(self) -> None:
         # Upper bounds: the fleet is built in memory (found by benchmarks/fuzz.py: nodes 2^47 hung validation).
-        require(1 <= self.nodes <= MAX_NODES, "nodes", f"must be within [1, {MAX_NODES}]")
-        require(1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node",
-                f"must be within [1, {MAX_GPUS_PER_NODE}]")
+        require(self.nodes >= 1, "nodes", "must be at least 1")
+        require(self.gpus_per_node >= 1, "gpus_per_node", "must be at least 1")
+        require(self.nodes <= MAX_NODES, "nodes", f"must be at most {MAX_NODES}")
+        require(self.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node", f"must be at most {MAX_GPUS_PER_NODE}")
         require(bool(self.models), "models", "at least one GPU model is required")
         for i, model in enumerate(self.models):
             require(specs.find_spec(model) is not None, f"models[{i}]",
