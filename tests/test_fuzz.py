@@ -190,3 +190,58 @@ def test_report_on_points_centuries_apart_finishes(tmp_path):
                        timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail("the report did not finish in 30 s on two points")
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("dmon", "#Entity   TENSO   SMCLK\nID\nGPU \u2469   0.5   1755\nGPU 0   0.5   1755\n"),
+    ("csv", "timestamp,gpu,1004,100\n2026-01-01T00:00:00Z,10\u2077,0.5,1755\n2026-01-01T00:00:00Z,1,0.5,1755\n"),
+])
+def test_unicode_digits_in_a_gpu_index_are_a_located_error_not_a_crash(tmp_path, fmt, text):
+    """'\u2469'.isdigit() is True but int() refuses it: the parsers now ask isdecimal()."""
+    from otel_ofu.receivers.replay import ReplayFormatError, read_frames
+
+    path = tmp_path / f"r.{fmt}"
+    path.write_text(text)
+    skipped: list[ReplayFormatError] = []
+    frames = list(read_frames(path, fmt, start_unix_nano=0, on_error=skipped.append))  # before: ValueError
+    assert frames and all(str(path) in str(e) for e in skipped)
+
+
+def test_a_repeated_attribute_key_with_values_of_two_types_keeps_the_last():
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from otel_ofu.otlp import codec
+
+    pairs = [KeyValue(key="k", value=AnyValue(string_value="a")), KeyValue(key="k", value=AnyValue()),
+             KeyValue(key="a", value=AnyValue(int_value=1))]
+    assert codec.attributes_of(pairs) == (("a", 1), ("k", None))  # before: TypeError comparing str and None
+
+
+@pytest.mark.parametrize("time_field", ['"timeUnixNano":"99999999999999999999999"', '"asDouble":0.5'])
+def test_report_on_a_point_without_a_usable_time_names_the_line(tmp_path, time_field):
+    from otel_ofu.report.build import ReportError, build_report
+
+    point = '{' + time_field + (',"asDouble":0.5' if "time" in time_field else '') + '}'
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"resourceMetrics":[{"resource":{"attributes":[]},"scopeMetrics":[{"metrics":[{"name":'
+                    '"gpu.ofu","gauge":{"dataPoints":[' + point + ']}}]}]}]}\n')
+    with pytest.raises(ReportError, match=r"r.jsonl:1: .*out of range"):  # before: OverflowError, or a hang
+        build_report(path)
+
+
+@pytest.mark.xfail(strict=True, reason="otel-ofu report (report helper's area): a recording with one point stamped "
+                                       "1970 among 2026 points makes the jobs tracker walk every minute in between "
+                                       "(found by benchmarks/fuzz.py; the live jobs processor is not affected). "
+                                       "Remove this mark when the report bounds a job's time span")
+def test_report_on_a_point_stamped_1970_finishes(tmp_path):
+    path = tmp_path / "r.jsonl"
+    line = ('{"resourceMetrics":[{"resource":{"attributes":[{"key":"hw.id","value":{"stringValue":"G"}}]},'
+            '"scopeMetrics":[{"metrics":[{"name":"gpu.ofu","gauge":{"dataPoints":[{"timeUnixNano":"T",'
+            '"asDouble":0.5,"attributes":[{"key":"ofu.job.id","value":{"stringValue":"j"}}]}]}}]}]}]}')
+    times = ("1772445610000000000", "1", "1772445620000000000")
+    path.write_text("".join(line.replace('"T"', f'"{t}"') + "\n" for t in times))
+    try:  # in a process of its own, so a hang is killed rather than left spinning
+        subprocess.run([sys.executable, "-m", "otel_ofu", "report", str(path)], cwd=ROOT, capture_output=True,
+                       timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the report did not finish in 30 s on three points")

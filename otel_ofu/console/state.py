@@ -168,7 +168,7 @@ class FleetView:
 
 
 def _natural(value: str) -> tuple[int, str]:
-    return (int(value), "") if value.isdigit() else (1 << 30, value)
+    return (int(value), "") if value.isdecimal() else (1 << 30, value)
 
 
 class FleetState:

@@ -76,7 +76,7 @@ def field_id(name_or_id: str | int) -> int | None:
     if isinstance(name_or_id, int):
         return name_or_id
     text = name_or_id.strip()
-    if text.isdigit():
+    if text.isdecimal():
         return int(text)
     return FIELD_IDS_BY_NAME.get(text)
 

@@ -299,7 +299,7 @@ def _share(model: str | None, instance: bool, profile: str, slices: str) -> floa
     if not instance and not profile and not slices:
         return 1.0  # the whole GPU
     spec = find_spec(model)
-    count = int(slices) if slices.strip().isdigit() else mig_slices(profile)
+    count = int(slices) if slices.strip().isdecimal() else mig_slices(profile)
     if spec is None or not count or not spec.mig_slices:
         return None  # a MIG instance of unknown size: no FLOP figure rather than the whole GPU's
     return min(count, spec.mig_slices) / spec.mig_slices

@@ -57,7 +57,11 @@ def from_any_value(value: AnyValue) -> Any:
 
 
 def attributes_of(key_values: Iterable[KeyValue]) -> Attributes:
-    return tuple(sorted((kv.key, from_any_value(kv.value)) for kv in key_values))
+    """Sorted (key, value) pairs; a key repeated (which OTLP forbids) keeps its last value.
+
+    Sorted by key only: values of different types do not compare (found by benchmarks/fuzz.py).
+    """
+    return tuple(sorted({kv.key: from_any_value(kv.value) for kv in key_values}.items(), key=lambda kv: kv[0]))
 
 
 # --- Points -> serialized OTLP, written straight to the wire format ---------------------------

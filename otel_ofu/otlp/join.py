@@ -135,7 +135,7 @@ def _any_text(value: Any) -> str:
 
 def _int_or_str(index: object) -> int | str:
     text = str(index)
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isdecimal() else text
 
 
 _KEY_LABELS = dcgm_fields.EXPORTER_LABELS

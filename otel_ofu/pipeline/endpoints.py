@@ -41,7 +41,7 @@ class ServerTlsConfig:
 def parse_endpoint(text: str) -> tuple[str, int]:
     """``host:port`` / ``[v6]:port`` -> (host, port). An empty host (``:4317``) means all interfaces."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not port.isdecimal() or int(port) > 65535:
         raise ValueError(f"expected host:port, got {text!r}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host, int(port)

@@ -48,7 +48,7 @@ def available_memory_bytes() -> int:
             text = open(path).read().strip()  # noqa: SIM115
         except OSError:
             continue
-        if text.isdigit() and int(text) < (1 << 60):  # "max" or a huge number: no limit
+        if text.isdecimal() and int(text) < (1 << 60):  # "max" or a huge number: no limit
             return int(text)
     return os.sysconf("SC_PHYS_PAGES") * _PAGE
 

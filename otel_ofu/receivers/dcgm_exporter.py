@@ -95,7 +95,7 @@ def parse_metrics(text: str, *, time_unix_nano: int, window_s: float, host_overr
         out.append(dcgm_fields.sample_from_fields(
             fields, time_unix_nano=time_unix_nano, window_s=window_s,
             host=host_override or ident["host"] or default_host,
-            gpu_index=int(index) if str(index).isdigit() else index, uuid=ident["uuid"], model=ident["model"],
+            gpu_index=int(index) if str(index).isdecimal() else index, uuid=ident["uuid"], model=ident["model"],
             source=SOURCE, job_id=ident["job_id"], resource=dict(ident["resource"]),
         ))
     return out

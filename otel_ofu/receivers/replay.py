@@ -95,7 +95,7 @@ def _number(text: str) -> object:
 
 
 def _gpu_index(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isdecimal() else text
 
 
 # --- dcgmi dmon ------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def parse_dmon(lines: Iterable[str], path: str, *, start_unix_nano: int, interva
         if columns is None:
             fail(ReplayFormatError(path, number, "an entity row before any '#Entity' header line"))
             continue
-        if len(tokens) < 2 or not tokens[1].isdigit():
+        if len(tokens) < 2 or not tokens[1].isdecimal():
             fail(ReplayFormatError(path, number, f"expected '<entity group> <id>' such as 'GPU 0', got {text[:40]!r}"))
             continue
         values = tokens[2:]
@@ -228,7 +228,7 @@ def parse_timestamp(text: str) -> int:
         return round(number * 1e6)
     if number < 1e17:
         return round(number * 1e3)
-    return int(text) if text.isdigit() else round(number)
+    return int(text) if text.isdecimal() else round(number)
 
 
 def parse_csv(lines: Iterable[str], path: str, *, interval_s: float | None = None, model: str = "",

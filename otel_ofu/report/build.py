@@ -109,9 +109,12 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                     resource = _attributes((rm.get("resource") or {}).get("attributes"))
                 for dp in data.get("dataPoints") or ():
                     value = float(dp["asDouble"]) if "asDouble" in dp else float(int(dp.get("asInt", 0)))
-                    yield MetricPoint(metric["name"], value, int(dp.get("timeUnixNano", 0)), resource,
-                                      _attributes(dp.get("attributes")), metric.get("unit") or "1", monotonic,
-                                      int(dp.get("startTimeUnixNano", 0)))
+                    t, start = int(dp.get("timeUnixNano", 0)), int(dp.get("startTimeUnixNano", 0))
+                    if not 0 < t < 1 << 64 or not 0 <= start < 1 << 64:  # found by benchmarks/fuzz.py
+                        raise ValueError(f"timeUnixNano {t} / startTimeUnixNano {start} out of range "
+                                         "(0 means missing)")
+                    yield MetricPoint(metric["name"], value, t, resource, _attributes(dp.get("attributes")),
+                                      metric.get("unit") or "1", monotonic, start)
 
 
 def parse_line(source: InputFile, number: int, line: str, is_last: bool, skip_malformed: bool = False
@@ -551,7 +554,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
 
 
 def _index_order(ident: str) -> tuple[int, str]:
-    return (int(ident[1:]), "") if ident.startswith("#") and ident[1:].isdigit() else (1 << 30, ident)
+    return (int(ident[1:]), "") if ident.startswith("#") and ident[1:].isdecimal() else (1 << 30, ident)
 
 
 # --- output -----------------------------------------------------------------------------------
