@@ -245,3 +245,15 @@ def test_report_on_a_point_stamped_1970_finishes(tmp_path):
                        timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail("the report did not finish in 30 s on three points")
+
+
+def test_report_on_a_huge_ofu_value_does_not_overflow_the_histogram(tmp_path):
+    from otel_ofu.report.build import build_report
+
+    path = tmp_path / "r.jsonl"
+    line = ('{"resourceMetrics":[{"resource":{"attributes":[{"key":"hw.id","value":{"stringValue":"G"}}]},'
+            '"scopeMetrics":[{"metrics":[{"name":"gpu.ofu","gauge":{"dataPoints":[{"timeUnixNano":"T",'
+            '"asDouble":1e308,"attributes":[{"key":"ofu.job.id","value":{"stringValue":"j"}}]}]}}]}]}]}')
+    path.write_text("".join(line.replace('"T"', f'"{t}"') + "\n" for t in ("1772445610000000000",
+                                                                            "1772445620000000000")))
+    build_report(path)  # before: OverflowError (cannot convert float infinity to integer) in the histogram

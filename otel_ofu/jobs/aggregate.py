@@ -135,7 +135,10 @@ class WeightedHistogram:
     def add(self, value: float, weight: float) -> None:
         if weight <= 0 or math.isnan(value):
             return
-        index = min(self._last, max(0, math.floor((value - self.low) / self.width + 1e-9)))
+        position = (value - self.low) / self.width + 1e-9
+        if not math.isfinite(position):  # a huge value (1e308) overflows: it falls in an edge bin (found fuzzing)
+            position = 0.0 if position < 0 else float(self._last)
+        index = min(self._last, max(0, math.floor(position)))
         self._weights[index] = self._weights.get(index, 0.0) + weight
         self.total += weight
 
