@@ -181,8 +181,9 @@ def received_points(batches: list[Batch]):
 
     from otel_ofu.otlp import codec as otlp
 
-    return triples(p for b in batches for p in otlp.from_request(
-        ExportMetricsServiceRequest(resource_metrics=otlp.passthrough_messages(b.passthrough))))
+    return triples([p for b in batches for p in otlp.from_request(
+        ExportMetricsServiceRequest(resource_metrics=otlp.passthrough_messages(b.passthrough)))]
+                   + [p for b in batches for p in b.points])  # what the receiver decodes comes as points
 
 
 def test_otel_ofu_exporter_retries_a_busy_receiver_and_delivers_everything_once():

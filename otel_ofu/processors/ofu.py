@@ -206,7 +206,7 @@ class OfuProcessor(Processor):
                   if name in found}
         first = next(iter(found.values()))
         extra = {k: v for k, v in first.attributes if k != FREF_SOURCE}
-        return GpuSample(t, 0.0, str(r.get(HOST_NAME, "")), int(index) if index.isdigit() else index,
+        return GpuSample(t, 0.0, str(r.get(HOST_NAME, "")), int(index) if index.isdecimal() else index,
                          str(r.get(HW_ID, "")), str(r.get(HW_MODEL, "")), values.get("tensor_active"),
                          values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
                          values.get("max_sm_clock_mhz"), values.get("power_w"), values.get("clock_event_reasons"),

@@ -105,7 +105,7 @@ def _identity(labels: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         if attribute is None:
             rest[label] = value
         elif value != "":
-            identity[attribute] = int(value) if attribute == "process.pid" and value.isdigit() else value
+            identity[attribute] = int(value) if attribute == "process.pid" and value.isdecimal() else value
     return identity, rest
 
 
