@@ -229,10 +229,6 @@ def test_report_on_a_point_without_a_usable_time_names_the_line(tmp_path, time_f
         build_report(path)
 
 
-@pytest.mark.xfail(strict=True, reason="otel-ofu report (report helper's area): a recording with one point stamped "
-                                       "1970 among 2026 points makes the jobs tracker walk every minute in between "
-                                       "(found by benchmarks/fuzz.py; the live jobs processor is not affected). "
-                                       "Remove this mark when the report bounds a job's time span")
 def test_report_on_a_point_stamped_1970_finishes(tmp_path):
     path = tmp_path / "r.jsonl"
     line = ('{"resourceMetrics":[{"resource":{"attributes":[{"key":"hw.id","value":{"stringValue":"G"}}]},'

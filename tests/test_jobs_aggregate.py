@@ -155,3 +155,12 @@ def test_segment_start_first_point_and_gaps():
     assert segment_start(100, 100, 10, 10, 120) is None  # duplicate
     assert segment_start(90, 100, 10, 10, 120) is None  # out of order
     assert math.isclose(segment_start(220, 100, 10, 10, 120), 100)  # exactly max_gap is still consecutive
+
+
+def test_next_data_finds_the_first_covered_time_after_a_gap():
+    series = TimeWeightedSeries(retention_s=1e12)
+    series.add(0.0, 10.0, 0.5)
+    series.add(1e9, 1e9 + 10.0, 0.5)  # decades later
+    assert series.next_data(5.0) == 5.0  # inside data: that very time
+    assert series.next_data(10.0) == 1e9  # in the gap: where the data resumes
+    assert series.next_data(1e9 + 10.0) is None  # past all data

@@ -112,6 +112,15 @@ class TimeWeightedSeries:
             weight_time += segment.weight * overlap
         return value_time, weight_time
 
+    def next_data(self, t: float) -> float | None:
+        """The earliest time at or after ``t`` that a segment covers; None when none reaches past ``t``.
+
+        Why: a job's evaluation walks its time bins; across a gap in its data (a point stamped
+        decades early, a long pause) it jumps to the next data instead of visiting every bin.
+        """
+        i = bisect.bisect_right(self._segments, t, key=lambda s: s.end)
+        return min((max(s.start, t) for s in self._segments[i:]), default=None)
+
     def mean(self, a: float, b: float) -> float | None:
         """The weight-and-time-weighted mean over [a, b]; None when nothing overlaps it."""
         value_time, weight_time = self.integral(a, b)

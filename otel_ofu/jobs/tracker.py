@@ -247,7 +247,13 @@ class JobTracker:
             gpus = self._bin_gpus.pop(k, set())
             bin_end = (k + 1) * self._res
             bin_ofu = self.ofu.mean(k * self._res, bin_end)
-            if bin_ofu is None:
+            if bin_ofu is None:  # no data in this bin: go straight to the next bin that has some
+                following = self.ofu.next_data(bin_end)
+                skip_to = int(following // self._res) if following is not None else self._next_bin
+                if skip_to > self._next_bin:
+                    self._next_bin = skip_to
+                    for empty in [b for b in self._bin_gpus if b < skip_to]:
+                        del self._bin_gpus[empty]
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
