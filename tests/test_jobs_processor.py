@@ -148,3 +148,15 @@ def test_shutdown_flushes_job_end_events_through_the_exporters(tmp_path):
     log_lines = [line for line in lines if line.startswith('{"resourceLogs"')]
     names = [e.name for line in log_lines for e in otlp.events_from_request(otlp.from_json_line(line))]
     assert names == ["ofu.job.start", "ofu.job.end"]
+
+
+def test_no_series_holds_two_values_at_one_time_even_when_a_finding_closes_with_its_job(demo_run):
+    """The MoE job's mfu_gap is open when the pipeline stops: its close marker (0) must not share
+    the last snapshot's timestamp (1), which backends reject as a conflicting duplicate."""
+    points, _, final = demo_run
+    seen: dict[tuple, float] = {}
+    for p in [*points, *(q for q in final.points if q.name.startswith("job."))]:
+        key = (p.name, p.resource, p.attributes, p.time_unix_nano // 1_000_000)  # Prometheus: ms resolution
+        assert seen.setdefault(key, p.value) == p.value, f"{p.name} {dict(p.resource)[JOB_ID]} at {p.time_unix_nano}"
+    closes = [p for p in final.points if p.name == "job.finding" and p.value == 0.0]
+    assert closes  # the open findings did close with their jobs

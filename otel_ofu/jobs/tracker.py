@@ -266,6 +266,10 @@ class JobTracker:
             snapshots.append(self._snapshot(bin_end, len(gpus), bin_ofu))
         return snapshots, transitions
 
+    def closed_through(self) -> float | None:
+        """The end of the last bin :meth:`advance` closed (its snapshot, if any, is out)."""
+        return None if self._next_bin is None else self._next_bin * self._res
+
     def _audit_means(self, bin_end: float) -> tuple[float | None, float | None]:
         start = bin_end - float(self.config.audit.window)
         covered = self.ofu.first_start <= start + 1e-9 and self.mfu.first_start <= start + 1e-9

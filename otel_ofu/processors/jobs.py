@@ -143,6 +143,20 @@ FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this 
 _MAX_LOGGED_JOBS = 4096
 
 
+def _close_marker_ns(tracker: JobTracker, transition: Transition) -> int:
+    """When the ``job.finding`` 0 point of a closing finding is stamped.
+
+    At the finding's close time, except when it closes with its job at the very end of a bin
+    whose snapshot already marked it open (1) at that time: then 1 ms later (Prometheus'
+    resolution), since one series must not hold two values at one timestamp.
+    """
+    closed_through = tracker.closed_through()
+    if transition.finding.close_numbers.get("reason") == "job_end" and closed_through is not None \
+            and transition.time <= closed_through + 1e-9:
+        return _ns(closed_through) + 1_000_000
+    return _ns(transition.time)
+
+
 class JobsProcessor(Processor):
     def __init__(self, config: JobsConfig, context: Context, *, clock: Callable[[], float] = time.time):
         super().__init__(config, context)
@@ -234,8 +248,9 @@ class JobsProcessor(Processor):
             events.append(self._finding_event(tracker, transition))
             if transition.action == CLOSE:
                 f = transition.finding
-                points.append(MetricPoint("job.finding", 0.0, _ns(transition.time), tracker.resource,
-                                          attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}), "1"))
+                points.append(MetricPoint("job.finding", 0.0, _close_marker_ns(tracker, transition),
+                                          tracker.resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
+                                          "1"))
         for summary in update.ended:
             events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
                                 self._end_text(summary)))
