@@ -1,19 +1,338 @@
-"""Reference tables generated from the code (``python -m otel_ofu.cli.docs``).
+"""The reference, generated from the code: ``python -m otel_ofu.cli.docs`` (``--check`` in tests).
 
-The metric table comes from the metric registry after every component module is imported
-(components register their own metrics).
+After the Collector's ``mdatagen``: the code is the one source of truth, the docs are its
+rendering. Each component has a page ``docs/components/<kind>/<type>.md``; between markers
+(``<!-- generated:NAME -->`` ... ``<!-- /generated:NAME -->``) this module writes
+
+- ``about``: the component's module docstring (what it reads or does, its failure states);
+- ``config``: every config key with its type, default and meaning, from the config
+  dataclass (meanings are the comments beside each field, so they live with the code);
+- ``sample``: the component's block from a shipped config in ``collector-config/``;
+- ``metrics``: what the component emits, from the metric registry.
+
+Text outside the markers is written by hand and kept. ``docs/metrics.md`` holds the whole
+metric registry. ``--check`` lists every page that is out of date and exits 1.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
+import io
+import re
+import textwrap
+import tokenize
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
 from otel_ofu.core import metrics
 from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.component import Factory
+from otel_ofu.pipeline.config import Duration, type_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+COMPONENT_DOCS = DOCS / "components"
+SHIPPED_CONFIGS = ROOT / "collector-config"
+KINDS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
 
 
-def metric_table() -> str:
+# --- config keys ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str  # dotted path; "[]" marks a list item
+    type: str
+    default: str
+    description: str
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Field name -> its comment: trailing comments on the field's lines, else the comment block above it."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    (node,) = ast.parse(source).body
+    for stmt in node.body:  # type: ignore[attr-defined]
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        trailing = [comments[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in comments]
+        above: list[str] = []
+        n = stmt.lineno - 1
+        while n >= 1 and lines[n - 1].strip().startswith("#"):
+            above.insert(0, comments.get(n, ""))
+            n -= 1
+        text = " ".join([*above, *trailing]).strip()
+        if text:
+            out[stmt.target.id] = text
+    return out
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """Comments of a dataclass's fields, including inherited ones (the subclass's win)."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            out.update(field_comments(base))
+    return out
+
+
+def format_default(value: Any) -> str:
+    if value is dataclasses.MISSING:
+        return "(required)"
+    if isinstance(value, Duration):
+        return format_duration(float(value))
+    if value is None:
+        return "(none)"
+    if isinstance(value, str):
+        return '""' if value == "" else value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if type(value).__name__ == "_Unset":
+        return "(absent)"
+    if isinstance(value, (list, tuple, dict)):
+        return yaml.safe_dump(_plain(value), default_flow_style=True, width=10_000).strip() or "[]"
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Duration):
+        return format_duration(float(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size and abs(seconds / size - round(seconds / size)) < 1e-9:
+            return f"{round(seconds / size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _nested(tp: Any) -> tuple[type | None, str]:
+    """The dataclass inside a field's type, and the key suffix that reaches it ("" or "[]")."""
+    if dataclasses.is_dataclass(tp):
+        return tp, ""  # type: ignore[return-value]
+    origin = typing.get_origin(tp)
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if origin in (list, tuple) and args and dataclasses.is_dataclass(args[0]):
+        return args[0], "[]"
+    if origin in (typing.Union, __import__("types").UnionType) and len(args) == 1:
+        return _nested(args[0])
+    return None, ""
+
+
+def config_keys(cls: type, prefix: str = "") -> list[KeyDoc]:
+    """Every key of a config dataclass, nested configs flattened to dotted keys."""
+    hints = typing.get_type_hints(cls)
+    comments = _comments(cls)
+    out: list[KeyDoc] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints[f.name]
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        inner, suffix = _nested(tp)
+        key = f"{prefix}{f.name}"
+        if inner is not None:
+            shown = "(see below)" if suffix == "" and default is not None else format_default(
+                default if not dataclasses.is_dataclass(default) else dataclasses.MISSING)
+            if suffix == "[]":
+                shown = format_default(default)
+            out.append(KeyDoc(key, "list of mappings" if suffix else type_name(tp), shown,
+                              comments.get(f.name, "")))
+            out += config_keys(inner, f"{key}{suffix}.")
+        else:
+            out.append(KeyDoc(key, type_name(tp), format_default(default), comments.get(f.name, "")))
+    return out
+
+
+def config_table(cls: type) -> str:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for k in config_keys(cls):
+        meaning = k.description.replace("|", "\\|") or "—"
+        rows.append(f"| `{k.key}` | {k.type.replace('|', chr(92) + '|')} | `{k.default}` | {meaning} |")
+    return "\n".join(rows)
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+def module_metric_names(module_name: str) -> list[str]:
+    """Names of the metrics a module defines (``MetricInfo("name", ...)`` calls in its source)."""
+    source = Path(importlib.import_module(module_name).__file__ or "").read_text()
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "MetricInfo" and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.append(node.args[0].value)
+    return names
+
+
+def component_metrics(module_name: str, section: str, component_type: str) -> list[metrics.MetricInfo]:
+    names = module_metric_names(module_name)
+    qualified = f"{section}/{component_type}"
+    names += [m.name for m in metrics.METRICS.values() if qualified in m.emitted_by and m.name not in names]
+    return [metrics.METRICS[n] for n in names if n in metrics.METRICS]
+
+
+def metric_table(infos: list[metrics.MetricInfo]) -> str:
+    if not infos:
+        return "This component emits no metrics of its own."
+    rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in infos]
+    return "\n".join(rows)
+
+
+def metric_reference() -> str:
+    """The whole registry (``docs/metrics.md``)."""
+    return metric_table(list(metrics.METRICS.values()))
+
+
+# --- samples --------------------------------------------------------------------------------
+
+def sample_config(section: str, component_type: str) -> str:
+    """The first shipped otel-ofu config that uses the component, cut to that component's block."""
+    for path in sorted(SHIPPED_CONFIGS.glob("*.yaml")):
+        if path.name.startswith("otelcol-"):
+            continue  # Collector configs, not otel-ofu's
+        doc = yaml.safe_load(path.read_text()) or {}
+        for comp_id, body in (doc.get(section) or {}).items():
+            if str(comp_id).split("/", 1)[0] == component_type:
+                block = yaml.safe_dump({section: {comp_id: body}}, sort_keys=False, width=100).rstrip()
+                return f"From [`collector-config/{path.name}`](../../../collector-config/{path.name}):\n\n" \
+                       f"```yaml\n{block}\n```"
+    return "No shipped config uses this component yet; every key above has a working default."
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+_BLOCK = re.compile(r"<!-- generated:(\w+) -->\n.*?<!-- /generated:\1 -->", re.S)
+
+
+def _block(name: str, body: str) -> str:
+    return f"<!-- generated:{name} -->\n{body.rstrip()}\n<!-- /generated:{name} -->"
+
+
+def component_blocks(section: str, factory: Factory) -> dict[str, str]:
+    module_name = _component_module(section, factory.type)
+    about = markdown_from_docstring(inspect.getdoc(importlib.import_module(module_name)) or factory.description)
+    return {
+        "about": about,
+        "config": config_table(factory.config_type),
+        "sample": sample_config(section, factory.type),
+        "metrics": metric_table(component_metrics(module_name, section, factory.type)),
+    }
+
+
+def markdown_from_docstring(text: str) -> str:
+    """reStructuredText-ish docstrings as Markdown: ``x`` and :role:`x` become `x`."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``([^`]+)``", r"`\1`", text)
+
+
+def _component_module(section: str, component_type: str) -> str:
+    for module_name in registry.COMPONENT_MODULES[section]:
+        if importlib.import_module(module_name).FACTORY.type == component_type:
+            return module_name
+    raise KeyError(f"{section}.{component_type}")
+
+
+def page_path(section: str, component_type: str) -> Path:
+    return COMPONENT_DOCS / section / f"{component_type}.md"
+
+
+def new_page(section: str, factory: Factory) -> str:
+    return (f"# `{factory.type}` {KINDS[section]}\n\n{factory.description[:1].upper()}{factory.description[1:]}.\n\n"
+            + _block("about", "") + "\n\n## Configuration\n\n" + _block("config", "")
+            + "\n\n## Sample\n\n" + _block("sample", "") + "\n\n## Metrics\n\n" + _block("metrics", "") + "\n")
+
+
+def render_page(text: str, blocks: dict[str, str]) -> str:
+    return _BLOCK.sub(lambda m: _block(m.group(1), blocks[m.group(1)]) if m.group(1) in blocks else m.group(0), text)
+
+
+def expected_pages() -> dict[Path, str]:
+    """Every generated file and the content it should have."""
+    out: dict[Path, str] = {}
+    index = ["# Components", "", "Every receiver, processor and exporter, one page each (generated by "
+             "`python -m otel_ofu.cli.docs` from the code).", ""]
+    for section, table in registry.factories().items():
+        index += [f"## {section.capitalize()}", "", "| type | what it does |", "|---|---|"]
+        for ctype in sorted(table):
+            factory = table[ctype]
+            path = page_path(section, ctype)
+            current = path.read_text() if path.exists() else new_page(section, factory)
+            out[path] = render_page(current, component_blocks(section, factory))
+            index.append(f"| [`{ctype}`]({section}/{ctype}.md) | {factory.description} |")
+        index.append("")
+    out[COMPONENT_DOCS / "README.md"] = "\n".join(index)
+    metrics_page = DOCS / "metrics.md"
+    current = metrics_page.read_text() if metrics_page.exists() else (
+        "# Metrics\n\nEvery metric otel-ofu emits, from the registry (`otel_ofu/core/metrics.py`).\n\n"
+        + _block("metrics", "") + "\n")
+    out[metrics_page] = render_page(current, {"metrics": metric_reference()})
+    return out
+
+
+def stale_pages() -> list[Path]:
+    return [path for path, text in expected_pages().items() if not path.exists() or path.read_text() != text]
+
+
+def write_pages() -> list[Path]:
+    written = []
+    for path, text in expected_pages().items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m otel_ofu.cli.docs", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if any generated page is out of date")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_pages()
+        for path in stale:
+            print(f"out of date: {path.relative_to(ROOT)}")
+        if stale:
+            print("regenerate with: python -m otel_ofu.cli.docs")
+        return 1 if stale else 0
+    for path in write_pages():
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+def metric_table_markdown() -> str:
+    """The registry as one table (also used for the README's table while it has one)."""
     registry.factories()
     return metrics.markdown_table()
 
 
 if __name__ == "__main__":
-    print(metric_table())
+    raise SystemExit(main())

@@ -6,7 +6,7 @@ take units and descriptions from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,9 @@ class MetricInfo:
     unit: str
     kind: str  # "gauge" | "sum" (cumulative, monotonic)
     description: str
+    # Components that emit it, as "<section>/<type>" (e.g. "processors/ofu"), for the generated
+    # reference (docs/components); a metric defined in a component's own module needs none.
+    emitted_by: tuple[str, ...] = ()
 
 
 _METRICS = (
@@ -102,6 +105,22 @@ register(MetricInfo("otel_ofu.exporter.retried", "{request}", "sum",
 register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
                     "Data points or log records given up on, by reason: queue_full, permanent_error, "
                     "retries_exhausted, retry_disabled, rejected, shutdown, storage_error."))
+
+
+# Which components emit the metrics defined here (the generated reference lists them on each
+# component's page; metrics defined in a component's own module are found there).
+_OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.tensor.activity",
+                "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons",
+                "gpu.sm.activity", "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
+_EMITTED_BY: dict[str, tuple[str, ...]] = {
+    **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
+    "sim.gpu.mfu.true": ("receivers/sim",),
+    "training.mfu": ("receivers/sim",),
+    **{name: ("exporters/otlp", "exporters/otlphttp") for name in METRICS if name.startswith("otel_ofu.exporter.")},
+}
+for _name, _by in _EMITTED_BY.items():
+    if _name in METRICS:
+        METRICS[_name] = replace(METRICS[_name], emitted_by=_by)
 
 
 def markdown_table() -> str:

@@ -215,6 +215,11 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def type_name(tp: Any) -> str:
+    """How a config key's type reads in errors and in the generated reference (docs/components)."""
+    return _type_name(tp)
+
+
 def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
