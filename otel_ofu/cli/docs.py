@@ -25,6 +25,7 @@ import io
 import re
 import textwrap
 import tokenize
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import yaml
 from otel_ofu.core import metrics
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.component import Factory
-from otel_ofu.pipeline.config import Duration, type_name
+from otel_ofu.pipeline.config import Duration, FieldError, build_config, type_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -55,7 +56,13 @@ class KeyDoc:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> its comment: trailing comments on the field's lines, else the comment block above it."""
+    """Field name -> its meaning, from the comments in the class body.
+
+    A field's meaning is the comment block right above it plus its trailing comment. A comment
+    block that ends with ":" and is followed directly by fields is a group heading: it starts
+    the meaning of each field of the group (up to the next blank line or comment block), so
+    ``# Reconnect backoff:`` can stand above ``initial_interval`` and ``max_interval``.
+    """
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -67,8 +74,11 @@ def field_comments(cls: type) -> dict[str, str]:
     lines = source.splitlines()
     out: dict[str, str] = {}
     (node,) = ast.parse(source).body
+    group = ""
+    previous_end = 0
     for stmt in node.body:  # type: ignore[attr-defined]
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            group, previous_end = "", stmt.end_lineno or stmt.lineno
             continue
         trailing = [comments[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in comments]
         above: list[str] = []
@@ -76,9 +86,15 @@ def field_comments(cls: type) -> dict[str, str]:
         while n >= 1 and lines[n - 1].strip().startswith("#"):
             above.insert(0, comments.get(n, ""))
             n -= 1
-        text = " ".join([*above, *trailing]).strip()
+        between = lines[previous_end:stmt.lineno - 1]
+        if above or any(not line.strip() for line in between):
+            group = ""  # a comment block or a blank line ends a group
+        if above and above[-1].endswith(":"):
+            group, above = " ".join(above), []
+        text = " ".join(part for part in (group, *above, *trailing) if part).strip()
         if text:
             out[stmt.target.id] = text
+        previous_end = stmt.end_lineno or stmt.lineno
     return out
 
 
@@ -91,19 +107,31 @@ def _comments(cls: type) -> dict[str, str]:
     return out
 
 
-def format_default(value: Any) -> str:
+def _class_summary(cls: type) -> str:
+    """The first paragraph of a config class's own docstring (not a dataclass's generated one)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    if not doc or doc.startswith(f"{cls.__name__}("):
+        return ""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
+def format_default(value: Any, key: str = "") -> str:
     if value is dataclasses.MISSING:
         return "(required)"
     if isinstance(value, Duration):
         return format_duration(float(value))
     if value is None:
-        return "(none)"
+        return "unset"
     if isinstance(value, str):
         return '""' if value == "" else value
     if isinstance(value, bool):
         return "true" if value else "false"
     if type(value).__name__ == "_Unset":
-        return "(absent)"
+        return "unset"
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0 and key.endswith(("size", "bytes")):
+        return f"{value} ({value >> 20} MiB)"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value)) if abs(value) >= 1 else str(value)
     if isinstance(value, (list, tuple, dict)):
         return yaml.safe_dump(_plain(value), default_flow_style=True, width=10_000).strip() or "[]"
     return str(value)
@@ -128,6 +156,33 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+_TYPE_WORDS = {str: ("string", "strings"), int: ("integer", "integers"), float: ("number", "numbers"),
+               bool: ("bool", "bools"), Duration: ("duration", "durations")}
+
+
+def doc_type(tp: Any, plural: bool = False) -> str:
+    """A config key's type in words, for the reference: ``list of durations``, ``auto, dmon or csv``."""
+    if tp in _TYPE_WORDS:
+        return _TYPE_WORDS[tp][plural]
+    if dataclasses.is_dataclass(tp):
+        return "mappings" if plural else "mapping"
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        words = [f"`{a}`" for a in args]
+        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+    if origin in (list, tuple):
+        return f"list of {doc_type(args[0], plural=True)}" if args else "list"
+    if origin is dict:
+        return f"mapping of {doc_type(args[0])} to {doc_type(args[1])}" if args else "mapping"
+    if origin in (typing.Union, types.UnionType):
+        arms = [a for a in args if a is not type(None)]
+        return " or ".join(doc_type(a, plural) for a in arms)
+    if tp is Any:
+        return "any"
+    return type_name(tp)
+
+
 def _nested(tp: Any) -> tuple[type | None, str]:
     """The dataclass inside a field's type, and the key suffix that reaches it ("" or "[]")."""
     if dataclasses.is_dataclass(tp):
@@ -136,13 +191,30 @@ def _nested(tp: Any) -> tuple[type | None, str]:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if origin in (list, tuple) and args and dataclasses.is_dataclass(args[0]):
         return args[0], "[]"
-    if origin in (typing.Union, __import__("types").UnionType) and len(args) == 1:
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _nested(args[0])
     return None, ""
 
 
-def config_keys(cls: type, prefix: str = "") -> list[KeyDoc]:
-    """Every key of a config dataclass, nested configs flattened to dotted keys."""
+def default_config(cls: type) -> tuple[Any, set[str]]:
+    """``build_config(cls, {})``: what ``otel-ofu validate`` makes of an empty block, and the
+    keys it says must be set (then the dataclass's own defaults stand in for the rest)."""
+    try:
+        return build_config(cls, {}), set()
+    except FieldError as exc:
+        return cls(), {error.key for error in exc.all}
+
+
+def config_keys(cls: type, instance: Any = None, prefix: str = "", required: set[str] | None = None) -> list[KeyDoc]:
+    """Every key of a config dataclass, nested configs flattened to dotted keys.
+
+    Defaults are read from ``instance`` (``default_config(cls)`` at the top), so what the
+    reference shows is what the config loader produces; keys under a list (``rules[].job_id``)
+    show the item class's own defaults.
+    """
+    if instance is None and not prefix:
+        instance, required = default_config(cls)
+    required = required or set()
     hints = typing.get_type_hints(cls)
     comments = _comments(cls)
     out: list[KeyDoc] = []
@@ -150,32 +222,43 @@ def config_keys(cls: type, prefix: str = "") -> list[KeyDoc]:
         if not f.init:
             continue
         tp = hints[f.name]
-        if f.default is not dataclasses.MISSING:
-            default: Any = f.default
+        if instance is not None:
+            default: Any = getattr(instance, f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
             default = dataclasses.MISSING
-        inner, suffix = _nested(tp)
         key = f"{prefix}{f.name}"
-        if inner is not None:
-            shown = "(see below)" if suffix == "" and default is not None else format_default(
-                default if not dataclasses.is_dataclass(default) else dataclasses.MISSING)
-            if suffix == "[]":
-                shown = format_default(default)
-            out.append(KeyDoc(key, "list of mappings" if suffix else type_name(tp), shown,
-                              comments.get(f.name, "")))
-            out += config_keys(inner, f"{key}{suffix}.")
+        if key in required:
+            default = dataclasses.MISSING
+        inner, suffix = _nested(tp)
+        if inner is None and tp is Any and dataclasses.is_dataclass(default):
+            inner = type(default)  # a key typed loosely for parsing (the otlp receiver's protocols)
+        meaning = comments.get(f.name, "")
+        if inner is None:
+            out.append(KeyDoc(key, doc_type(tp), format_default(default, key), meaning))
+        elif suffix:
+            out.append(KeyDoc(key, "list of mappings", format_default(default, key), meaning or _class_summary(inner)))
+            out += config_keys(inner, None, f"{key}[].", required)
         else:
-            out.append(KeyDoc(key, type_name(tp), format_default(default), comments.get(f.name, "")))
+            out.append(KeyDoc(key, "mapping", "", meaning or _class_summary(inner)))
+            out += config_keys(inner, default if dataclasses.is_dataclass(default) else None, f"{key}.", required)
     return out
+
+
+def _sentence(text: str) -> str:
+    """A comment as a table cell: Markdown code spans, pipes escaped."""
+    return markdown_from_docstring(text).replace("|", "\\|")
 
 
 def config_table(cls: type) -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for k in config_keys(cls):
-        meaning = k.description.replace("|", "\\|") or "—"
-        rows.append(f"| `{k.key}` | {k.type.replace('|', chr(92) + '|')} | `{k.default}` | {meaning} |")
+        meaning = _sentence(k.description) or "—"
+        default = f"`{k.default}`" if k.default else ""
+        rows.append(f"| `{k.key}` | {k.type.replace('|', chr(92) + '|')} | {default} | {meaning} |")
     return "\n".join(rows)
 
 
