@@ -1,4 +1,4 @@
-"""The ``attribution`` processor's config (README.md, section Attribution describes every key)."""
+"""The ``attribution`` processor's config (docs/components/processors/attribution.md lists every key)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ UNSET_JOBS = frozenset({"", NO_JOB, "unknown"})
 
 @dataclass
 class KubeletSourceConfig:
-    enabled: bool = False
-    socket: str = DEFAULT_SOCKET
-    timeout: Duration = field(default_factory=lambda: Duration(2.0))
+    """The kubelet pod-resources API: the pod, namespace and container holding each GPU."""
+
+    enabled: bool = False  # use the kubelet's pod-resources API (the socket mounted from the host)
+    socket: str = DEFAULT_SOCKET  # its unix socket
+    timeout: Duration = field(default_factory=lambda: Duration(2.0))  # bound on one List call
     # Device-plugin resource names (globs) whose devices are GPUs.
     resource_names: list[str] = field(default_factory=lambda: list(DEFAULT_RESOURCE_NAMES))
 
@@ -32,13 +34,16 @@ class KubeletSourceConfig:
 
 @dataclass
 class KubernetesApiSourceConfig:
-    """The pods of this node from the Kubernetes API: job identity, precision annotation, labels."""
+    """The pods of this node from the Kubernetes API: job identity, precision annotation, labels
+    (docs/kubernetes-attribution.md)."""
 
-    enabled: bool = False
+    enabled: bool = False  # watch this node's pods (read-only RBAC on pods)
     # The node whose pods are watched; "" = the K8S_NODE_NAME environment variable (set it from
     # the downward API, fieldPath spec.nodeName).
     node_name: str = ""
-    kubeconfig: str = ""  # "" = in-cluster config (the pod's service account)
+    # A kubeconfig file; "" = the in-cluster config (the pod's service account, its token
+    # re-read as the kubelet rotates it).
+    kubeconfig: str = ""
     context: str = ""  # kubeconfig context; "" = its current context
     # Pod labels copied as k8s.pod.label.<key> resource attributes: regular expressions matched
     # against the whole key, like dcgm-exporter's --kubernetes-pod-label-allowlist-regex.
@@ -47,12 +52,14 @@ class KubernetesApiSourceConfig:
     # derived from the pod (e.g. RayCluster -> RayJob); "Kind" or "Kind.group". Each needs RBAC
     # get on that resource.
     owner_lookups: list[str] = field(default_factory=list)
-    stale_after: Duration = field(default_factory=lambda: Duration(60.0))  # failing this long = stale
+    # Failing this long marks the source stale (the last known pods are still used).
+    stale_after: Duration = field(default_factory=lambda: Duration(60.0))
     # Server-side length of one watch request: between this and twice it (randomized).
     watch_timeout: Duration = field(default_factory=lambda: Duration(300.0))
-    request_timeout: Duration = field(default_factory=lambda: Duration(10.0))  # connect, list, get
-    retry_initial_interval: Duration = field(default_factory=lambda: Duration(1.0))
-    retry_max_interval: Duration = field(default_factory=lambda: Duration(30.0))
+    request_timeout: Duration = field(default_factory=lambda: Duration(10.0))  # bound on one connect, list or get
+    # Backoff between retries of failed requests, doubling per failure:
+    retry_initial_interval: Duration = field(default_factory=lambda: Duration(1.0))  # the first delay
+    retry_max_interval: Duration = field(default_factory=lambda: Duration(30.0))  # the longest delay
 
     def validate(self) -> None:
         for i, pattern in enumerate(self.copy_labels):
@@ -73,12 +80,17 @@ class KubernetesApiSourceConfig:
 
 @dataclass
 class ProcessSourceConfig:
-    enabled: bool = False
-    proc_root: str = "/proc"  # the host's /proc (e.g. /host/proc in a container)
+    """The GPUs' processes: pod UID and Slurm job from /proc/PID/cgroup, Slurm details and the
+    declared precision from /proc/PID/environ."""
+
+    enabled: bool = False  # read each GPU process's cgroup and environment
+    # The host's /proc (e.g. /host/proc in a container); NVML reports host pids.
+    proc_root: str = "/proc"
     # Where GPU pids come from: ``process.pid`` on samples (an nvml receiver) and/or NVML here.
     pid_sources: list[Literal["samples", "nvml"]] = field(default_factory=lambda: ["samples"])
     pid_ttl: Duration = field(default_factory=lambda: Duration(60.0))  # forget a sample's pids unseen this long
-    keep_pid_attribute: bool = False  # pids on points multiply series; dropped by default
+    # Keep process.pid on the samples; dropped by default, as pids on points multiply series.
+    keep_pid_attribute: bool = False
 
     def validate(self) -> None:
         require(bool(self.proc_root), "proc_root", "must not be empty")
@@ -87,6 +99,7 @@ class ProcessSourceConfig:
 
 @dataclass
 class AttributionProcessorConfig:
+    # How often the sources are polled (on a background thread; the hot path reads the last answer).
     refresh_interval: Duration = field(default_factory=lambda: Duration(10.0))
     # How long a failing source's last good answer is still used; after that it counts as empty.
     cache_ttl: Duration = field(default_factory=lambda: Duration(30.0))
@@ -97,21 +110,22 @@ class AttributionProcessorConfig:
     kubernetes_api: KubernetesApiSourceConfig = field(default_factory=KubernetesApiSourceConfig)
     # Use k8s.* and hpc.job.id already on the sample (dcgm-exporter labels, upstream processors).
     sample_labels: bool = True
-    # Pod annotation/label (from the Kubernetes API, or k8s.pod.annotation.<key> /
-    # k8s.pod.label.<key> on the sample) and process environment variable that declare the
-    # job's precision.
+    # Pod annotation/label declaring the job's precision (from the Kubernetes API, or
+    # k8s.pod.annotation.<key> / k8s.pod.label.<key> on the sample).
     precision_key: str = "ofu.dev/precision"
-    precision_env: str = "OFU_PRECISION"
+    precision_env: str = "OFU_PRECISION"  # process environment variable declaring it
     # Pod label naming the job across its pods, tried before every built-in rule of the
     # Kubernetes API source; "" = those rules (or, without that source, the pod name).
     k8s_job_label: str = ""
-    rules: list[RuleConfig] = field(default_factory=list)
+    rules: list[RuleConfig] = field(default_factory=list)  # job id and/or precision by UUID, host or attribute
     # Metrics a training process reports about itself (its MFU, TFLOP/s per GPU): a point of
     # one of these without ofu.job.id gets the job of the process that sent it, named from its
     # resource (pod, Slurm job, or pid on this node) like its GPUs (docs/audit.md).
     report_metrics: list[str] = field(default_factory=lambda: list(TRAINING_REPORT_METRICS))
-    max_jobs: int = 1000
+    max_jobs: int = 1000  # distinct job ids at a time (the series bound)
+    # A job not seen this long (data time) frees its slot.
     job_idle_timeout: Duration = field(default_factory=lambda: Duration(600.0))
+    # The job id of jobs over max_jobs (they also lose their per-job attributes).
     overflow_job_id: str = "overflow"
 
     def validate(self) -> None:

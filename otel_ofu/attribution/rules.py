@@ -20,9 +20,13 @@ from otel_ofu.pipeline.config import require
 
 @dataclass
 class RuleMatchConfig:
+    """What a GPU must match for the rule to apply (every key given must match; at least one)."""
+
     uuid: str = ""  # GPU UUID (or glob), case-insensitive
     host: str = ""  # host name, exact or glob ("gpu-node-*")
-    attributes: dict[str, str] = field(default_factory=dict)  # resource/point attribute -> value or glob
+    # Resource/point attribute -> value or glob; discovered attributes count
+    # ({k8s.namespace.name: "fp8-*"} works with the kubelet source).
+    attributes: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         require(bool(self.uuid or self.host or self.attributes), "match", "give at least one of uuid, host, attributes")
@@ -30,9 +34,12 @@ class RuleMatchConfig:
 
 @dataclass
 class RuleConfig:
+    """A rule: job id and/or precision for the GPUs it matches. Rules are tried in order; the
+    first that sets a job id gives the job id, the first that sets a precision the precision."""
+
     match: RuleMatchConfig = field(default_factory=RuleMatchConfig)
-    job_id: str = ""
-    precision: str = ""
+    job_id: str = ""  # the ofu.job.id to give, as written
+    precision: str = ""  # the ofu.precision to give (bf16, fp8, ...; spellings are normalised)
     # Beat what schedulers and job metadata say (and the sample's own job/precision).
     override: bool = False
 

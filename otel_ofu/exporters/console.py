@@ -29,20 +29,22 @@ from otel_ofu.pipeline.config import Duration, require
 
 @dataclass
 class ConsoleExporterConfig:
+    # How often the screen is redrawn (plain mode: how often lines may be printed).
     refresh_interval: Duration = field(default_factory=lambda: Duration(2.0))
     max_rows: int = 64  # GPU rows at most (fewer when the terminal is shorter)
     max_jobs: int = 12  # job rows at most
-    output: Literal["stdout", "stderr"] = "stdout"
-    # auto: the live layout on a terminal, plain lines otherwise.
+    output: Literal["stdout", "stderr"] = "stdout"  # where the console is drawn
+    # live: the layout (even when not a terminal); plain: lines; auto: live on a terminal,
+    # plain lines otherwise.
     mode: Literal["auto", "live", "plain"] = "auto"
     # Plain mode: the per-GPU table this often (and at shutdown); header and jobs every refresh.
     plain_gpu_table: Duration = field(default_factory=lambda: Duration(60.0))
     # The jobs' OFU trend: one sparkline block per this much data time.
     sparkline_bucket: Duration = field(default_factory=lambda: Duration(60.0))
-    # A GPU with no data for this long (wall time) shows as stale; default: three of its own
+    # A GPU with no data for this long (wall time) shows as stale; unset: three of its own
     # intervals between data, at least 5 s.
     stale_after: Duration | None = None
-    title: str = "otel-ofu"
+    title: str = "otel-ofu"  # the header's title
 
     def validate(self) -> None:
         require(self.refresh_interval > 0, "refresh_interval", "must be positive")

@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import codec as otlp
@@ -55,13 +55,17 @@ class RotationConfig:
 
 @dataclass
 class FileExporterConfig:
-    path: str = ""
+    path: str = ""  # the output file (the current one, with rotation); its directory must exist
     # As in the Collector: false truncates the file at start, true appends to it. With rotation
     # an existing file is never truncated: it is rotated (false) or appended to (true).
     append: bool = False
-    rotation: Any = UNSET  # absent: one file that grows; `rotation:` alone: the defaults above
+    # Rotation, as the Collector's file exporter (docs/file-exporter.md): absent, one file that
+    # grows; `rotation:` alone, the defaults below.
+    rotation: Annotated[Any, RotationConfig] = UNSET
+    # Compress each write as one zstd frame or gzip member ("" and "none": plain text).
     compression: Literal["", "none", "zstd", "gzip"] = ""
-    repeat_descriptions: bool = False  # true: every line carries every metric's description
+    # true: every line carries every metric's description; false: only a metric's first line in a file.
+    repeat_descriptions: bool = False
 
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the file to write OTLP JSON lines to")

@@ -133,24 +133,36 @@ def to_labels(*attribute_sets: Iterable[tuple[str, Any]]) -> tuple[tuple[str, st
 
 @dataclass
 class ResourceToTelemetryConfig:
+    """Resource attributes as labels, as in the Collector's prometheus exporter."""
+
+    # On by default (the Collector: off), as every GPU is its own resource: without it two GPUs'
+    # gpu_ofu series would have the same labels. Off: series get job and instance labels and the
+    # other resource attributes go to a target_info series.
     enabled: bool = True
 
 
 @dataclass
 class PrometheusExporterConfig:
+    # Listen address, host:port; /metrics is served there (9464: the OpenTelemetry SDKs'
+    # Prometheus exporter port).
     endpoint: str = DEFAULT_ENDPOINT
-    namespace: str = ""
-    const_labels: dict[str, str] = field(default_factory=dict)
+    namespace: str = ""  # a prefix for every metric name
+    const_labels: dict[str, str] = field(default_factory=dict)  # labels added to every series
+    # Serve each point's own timestamp (off: each scrape is stamped with the scrape time, which is
+    # what queries expect; see Timestamps below).
     send_timestamps: bool = False
+    # A series not updated for this long is no longer served (Prometheus marks it stale).
     metric_expiration: Duration = field(default_factory=lambda: Duration(300))
     resource_to_telemetry_conversion: ResourceToTelemetryConfig = field(default_factory=ResourceToTelemetryConfig)
-    add_metric_suffixes: bool = True
-    ratio_suffix: bool = False  # the Collector appends _ratio to gauges of unit "1"; we do not by default
-    passthrough: bool = True  # also serve gauges and cumulative sums passed through from an otlp receiver
+    add_metric_suffixes: bool = True  # the unit's suffix (_hertz, _watts, ...) and _total on counters
+    ratio_suffix: bool = False  # also add _ratio to gauges of unit 1, as the Collector does
+    # Also serve gauges and cumulative sums passed through from an otlp receiver (delta sums and
+    # histograms are skipped, logged once).
+    passthrough: bool = True
     # Resource attributes that are labels even with resource_to_telemetry_conversion off, so
     # gpu_ofu{ofu_job_id="..."} works either way.
     job_labels: list[str] = field(default_factory=lambda: [JOB_ID, PRECISION])
-    tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)  # on when cert_file is set
+    tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)
 
     def validate(self) -> None:
         try:

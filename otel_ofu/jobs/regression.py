@@ -22,19 +22,26 @@ from otel_ofu.pipeline.config import Duration, require
 
 @dataclass
 class RegressionConfig:
-    enabled: bool = True
+    """Regression alarms: a job's OFU falling well below its own recent baseline, and staying
+    there, is a finding (kind regression, cause sustained_ofu_drop)."""
+
+    enabled: bool = True  # false turns the alarms off
     # Flag when OFU < baseline / drop_ratio: 1.5 sits below a 2.5x regression and above the
     # swings of healthy jobs (precision phases move OFU by up to ~1.4x).
     drop_ratio: float = 1.5
     # Consecutive bins below that open a finding: longer than checkpoints (60 s) and typical
-    # evaluation passes, short enough to flag a regression within ten minutes.
+    # evaluation passes, short enough to flag a regression within ten minutes. Raise it if your
+    # evaluation passes run longer.
     sustain: Duration = field(default_factory=lambda: Duration(300))
-    # Clear when OFU >= baseline / recover_ratio for recover_sustain (hysteresis: no flapping).
+    # Clear when OFU >= baseline / recover_ratio for recover_sustain: hysteresis, OFU must come
+    # back within ~17 % of the baseline, not just above the alarm line.
     recover_ratio: float = 1.2
-    recover_sustain: Duration = field(default_factory=lambda: Duration(180))
-    # The baseline is the median of this much accepted history ...
+    recover_sustain: Duration = field(default_factory=lambda: Duration(180))  # one good minute is no recovery
+    # The baseline is the median of this much accepted history (two checkpoint cycles; adapts to
+    # deliberate changes within half an hour) ...
     baseline_window: Duration = field(default_factory=lambda: Duration(1800))
-    # ... and needs at least this much before anything can be flagged.
+    # ... and needs at least this much before anything can be flagged (a job settling:
+    # compilation, data loading).
     warmup: Duration = field(default_factory=lambda: Duration(600))
     # Below this baseline OFU a job is idle-ish: ratios mean nothing there.
     min_baseline: float = 0.05

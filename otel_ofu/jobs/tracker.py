@@ -83,15 +83,20 @@ class JobsConfig:
     # Reports of a job no GPU has reported for yet, kept (all jobs together) until it does or
     # until job_timeout of data time has passed.
     max_pending_reports: int = 10000
+    # Job ids that mean "no job": their GPUs count as GPUs without a job.
     ignore_jobs: list[str] = field(default_factory=lambda: [NO_JOB, "unknown", ""])
-    include_shared: bool = False  # a GPU several jobs share cannot be split between them
-    copy_attributes: list[str] = field(default_factory=_default_copy_attributes)  # onto the job's resource
+    # Count GPUs several jobs share (ofu.job.shared) for each of them; off by default, as their
+    # OFU cannot be split between the jobs.
+    include_shared: bool = False
+    # Attributes copied from the job's first point onto the job's resource.
+    copy_attributes: list[str] = field(default_factory=_default_copy_attributes)
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
     # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
-    # crash; at shutdown jobs are then kept, not ended. None: in memory only.
+    # crash; at shutdown jobs are then kept, not ended (docs/fleet.md). Unset: in memory only.
     storage: str | None = None
-    checkpoint_interval: Duration = field(default_factory=lambda: Duration(60))  # snapshot at most this often
+    # With storage: a snapshot of the state at most this often ...
+    checkpoint_interval: Duration = field(default_factory=lambda: Duration(60))
     max_journal_bytes: int = 64 * 1024 * 1024  # ... or when the journal since the last one is this large
 
     def validate(self) -> None:

@@ -28,12 +28,18 @@ DEFAULT_COMPRESSION = "gzip"  # as the Collector's otlp exporters
 
 @dataclass
 class TLSConfig:
-    # None: decided by the endpoint's scheme (http:// plain, https:// TLS), then
-    # OTEL_EXPORTER_OTLP_INSECURE; otherwise TLS, as in the Collector.
+    """TLS to the backend. Each file key left unset falls back to its OTEL_EXPORTER_OTLP_*
+    variable (below), then to none."""
+
+    # otlp: true sends plaintext. Unset: decided by the endpoint's scheme (http:// plain, https://
+    # TLS), then OTEL_EXPORTER_OTLP_[METRICS_]INSECURE, else TLS, as in the Collector. otlphttp:
+    # the URL's scheme decides.
     insecure: bool | None = None
-    ca_file: str | None = None
+    ca_file: str | None = None  # CA bundle (PEM) to verify the server; unset: the system CAs
     cert_file: str | None = None  # client certificate (mTLS), with key_file
-    key_file: str | None = None
+    key_file: str | None = None  # the client certificate's key
+    # otlphttp only: do not verify the server certificate (logged as a warning). grpcio cannot do
+    # this, so otlp rejects it: set ca_file instead.
     insecure_skip_verify: bool = False
 
     def validate(self) -> None:
@@ -46,12 +52,16 @@ class TLSConfig:
 
 @dataclass
 class RetryConfig:
-    enabled: bool = True
-    initial_interval: Duration = field(default_factory=lambda: Duration(5))
-    max_interval: Duration = field(default_factory=lambda: Duration(30))
-    max_elapsed_time: Duration = field(default_factory=lambda: Duration(300))  # 0: no limit
-    multiplier: float = 1.5
-    randomization_factor: float = 0.5
+    """Retrying failures the backend calls retryable (docs/reliability.md), with exponential
+    backoff and jitter, at least as long as the backend asks."""
+
+    enabled: bool = True  # false: a failed send is dropped (reason retry_disabled)
+    initial_interval: Duration = field(default_factory=lambda: Duration(5))  # the first backoff
+    max_interval: Duration = field(default_factory=lambda: Duration(30))  # the longest backoff
+    # Give a batch up after retrying this long (reason retries_exhausted); 0 = never.
+    max_elapsed_time: Duration = field(default_factory=lambda: Duration(300))
+    multiplier: float = 1.5  # backoff growth per attempt
+    randomization_factor: float = 0.5  # jitter: each wait is the backoff +- this fraction
 
     def validate(self) -> None:
         require(self.initial_interval > 0, "initial_interval", "must be positive")
@@ -63,21 +73,31 @@ class RetryConfig:
 
 @dataclass
 class QueueConfig:
-    enabled: bool = True  # false: export() sends and retries on the caller's thread (the Collector's meaning)
-    # The Collector's default. Kept for a node daemon too: an idle consumer blocks on the queue
-    # (no polling), so the nine a daemon sending every 10 s rarely needs cost no CPU, and ten
-    # keep a slow backend from holding up the next batches.
+    """The bounded sending queue between the pipeline and the backend (docs/reliability.md)."""
+
+    # false: export() sends and retries on the receiver's thread, as in the Collector (receivers
+    # stall during an outage).
+    enabled: bool = True
+    # Threads sending from the queue in parallel. The Collector's default, kept for a node daemon
+    # too: an idle consumer blocks on the queue (no polling), so the nine a daemon sending every
+    # 10 s rarely needs cost no CPU, and ten keep a slow backend from holding up the next batches.
     num_consumers: int = 10
     # What queue_size counts, as the Collector's sending_queue.sizer: requests (batches),
     # items (data points and log records) or bytes (serialized payload bytes).
     sizer: Literal["requests", "items", "bytes"] = "requests"
-    queue_size: int = 1000  # in sizer units: accepted and not yet sent
-    # Full queue: false drops the oldest batch (counted); true makes export() wait for room,
-    # at most block_timeout, which slows the receivers down.
+    # Accepted and not yet sent or dropped, waiting or in flight, in sizer units. With requests:
+    # one batch per receiver collection interval, so 1000 at 10 s hold about 2.8 hours of outage.
+    queue_size: int = 1000
+    # Full queue: false drops the oldest waiting batch (counted, reason queue_full); true makes
+    # export() wait for room, which slows the receivers down.
     block_on_overflow: bool = False
+    # otel-ofu only: the longest export() waits when blocking; then the new batch is dropped.
     block_timeout: Duration = field(default_factory=lambda: Duration(30))
-    storage: str | None = None  # a directory: keep the queue there in SQLite, across crashes and restarts
-    drain_timeout: Duration = field(default_factory=lambda: Duration(10))  # how long shutdown keeps sending
+    # otel-ofu only: a directory; the queue lives there in SQLite as <exporter id>.sqlite3 (created
+    # if missing) and survives crashes and restarts. Unset: in memory.
+    storage: str | None = None
+    # otel-ofu only: how long shutdown keeps sending what is queued; the rest is dropped (reason shutdown).
+    drain_timeout: Duration = field(default_factory=lambda: Duration(10))
 
     def validate(self) -> None:
         require(self.num_consumers >= 1, "num_consumers", "must be at least 1")
@@ -99,11 +119,17 @@ class QueueConfig:
 
 @dataclass
 class OtlpExporterConfig:
-    endpoint: str | None = None  # gRPC: host:port (http:// or https:// prefix sets tls.insecure)
+    # host:port of the gRPC server (an http:// or https:// prefix also sets plaintext or TLS).
+    # Unset: OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT, else localhost:4317.
+    endpoint: str | None = None
     tls: TLSConfig = field(default_factory=TLSConfig)
+    # Request headers / gRPC metadata (names lower-cased), e.g. authorization: "Bearer ${env:TOKEN}".
+    # Unset: OTEL_EXPORTER_OTLP_[METRICS_]HEADERS, else none.
     headers: dict[str, str] | None = None
+    # Unset: OTEL_EXPORTER_OTLP_[METRICS_]COMPRESSION, else gzip.
     compression: Literal["gzip", "none"] | None = None
-    timeout: Duration | None = None  # one send attempt
+    # Bound on one send attempt. Unset: OTEL_EXPORTER_OTLP_[METRICS_]TIMEOUT (milliseconds), else 10s.
+    timeout: Duration | None = None
     # otel-ofu's own: send "authorization: Bearer <file contents>", read again when the file changes
     # (the Collector does this through its bearertokenauth extension's filename).
     bearer_token_file: str | None = None
@@ -126,8 +152,14 @@ class OtlpExporterConfig:
 
 @dataclass
 class OtlpHttpExporterConfig(OtlpExporterConfig):
-    # endpoint: the base URL; /v1/metrics and /v1/logs are appended unless given here in full.
+    # The base URL; /v1/metrics and /v1/logs are appended unless given in full below. Unset:
+    # OTEL_EXPORTER_OTLP_ENDPOINT (a base URL), else http://localhost:4318.
+    endpoint: str | None = None
+    # The full metrics URL, used as it is. Unset: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else
+    # endpoint + /v1/metrics.
     metrics_endpoint: str | None = None
+    # The full logs URL (events), used as it is. Unset: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, else
+    # endpoint + /v1/logs.
     logs_endpoint: str | None = None
 
     protocol = "http"

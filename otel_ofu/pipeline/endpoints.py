@@ -20,8 +20,8 @@ from otel_ofu.pipeline.config import require
 class ServerTlsConfig:
     """TLS is on when cert_file and key_file are set; client_ca_file adds mTLS."""
 
-    cert_file: str = ""
-    key_file: str = ""
+    cert_file: str = ""  # the server's certificate (PEM); set with key_file to serve TLS
+    key_file: str = ""  # the server certificate's key (PEM)
     client_ca_file: str = ""  # set: clients must present a certificate signed by this CA (mTLS)
 
     @property

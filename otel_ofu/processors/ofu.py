@@ -81,8 +81,11 @@ _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JO
 
 @dataclass
 class TileCorrectionConfig:
-    enabled: bool = True
-    # "arch/precision", "arch" or "*" -> factor; overrides tiles.DEFAULT_CORRECTIONS.
+    """The tile-quantization correction c_tile (docs/method.md#tile-correction)."""
+
+    enabled: bool = True  # apply c_tile to gpu.ofu (gpu.ofu.raw is always emitted too)
+    # Overrides of the built-in factors: "hopper/fp8": 0.97, "hopper": 0.97 or "*": 0.97, the
+    # most specific wins.
     factors: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -101,15 +104,17 @@ class OfuProcessorConfig:
     # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table; "*" for
     # every model the table does not know (and samples that name none).
     reference_clocks: dict[str, float] = field(default_factory=dict)
-    # TPA above 1 by more than this is bad data; up to it, it is clamped to 1.
+    # TPA above 1 by more than this is bad data (dropped, reason out_of_range); up to it, it is
+    # clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
-    # Also emit the inputs (tensor activity, SM clock, power, ...) as their own metrics.
+    # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons) as
+    # their own metrics.
     emit_inputs: bool = True
     # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
     # pods and jobs come and go, and their series must not stay in memory forever.
     dropped_max_stale: Duration = field(default_factory=lambda: Duration(3600))
     # OFU arriving already computed (gpu.ofu from another otel-ofu) is used as is; true: replace it
-    # with OFU computed here from the inputs that came with it.
+    # with OFU computed here from the inputs that came with it (docs/fleet.md).
     recompute: bool = False
 
     def validate(self) -> None:

@@ -54,19 +54,28 @@ _PAUSED_MESSAGE = ("profiling fields are blank on every GPU: profiling is paused
 
 @dataclass
 class DcgmReceiverConfig:
-    # "" starts an embedded host engine in this process; "host:port" (default port 5555) or
-    # "unix:///path" connects to a running nv-hostengine.
+    # "" starts an embedded host engine in this process; "host", "host:port" (default port 5555)
+    # or "unix:///path" connects to a running nv-hostengine. Use the system host engine when one
+    # runs (e.g. for dcgm-exporter): two host engines cannot both hold the profiling lock.
     address: str = ""
-    # Directory holding pydcgm.py; "" looks in the DCGM 4.x then 3.x install paths.
+    # Directory holding pydcgm.py; "" looks in /usr/share/datacenter-gpu-manager-4/bindings/python3
+    # (DCGM 4.x), then /usr/local/dcgm/bindings/python3 (3.x), then PYTHONPATH. Not on PyPI.
     bindings_path: str = ""
-    collection_interval: Duration = field(default_factory=lambda: Duration(10))  # watch interval = TPA window
-    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))  # SM clock sampling rate
-    gpu_ids: list[int] = field(default_factory=list)  # DCGM GPU ids; [] = every supported GPU
-    mig: bool = True  # MIG GPU instances as their own samples
-    exact_counters: bool = True  # use 1084/1086 cycle counters where DCGM and the GPU support them
-    reconnect_initial_interval: Duration = field(default_factory=lambda: Duration(1))
-    reconnect_max_interval: Duration = field(default_factory=lambda: Duration(60))
+    # DCGM watch interval of the profiling and device fields: the TPA window, and how often the
+    # receiver reads.
+    collection_interval: Duration = field(default_factory=lambda: Duration(10))
+    # Watch interval of the SM clock (field 100), at least 100ms; the samples inside each TPA
+    # window are averaged.
+    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))
+    gpu_ids: list[int] = field(default_factory=list)  # DCGM GPU ids to read; [] = every GPU DCGM supports
+    mig: bool = True  # MIG GPU instances as their own samples (profiling fields are per instance)
+    # Use the raw cycle counters 1084/1086 (an exact interval average) where DCGM (4.6+) and the
+    # GPU have them; else field 1004.
+    exact_counters: bool = True
     stale_after: int = 3  # windows without new values before a GPU is reported as gpu_no_data
+    # Backoff between reconnects (and retries of a refused profiling watch), doubling per failure:
+    reconnect_initial_interval: Duration = field(default_factory=lambda: Duration(1))  # the first delay
+    reconnect_max_interval: Duration = field(default_factory=lambda: Duration(60))  # the longest delay
 
     def validate(self) -> None:
         require(not self.address or bool(_ADDRESS.match(self.address)), "address",

@@ -41,17 +41,26 @@ SOURCE = "dcgm_exporter"
 
 @dataclass
 class DcgmExporterReceiverConfig:
-    endpoint: str = ""  # one URL, e.g. http://node:9400/metrics ("host:port" means http://host:port/metrics)
-    endpoints: list[str] = field(default_factory=list)  # or several, scraped in parallel each interval
+    # One scrape URL, e.g. http://node:9400/metrics ("host:port" means http://host:port/metrics; a
+    # URL without a path gets /metrics). Set exactly one of endpoint and endpoints.
+    endpoint: str = ""
+    endpoints: list[str] = field(default_factory=list)  # several URLs, scraped in parallel (8 at a time)
+    # How often to scrape. Match dcgm-exporter's collect interval: scraping faster only repeats values.
     collection_interval: Duration = field(default_factory=lambda: Duration(30))
-    scrape_timeout: Duration | None = None  # default: 10s, or collection_interval when shorter
-    # dcgm-exporter's own -c/--collect-interval: the window its TPA is averaged over.
+    # Limit for one whole scrape (connect, headers and body), at most collection_interval;
+    # unset: 10s, or collection_interval when shorter.
+    scrape_timeout: Duration | None = None
+    # dcgm-exporter's own -c/--collect-interval, also its DCGM watch interval: the window its TPA
+    # is averaged over, recorded on each sample.
     exporter_collect_interval: Duration = field(default_factory=lambda: Duration(30))
     tls: TlsSettings = field(default_factory=TlsSettings)
-    basic_auth: BasicAuthSettings = field(default_factory=BasicAuthSettings)  # on when username is set
-    bearer_token: str = field(default="", repr=False)
+    basic_auth: BasicAuthSettings = field(default_factory=BasicAuthSettings)
+    bearer_token: str = field(default="", repr=False)  # sent as Authorization: Bearer <token>
+    # A file holding the token, read at every scrape (a rotated Kubernetes token is picked up).
     bearer_token_file: str = ""
-    host_name: str = ""  # overrides the Hostname label (default: the label, else the endpoint's host)
+    # host.name of every GPU; "" = the page's Hostname/hostname label, else the endpoint's host
+    # (dcgm-exporter --no-hostname).
+    host_name: str = ""
 
     def validate(self) -> None:
         validate_settings(self)

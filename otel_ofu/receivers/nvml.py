@@ -36,13 +36,23 @@ PROCESS_PID = "process.pid"
 
 @dataclass
 class NvmlReceiverConfig:
-    collection_interval: Duration = field(default_factory=lambda: Duration(10))  # GPM window = TPA window
-    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))  # SM clock sampling rate
+    # GPM window: two GPM samples this far apart give ANY_TENSOR_UTIL (percent / 100 = TPA) and
+    # SM_UTIL (gpu.sm.activity).
+    collection_interval: Duration = field(default_factory=lambda: Duration(10))
+    # SM clock sampling (nvmlDeviceGetClockInfo), averaged over each window; the receiver wakes
+    # at this rate.
+    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))
     gpu_indices: list[int] = field(default_factory=list)  # NVML indices; [] = every GPU
-    mig: bool = True  # one sample per MIG GPU instance (nvmlGpmMigSampleGet)
-    report_processes: bool = True  # pids of running compute processes as the process.pid attribute
-    reconnect_initial_interval: Duration = field(default_factory=lambda: Duration(1))
-    reconnect_max_interval: Duration = field(default_factory=lambda: Duration(60))
+    # One sample per MIG GPU instance (nvmlGpmMigSampleGet), with gpu.mig.instance_id,
+    # gpu.mig.uuid and gpu.mig.slices.
+    mig: bool = True
+    # Pids of the compute processes on the GPU (per GPU instance under MIG) as the point attribute
+    # process.pid, sorted and comma-separated ("1771,2042"; absent when none). It splits series
+    # when the process set changes: false leaves it out.
+    report_processes: bool = True
+    # Backoff between retries of nvmlInit and re-probes of a lost GPU, doubling per failure:
+    reconnect_initial_interval: Duration = field(default_factory=lambda: Duration(1))  # the first delay
+    reconnect_max_interval: Duration = field(default_factory=lambda: Duration(60))  # the longest delay
 
     def validate(self) -> None:
         require(self.clock_sample_interval >= 0.1, "clock_sample_interval", "must be at least 100ms")

@@ -92,6 +92,8 @@ UNSET: Any = _Unset()
 
 @dataclass
 class ProtocolConfig:
+    # Listen address, host:port (":PORT" = every interface); a non-loopback address without TLS
+    # or a bearer token is warned about at start.
     endpoint: str = ""
     tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)
 
@@ -104,8 +106,12 @@ class ProtocolConfig:
 
 @dataclass
 class ProtocolsConfig:
-    # As in the Collector: a protocol is enabled by its key (``grpc:`` alone means defaults).
-    grpc: Any = UNSET
+    """The protocols to serve. As in the Collector, a protocol is on when its key is present
+    (``grpc:`` alone means its defaults); without a ``protocols`` key both are on."""
+
+    grpc: Any = UNSET  # OTLP/gRPC: opentelemetry.proto.collector.metrics.v1.MetricsService/Export
+    # OTLP/HTTP: POST /v1/metrics, application/x-protobuf or application/json, optionally gzip or
+    # deflate encoded.
     http: Any = UNSET
 
     def validate(self) -> None:
@@ -129,8 +135,11 @@ def _both_protocols() -> ProtocolsConfig:
 
 @dataclass
 class AuthConfig:
+    """Bearer-token authentication; with no token set, none."""
+
+    # Requests must carry Authorization: Bearer <token> (gRPC metadata authorization).
     bearer_token: str = ""
-    bearer_token_file: str = ""
+    bearer_token_file: str = ""  # a file holding the token, read at start
 
     def validate(self) -> None:
         require(not (self.bearer_token and self.bearer_token_file), "bearer_token_file",
@@ -176,17 +185,22 @@ class TokenSource:
 @dataclass
 class OtlpReceiverConfig:
     protocols: ProtocolsConfig = field(default_factory=_both_protocols)
-    auth: AuthConfig = field(default_factory=AuthConfig)  # no token set: no authentication
-    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE  # bytes, after decompression
-    passthrough: bool = True  # forward metrics that are not TPA/clock inputs to the exporters
-    # Metrics handed to the processors as points (not recomputed, forwarded once, as points): by
-    # default otel-ofu's own per-GPU metrics and the reported MFU. Gauges and cumulative sums only.
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE  # the largest request, in bytes after decompression
+    # Forward every metric that is not a TPA/clock input, unchanged, to the exporters; false drops them.
+    passthrough: bool = True
+    # Metrics handed to the processors as points, as they came (not recomputed, forwarded once):
+    # by default otel-ofu's own per-GPU metrics (another otel-ofu's output) and what jobs report
+    # about themselves (docs/audit.md). Gauges and cumulative sums only.
     decode: list[str] = field(default_factory=lambda: list(DEFAULT_DECODE))
-    window: Duration = field(default_factory=lambda: Duration(30))  # the source's TPA window (dcgm-exporter -c)
-    join_tolerance: Duration = field(default_factory=lambda: Duration(5))  # clock vs TPA timestamp distance
+    # The TPA averaging window of the source (dcgm-exporter's collect interval -c), recorded on
+    # each sample.
+    window: Duration = field(default_factory=lambda: Duration(30))
+    # How far apart a clock point and a TPA point of one GPU may be stamped and still be joined.
+    join_tolerance: Duration = field(default_factory=lambda: Duration(5))
     # Requests decoded and processed at once; more are refused (retryable) until one ends.
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
-    memory_limiter: MemoryLimiterConfig = field(default_factory=MemoryLimiterConfig)  # off unless a limit is set
+    memory_limiter: MemoryLimiterConfig = field(default_factory=MemoryLimiterConfig)
 
     def validate(self) -> None:
         require(self.max_request_size >= 1024, "max_request_size", "must be at least 1024 bytes")

@@ -67,13 +67,18 @@ def _default_metrics() -> dict[str, str]:
 
 @dataclass
 class PrometheusReceiverConfig:
-    endpoint: str = ""  # the job's metrics page, e.g. http://trainer-0:8000/metrics ("host:port" works)
-    endpoints: list[str] = field(default_factory=list)  # or several, scraped in parallel each interval
-    collection_interval: Duration = field(default_factory=lambda: Duration(30))
-    scrape_timeout: Duration | None = None  # default: 10s, or collection_interval when shorter
+    # The job's metrics page, e.g. http://trainer-0:8000/metrics ("host:port" means
+    # http://host:port/metrics). Set exactly one of endpoint and endpoints.
+    endpoint: str = ""
+    endpoints: list[str] = field(default_factory=list)  # several pages, scraped in parallel (8 at a time)
+    collection_interval: Duration = field(default_factory=lambda: Duration(30))  # how often to scrape
+    # Limit for one whole scrape (connect, headers and body), at most collection_interval;
+    # unset: 10s, or collection_interval when shorter.
+    scrape_timeout: Duration | None = None
     tls: TlsSettings = field(default_factory=TlsSettings)
-    basic_auth: BasicAuthSettings = field(default_factory=BasicAuthSettings)  # on when username is set
-    bearer_token: str = field(default="", repr=False)
+    basic_auth: BasicAuthSettings = field(default_factory=BasicAuthSettings)
+    bearer_token: str = field(default="", repr=False)  # sent as Authorization: Bearer <token>
+    # A file holding the token, read at every scrape (a rotated Kubernetes token is picked up).
     bearer_token_file: str = ""
     # Prometheus metric name -> the name otel-ofu reads it as; nothing else on the page is kept.
     # Default: training_mfu (and training_mfu_ratio) as training.mfu, training_tflops_per_gpu,

@@ -451,16 +451,30 @@ def shift_batch(batch: Batch, offset_ns: int) -> Batch:
 
 @dataclass
 class ReplayReceiverConfig:
-    path: str = ""
+    path: str = ""  # the recording; checked to exist when the config is validated
+    # auto looks at the first lines, then the suffix (.dmon, .csv, .jsonl).
     format: Literal["auto", "dmon", "csv", "otlp_json"] = "auto"
-    speed: float | Literal["max"] = 1.0  # 1 = real time, 60 = a minute per second, 0 or "max" = no pacing
-    loop: bool = False  # start over at the end; each pass continues forward in time
-    rebase_time: bool = False  # shift timestamps so the first record is "now"
-    start_time: str | None = None  # dmon: ISO 8601 time of the first row (default: when replay starts)
-    interval: Duration | None = None  # dmon: row spacing (default: recorded -d, else 1s); csv: window length
-    model: str = ""  # dmon (and csv without a model column): the GPU model, which picks f_ref
+    # Recorded seconds per wall second: 1 = real time, 60 = a minute per second, 0 or "max" = as
+    # fast as the pipeline accepts.
+    speed: float | Literal["max"] = 1.0
+    # Start over at the end; each pass is shifted forward by the recording's span plus one step,
+    # so timestamps keep increasing.
+    loop: bool = False
+    # Shift every timestamp so the first record is stamped "now" (for live backends); otherwise
+    # recorded timestamps are kept.
+    rebase_time: bool = False
+    # dmon only: time of the first row, ISO 8601 (naive = UTC) or unix seconds; unset = when the
+    # replay starts. Quote it in YAML ("2026-03-02T10:00:00Z"), or YAML reads a date.
+    start_time: str | None = None
+    # dmon: spacing of rows (unset: the recorded -d, else 1s); csv: the window length of every row
+    # (unset: a window_s column, else the time since the GPU's previous row).
+    interval: Duration | None = None
+    # dmon (and csv without a model column): the GPU model, which picks f_ref; without it OFU
+    # needs an SMMAX column.
+    model: str = ""
     host_name: str = ""  # dmon (and csv without a host column): host.name of the GPUs
-    skip_malformed: bool = False  # log and skip bad lines instead of refusing the file
+    # Log (the first 10) and count bad lines and replay the rest, instead of refusing the file.
+    skip_malformed: bool = False
 
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the recording to replay")

@@ -21,7 +21,7 @@ from otel_ofu.pipeline.config import Duration, require
 
 @dataclass
 class SelfTelemetryReceiverConfig:
-    collection_interval: Duration = field(default_factory=lambda: Duration(10))
+    collection_interval: Duration = field(default_factory=lambda: Duration(10))  # how often a snapshot is emitted
 
     def validate(self) -> None:
         require(self.collection_interval > 0, "collection_interval", "must be positive")

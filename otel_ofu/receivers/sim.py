@@ -26,32 +26,46 @@ Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "i
 
 @dataclass
 class SimPhaseConfig:
-    precision: str
-    mfu: float
-    duration: Duration
+    """One phase of a mixed_precision job; the phases repeat in order."""
+
+    precision: str  # the phase's precision (fp4, fp8, bf16, ...)
+    mfu: float  # true MFU during the phase
+    duration: Duration  # how long the phase lasts
 
 
 @dataclass
 class SimJobConfig:
-    scenario: Scenario
-    gpus: int = 1
-    id: str = ""  # default: "<scenario>-<n>"
-    node: int | None = None  # place on this node (0-based); default: the first free GPUs
-    mfu: float | None = None  # true MFU in the steady phase; default per scenario
-    precision: str | None = None
-    start: Duration = field(default_factory=lambda: Duration(0))
-    duration: Duration | None = None  # default: runs for the whole simulation
-    reported_mfu_factor: float | None = None  # reported / true MFU (moe_inflated: 2.1)
-    regress_at: Duration = field(default_factory=lambda: Duration(1200))  # regression: 20 min in
-    regress_factor: float = 2.5
-    recover_at: Duration | None = field(default_factory=lambda: Duration(3000))
-    checkpoint_every: Duration = field(default_factory=lambda: Duration(900))
-    checkpoint_length: Duration = field(default_factory=lambda: Duration(60))
+    """A simulated job (docs/components/receivers/sim.md lists the scenarios)."""
+
+    scenario: Scenario  # what the job does (the table of scenarios below)
+    gpus: int = 1  # GPUs the job holds
+    id: str = ""  # its ofu.job.id; "" = "<scenario>-<n>"
+    node: int | None = None  # place it on this node (0-based); unset: the first free GPUs
+    # True MFU in the steady phase; unset: the scenario's (steady 0.45, moe_inflated 0.26, ...).
+    mfu: float | None = None
+    precision: str | None = None  # unset: the scenario's (bf16; mixed_precision: its phases)
+    start: Duration = field(default_factory=lambda: Duration(0))  # when it starts, after the simulation's start
+    duration: Duration | None = None  # how long it runs; unset: the whole simulation
+    # The MFU the job reports about itself / its true MFU; unset: the scenario's (moe_inflated
+    # 2.1, else 1).
+    reported_mfu_factor: float | None = None
+    # The regression scenario:
+    regress_at: Duration = field(default_factory=lambda: Duration(1200))  # when the job turns slow, into the job
+    regress_factor: float = 2.5  # how many times slower it runs
+    recover_at: Duration | None = field(default_factory=lambda: Duration(3000))  # when it recovers; unset: never
+
+    # The checkpoint scenario:
+    checkpoint_every: Duration = field(default_factory=lambda: Duration(900))  # how often the job checkpoints
+    checkpoint_length: Duration = field(default_factory=lambda: Duration(60))  # how long a checkpoint dip lasts
+
+    # power_capped: the SM clock cap, MHz; unset: the scenario's 1455.
     power_cap_mhz: float | None = None
-    phases: list[SimPhaseConfig] = field(default_factory=list)  # mixed_precision
-    # A profiler (Nsight) on the job's first GPU from this time into the job: DCGM blanks, no OFU there.
-    profiler_at: Duration | None = None
-    profiler_length: Duration = field(default_factory=lambda: Duration(600))
+    # mixed_precision: the phases, repeated; [] = NVFP4, FP8, BF16 ten minutes each.
+    phases: list[SimPhaseConfig] = field(default_factory=list)
+    # A profiler (Nsight) holding DCGM's lock on the job's first GPU (its TPA reads as DCGM's
+    # blank, so that GPU has no OFU meanwhile):
+    profiler_at: Duration | None = None  # when it attaches, into the job; unset: never
+    profiler_length: Duration = field(default_factory=lambda: Duration(600))  # how long it holds the lock
 
     def validate(self) -> None:
         require(self.gpus >= 1, "gpus", "must be at least 1")
@@ -96,17 +110,23 @@ DEFAULT_MIX: tuple[tuple[str, int], ...] = (
 
 @dataclass
 class SimReceiverConfig:
-    nodes: int = 2
-    gpus_per_node: int = 8
-    models: list[str] = field(default_factory=lambda: ["NVIDIA H100 80GB HBM3"])  # cycled over nodes
-    host_prefix: str = "sim-node-"
-    seed: int = 42
-    time_acceleration: float = 1.0  # simulated seconds per wall second
+    nodes: int = 2  # simulated nodes
+    gpus_per_node: int = 8  # GPUs on each node
+    # GPU model per node (cycled over the nodes): any model of the spec table (docs/gpus.md).
+    models: list[str] = field(default_factory=lambda: ["NVIDIA H100 80GB HBM3"])
+    host_prefix: str = "sim-node-"  # host.name of node n is <host_prefix><n>
+    seed: int = 42  # noise and GPU UUIDs; the same seed gives the same fleet
+    # Simulated seconds per wall second (120 = an hour in 30 s).
+    time_acceleration: float = 1.0
     collection_interval: Duration = field(default_factory=lambda: Duration(10))  # the TPA window, simulated
-    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))  # SM clock sampling, simulated
-    clock_sampling: Literal["averaged", "point"] = "averaged"  # point: one clock sample per window (the paper)
-    start_time: str | None = None  # ISO 8601; default: when the receiver starts
-    emit_truth: bool = True
+    # SM clock sampling, simulated; a multiple of the 0.25 s time step.
+    clock_sample_interval: Duration = field(default_factory=lambda: Duration(1))
+    # averaged: every clock sample in the window; point: one clock sample per window, as the paper did.
+    clock_sampling: Literal["averaged", "point"] = "averaged"
+    start_time: str | None = None  # ISO 8601 start of simulated time; unset: when the receiver starts
+    emit_truth: bool = True  # emit each job's true MFU as sim.gpu.mfu.true
+    # The jobs; GPUs not given a job are idle. [] = a built-in mix filling the fleet (steady,
+    # moe_inflated, regression, checkpoint, power_capped, idle).
     jobs: list[SimJobConfig] = field(default_factory=list)
 
     def validate(self) -> None:

@@ -44,10 +44,12 @@ SCRAPE_UP = register(MetricInfo(
 
 @dataclass
 class TlsSettings:
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    insecure_skip_verify: bool = False
+    """TLS for https:// endpoints."""
+
+    ca_file: str = ""  # CA bundle (PEM) to verify the endpoints' certificates; "" = the system CAs
+    cert_file: str = ""  # client certificate (PEM), with key_file
+    key_file: str = ""  # the client certificate's key
+    insecure_skip_verify: bool = False  # do not verify the server certificate
 
     def validate(self) -> None:
         for key in ("ca_file", "cert_file", "key_file"):
@@ -59,8 +61,11 @@ class TlsSettings:
 
 @dataclass
 class BasicAuthSettings:
-    username: str = ""
-    password: str = field(default="", repr=False)
+    """HTTP basic auth, on when username is set; not together with a bearer token."""
+
+    username: str = ""  # the user name; setting it enables basic auth
+    password: str = field(default="", repr=False)  # the password, inline (or password_file)
+    # A file holding the password, read at every scrape (surrounding whitespace trimmed).
     password_file: str = ""
 
     def enabled(self) -> bool:
