@@ -43,18 +43,20 @@ log = logging.getLogger(__name__)
 
 PODS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.kubernetes.pods", "{pod}", "gauge",
-    "Pods of this node the Kubernetes API source holds (job identity, precision, labels)."))
+    "Pods of this node the Kubernetes API source holds (job identity, precision, labels).",
+    emitted_by=("processors/attribution",)))
 STALE_METRIC = register(MetricInfo(
     "otel_ofu.attribution.kubernetes.stale", "1", "gauge",
     "1 while the pod watch has failed for longer than kubernetes_api.stale_after (the last known pods "
-    "are still used), else 0."))
+    "are still used), else 0.", emitted_by=("processors/attribution",)))
 LISTS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.kubernetes.lists", "{list}", "sum",
-    "Full lists of this node's pods, by reason: start, expired (the watch got 410 Gone)."))
+    "Full lists of this node's pods, by reason: start, expired (the watch got 410 Gone).",
+    emitted_by=("processors/attribution",)))
 ERRORS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.kubernetes.errors", "{error}", "sum",
     "Failed Kubernetes API requests (pod list/watch, owner lookups), by reason: unreachable, "
-    "unauthorized, forbidden, http_<code>, invalid."))
+    "unauthorized, forbidden, http_<code>, invalid.", emitted_by=("processors/attribution",)))
 
 
 class KubernetesApiError(ConfigError):

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from otel_ofu.core import metrics
+from otel_ofu.core import attributes, metrics
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.component import Factory
 from otel_ofu.pipeline.config import Duration, FieldError, build_config, type_name
@@ -285,14 +285,45 @@ def component_metrics(module_name: str, section: str, component_type: str) -> li
 def metric_table(infos: list[metrics.MetricInfo]) -> str:
     if not infos:
         return "This component emits no metrics of its own."
-    rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in infos]
+    rows = ["| metric | unit | kind | point attributes | meaning |", "|---|---|---|---|---|"]
+    for m in infos:
+        names = ", ".join(f"`{a}`" for a in attributes.point_attributes(m.name)) or "—"
+        rows.append(f"| `{m.name}` | `{m.unit}` | {m.kind} | {names} | {m.description} |")
     return "\n".join(rows)
 
 
 def metric_reference() -> str:
     """The whole registry (``docs/metrics.md``)."""
     return metric_table(list(metrics.METRICS.values()))
+
+
+def attribute_table(infos: list[attributes.AttributeInfo], with_metrics: bool = False) -> str:
+    head = ["attribute", "meaning", "set by"] + (["on metrics"] if with_metrics else [])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in infos:
+        by = ", ".join(f"[`{c.split('/')[1]}`](components/{c}.md)" for c in a.set_by) or "—"
+        cells = [f"`{a.name}`", a.description, by]
+        if with_metrics:
+            cells.append(", ".join(f"`{m}`" for m in a.metrics))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def attribute_reference() -> dict[str, str]:
+    """The attribute registry as two tables (``docs/metrics.md``): resource and point attributes."""
+    every = list(attributes.ATTRIBUTES.values())
+    return {"resource-attributes": attribute_table([a for a in every if a.on == attributes.RESOURCE]),
+            "point-attributes": attribute_table([a for a in every if a.on == attributes.POINT], with_metrics=True)}
+
+
+def component_attributes(section: str, component_type: str) -> str:
+    """The attributes a component sets, one line each, linked to the reference."""
+    qualified = f"{section}/{component_type}"
+    names = [a.name for a in attributes.ATTRIBUTES.values() if qualified in a.set_by]
+    if not names:
+        return ""
+    return ("Attributes it sets ([meanings](../../metrics.md#attributes)): "
+            + ", ".join(f"`{n}`" for n in names) + ".")
 
 
 # --- samples --------------------------------------------------------------------------------
@@ -313,7 +344,7 @@ def sample_config(section: str, component_type: str) -> str:
 
 # --- pages ----------------------------------------------------------------------------------
 
-_BLOCK = re.compile(r"<!-- generated:(\w+) -->\n.*?<!-- /generated:\1 -->", re.S)
+_BLOCK = re.compile(r"<!-- generated:([\w-]+) -->\n.*?<!-- /generated:\1 -->", re.S)
 
 
 def _block(name: str, body: str) -> str:
@@ -327,7 +358,9 @@ def component_blocks(section: str, factory: Factory) -> dict[str, str]:
         "about": about,
         "config": config_table(factory.config_type),
         "sample": sample_config(section, factory.type),
-        "metrics": metric_table(component_metrics(module_name, section, factory.type)),
+        "metrics": "\n\n".join(part for part in (
+            metric_table(component_metrics(module_name, section, factory.type)),
+            component_attributes(section, factory.type)) if part),
     }
 
 
@@ -375,9 +408,9 @@ def expected_pages() -> dict[Path, str]:
     out[COMPONENT_DOCS / "README.md"] = "\n".join(index)
     metrics_page = DOCS / "metrics.md"
     current = metrics_page.read_text() if metrics_page.exists() else (
-        "# Metrics\n\nEvery metric otel-ofu emits, from the registry (`otel_ofu/core/metrics.py`).\n\n"
-        + _block("metrics", "") + "\n")
-    out[metrics_page] = render_page(current, {"metrics": metric_reference()})
+        "# Metrics and attributes\n\n" + _block("metrics", "") + "\n\n## Attributes\n\n"
+        + _block("resource-attributes", "") + "\n\n" + _block("point-attributes", "") + "\n")
+    out[metrics_page] = render_page(current, {"metrics": metric_reference(), **attribute_reference()})
     return out
 
 

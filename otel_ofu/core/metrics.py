@@ -115,7 +115,8 @@ _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.
 _EMITTED_BY: dict[str, tuple[str, ...]] = {
     **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
     "sim.gpu.mfu.true": ("receivers/sim",),
-    "training.mfu": ("receivers/sim",),
+    "training.mfu": ("receivers/sim", "receivers/prometheus"),
+    "training.tflops_per_gpu": ("receivers/prometheus",),
     **{name: ("exporters/otlp", "exporters/otlphttp") for name in METRICS if name.startswith("otel_ofu.exporter.")},
 }
 for _name, _by in _EMITTED_BY.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Attribute names (README "Metrics and attributes" documents each one).
+# Attribute names (core/attributes.py registers each one with its meaning: docs/metrics.md).
 HOST_NAME = "host.name"
 HW_ID = "hw.id"  # GPU UUID (OpenTelemetry hardware semantic conventions)
 HW_MODEL = "hw.model"
@@ -29,7 +29,6 @@ JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, s
 JOB_KIND = "ofu.job.kind"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
-SOURCE = "ofu.source"  # which receiver type produced the data
 
 NO_JOB = "none"
 

@@ -23,7 +23,7 @@ STATUS_METRIC = register(MetricInfo(
     "1 for the state a GPU receiver (dcgm, nvml) is in, by attributes receiver and state (ok, dcgm_missing, "
     "hostengine_unreachable, profiling_not_supported, profiling_no_permission, profiling_in_use, profiling_paused, "
     "nvml_missing, gpm_unsupported, gpu_lost, ...); per-GPU states carry the GPU's resource. See "
-    "README.md, section Reading real GPUs."))
+    "docs/components/receivers/dcgm.md, Failure states.", emitted_by=("receivers/dcgm", "receivers/nvml")))
 
 OK = "ok"
 STARTING = "starting"
