@@ -1,6 +1,6 @@
 """Job attribution: who holds each GPU (Kubernetes pod, Slurm job, a config rule) and in
 which precision. The ``attribution`` processor (otel_ofu.processors.attribution) ties the
-sources in this package together; README.md, section Attribution is the user-facing description.
+sources in this package together; docs/components/processors/attribution.md is the user-facing description.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SLURM_JOB_ACCOUNT = "slurm.job.account"
 SLURM_JOB_PARTITION = "slurm.job.partition"
 SLURM_JOB_NAME = "slurm.job.name"
 
-# dcgm-exporter's hpc_job label (set by otel_ofu.dcgm_fields.identity_from_labels).
+# dcgm-exporter's hpc_job label (set by otel_ofu.core.dcgm_fields.identity_from_labels).
 HPC_JOB_ID = "hpc.job.id"
 
 # JOB_SHARED and JOB_SOURCE, set by this package next to ofu.job.id, live with it in the core model.

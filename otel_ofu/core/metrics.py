@@ -1,6 +1,6 @@
 """Every metric otel-ofu emits: name, unit, kind and meaning, in one place.
 
-The README's metric table is generated from (and tested against) this registry; exporters
+docs/metrics.md and the component pages are generated from this registry; exporters
 take units and descriptions from here.
 """
 
@@ -92,7 +92,7 @@ RECEIVER_ACCEPTED = register(MetricInfo(
     "by receiver.")).name
 
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
-# ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (README.md, section Shipping OTLP).
+# ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (docs/components/exporters/otlp.md).
 register(MetricInfo("otel_ofu.exporter.queue.size", "1", "gauge",
                     "What the export requests accepted and not yet sent or dropped take (waiting and in flight), "
                     "in sending_queue.sizer units: requests, items or bytes."))
@@ -125,7 +125,7 @@ for _name, _by in _EMITTED_BY.items():
 
 
 def markdown_table() -> str:
-    """The README's metric table, generated from the registry."""
+    """The registry as one Markdown table (the README's metric table, while it has one)."""
     rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
     rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in METRICS.values()]
     return "\n".join(rows)

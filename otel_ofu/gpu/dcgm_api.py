@@ -10,7 +10,7 @@ DcgmReader: DcgmReader catches a lost connection itself (logging at every call t
 root logger and returning ``{}``), so a receiver on top of it could not tell "host engine
 gone" from "no data yet", and its field-id dictionaries drop the per-value timestamps the
 clock averaging needs. Every DCGM failure leaves here as a :class:`DcgmError` whose
-``state`` is one of the receiver states in README.md, section Reading real GPUs.
+``state`` is one of the receiver states in docs/components/receivers/dcgm.md, Failure states.
 """
 
 from __future__ import annotations

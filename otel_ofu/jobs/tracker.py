@@ -67,7 +67,8 @@ class JobsConfig:
     # last point there (each host's own clock), or has been silent this long (see silence_timeout).
     job_timeout: Duration = field(default_factory=lambda: Duration(300))
     # A job whose hosts all went silent (nothing arrives from them: node gone, or a network
-    # partition whose backlog may still come) ends after this long without any of their data.
+    # partition whose backlog may still come) ends after this long without any of their data; at
+    # least job_timeout. Raise it if your Collectors keep a persistent queue through longer outages.
     silence_timeout: Duration = field(default_factory=lambda: Duration(900))
     # A point stamped further than this ahead of this process's clock is not counted (skipped,
     # reason "future"): a node with a broken clock must not move anyone's time.

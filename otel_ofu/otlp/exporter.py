@@ -5,7 +5,7 @@ timestamps and resources, see :mod:`otel_ofu.otlp.payload`) and hands the
 serialized requests to :class:`otel_ofu.delivery.Delivery`, which sends them from a bounded
 queue on its own threads. Points go out as OTLP metrics; Batch.events as OTLP logs, built by
 :func:`otel_ofu.otlp.codec.events_to_request` (raw protobuf: the SDK's log data classes are still
-experimental) and sent over the same channel/session. Settings: README.md, section Shipping OTLP.
+experimental) and sent over the same channel/session. Settings: docs/components/exporters/otlp.md.
 """
 
 from __future__ import annotations

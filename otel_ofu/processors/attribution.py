@@ -7,7 +7,7 @@ GPU processes through /proc (cgroup and environment), dcgm-exporter labels alrea
 sample, the Kubernetes API (which job a pod belongs to, its precision and labels; a watch on
 its own thread), and static rules. Lookups run on a background thread every ``refresh_interval``; the
 hot path reads the last snapshot, plus one /proc read for a pid it has not seen before.
-README.md, section Attribution describes sources, precedence, attributes and limits.
+docs/components/processors/attribution.md describes sources, precedence, attributes and limits.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ clock, clock event reasons and power (113, 112, 155) at ``collection_interval``.
 
 Each window's TPA is the exact interval ratio d(1086)/d(1084) when the counters are there
 (no sampling at all), else field 1004, DCGM's average over the watch interval; the SM clock
-is the mean of the clock samples in the same window (``ofu.mean_clock``). MIG GPU instances
+is the mean of the clock samples in the same window (``otel_ofu.core.ofu.mean_clock``). MIG GPU instances
 are their own samples (profiling fields are per instance; clocks come from the parent GPU).
 
 When DCGM is missing, the host engine refuses or goes away, or profiling is unsupported,

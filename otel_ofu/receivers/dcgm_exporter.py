@@ -1,13 +1,13 @@
 """The ``dcgm_exporter`` receiver: scrapes NVIDIA dcgm-exporter ``/metrics`` endpoints.
 
-dcgm-exporter serves Prometheus text (REFERENCE.md section 6). It exports no max SM clock,
-so f_ref comes from the ``modelName`` label through the spec table (the ``ofu`` processor
-does that). Its collect interval (``-c``, default 30 s) is also its DCGM watch interval: TPA
-is a 30 s average, while the SM clock is one point sample taken at collection time. So one
-scrape gives, per GPU, one window of TPA and exactly one clock sample (``sm_clock_samples``
-= 1): scrape at the exporter's collect interval, since scraping faster only repeats values.
+dcgm-exporter serves Prometheus text. It exports no max SM clock, so f_ref comes from the
+``modelName`` label through the spec table (the ``ofu`` processor does that). Its collect
+interval (``-c``, default 30 s) is also its DCGM watch interval: TPA is a 30 s average, while
+the SM clock is one point sample taken at collection time. So one scrape gives, per GPU, one
+window of TPA and exactly one clock sample (``sm_clock_samples`` = 1): scrape at the
+exporter's collect interval, since scraping faster only repeats values.
 
-Labels are mapped by :mod:`otel_ofu.dcgm_fields` (both ``Hostname``/``hostname`` and
+Labels are mapped by :mod:`otel_ofu.core.dcgm_fields` (both ``Hostname``/``hostname`` and
 ``UUID``/``uuid``, MIG, Kubernetes old and new names, ``hpc_job``). Values are kept raw:
 a blank sentinel that leaks out of the exporter stays a sentinel and the ``ofu`` processor
 reports it as a dropped window with its reason, never as 0. Each endpoint is scraped on its

@@ -3,7 +3,7 @@
 Two GPM samples one ``collection_interval`` apart give ANY_TENSOR_UTIL (percent, divided by
 100: TPA) and SM_UTIL for the window; GPM takes no profiling lock, so users can still run
 Nsight. The SM clock is sampled every ``clock_sample_interval`` (default 1 s) and averaged
-over the same window (``ofu.mean_clock``). Max SM clock, clock event reasons, power and the
+over the same window (``otel_ofu.core.ofu.mean_clock``). Max SM clock, clock event reasons, power and the
 running compute processes are read at each window's end; the processes' pids go into the
 point attribute ``process.pid`` (comma-separated, sorted), per MIG GPU instance when MIG is
 on (``report_processes: false`` leaves them out).

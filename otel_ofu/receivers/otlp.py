@@ -2,7 +2,7 @@
 
 It makes otel-ofu a processing stage behind an OpenTelemetry Collector: the Collector sends
 DCGM metrics (from its Prometheus receiver scraping dcgm-exporter, or from dcgmreceiver), the
-TPA and SM clock points are joined into GPU samples (:mod:`otel_ofu.otlp_join`) for the
+TPA and SM clock points are joined into GPU samples (:mod:`otel_ofu.otlp.join`) for the
 ``ofu`` processor, and every other metric passes through untouched to the exporters.
 
 Secure by default: it listens on 127.0.0.1 unless told otherwise, supports TLS and mTLS per

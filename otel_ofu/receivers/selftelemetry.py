@@ -1,6 +1,6 @@
 """The ``selftelemetry`` receiver: otel-ofu's own counters and gauges as metrics.
 
-Every component counts into the service's shared :class:`otel_ofu.telemetry.Telemetry`
+Every component counts into the service's shared :class:`otel_ofu.pipeline.telemetry.Telemetry`
 (dropped windows by reason, exporter queue length, sent/retried/dropped, scrape errors,
 receiver status). This receiver emits a snapshot of all of them every
 ``collection_interval`` into its pipelines, so they go wherever the pipeline's exporters
