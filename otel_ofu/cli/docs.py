@@ -328,18 +328,44 @@ def component_attributes(section: str, component_type: str) -> str:
 
 # --- samples --------------------------------------------------------------------------------
 
+def _block_text(text: str, section: str, comp_id: str) -> str | None:
+    """A component's block as written in a config file, comments kept (None if not found plainly)."""
+    lines = text.splitlines()
+    try:
+        start = lines.index(f"{section}:")
+    except ValueError:
+        return None
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if line and not line.startswith((" ", "#")):
+            return None  # the next section: not found
+        if re.match(rf"  {re.escape(comp_id)}:(\s|$)", line):
+            end = i + 1
+            while end < len(lines) and (not lines[end].strip() or lines[end].startswith("   ")):
+                end += 1
+            while not lines[end - 1].strip():
+                end -= 1
+            return "\n".join([f"{section}:", *lines[i:end]])
+    return None
+
+
 def sample_config(section: str, component_type: str) -> str:
-    """The first shipped otel-ofu config that uses the component, cut to that component's block."""
+    """The component's longest block in the shipped otel-ofu configs (the most keys shown), as written."""
+    found: list[tuple[int, str, str]] = []
     for path in sorted(SHIPPED_CONFIGS.glob("*.yaml")):
         if path.name.startswith("otelcol-"):
             continue  # Collector configs, not otel-ofu's
-        doc = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        doc = yaml.safe_load(text) or {}
         for comp_id, body in (doc.get(section) or {}).items():
             if str(comp_id).split("/", 1)[0] == component_type:
-                block = yaml.safe_dump({section: {comp_id: body}}, sort_keys=False, width=100).rstrip()
-                return f"From [`collector-config/{path.name}`](../../../collector-config/{path.name}):\n\n" \
-                       f"```yaml\n{block}\n```"
-    return "No shipped config uses this component yet; every key above has a working default."
+                block = _block_text(text, section, str(comp_id)) or yaml.safe_dump(
+                    {section: {comp_id: body}}, sort_keys=False, width=100).rstrip()
+                found.append((-block.count("\n"), path.name, block))
+    if found:
+        _, name, block = min(found)
+        return f"From [`collector-config/{name}`](../../../collector-config/{name}):\n\n```yaml\n{block}\n```"
+    return "No shipped config in `collector-config/` uses this component; the examples above show it in use."
 
 
 # --- pages ----------------------------------------------------------------------------------
