@@ -377,16 +377,25 @@ def _block(name: str, body: str) -> str:
     return f"<!-- generated:{name} -->\n{body.rstrip()}\n<!-- /generated:{name} -->"
 
 
+_DOCS_PATH = re.compile(r"(?<![\w/\[`])(?<!\]\()docs/([\w/-]+\.md)(#[\w-]+)?")
+
+
+def link_docs(text: str, to_docs: str) -> str:
+    """``docs/x.md`` named in code comments and docstrings, as links from a page ``to_docs`` away."""
+    return _DOCS_PATH.sub(lambda m: f"[{m.group(1)}]({to_docs}{m.group(1)}{m.group(2) or ''})", text)
+
+
 def component_blocks(section: str, factory: Factory) -> dict[str, str]:
     module_name = _component_module(section, factory.type)
     about = markdown_from_docstring(inspect.getdoc(importlib.import_module(module_name)) or factory.description)
+    metric_part = "\n\n".join(part for part in (
+        metric_table(component_metrics(module_name, section, factory.type)),
+        component_attributes(section, factory.type)) if part)
     return {
-        "about": about,
-        "config": config_table(factory.config_type),
+        "about": link_docs(about, "../../"),
+        "config": link_docs(config_table(factory.config_type), "../../"),
         "sample": sample_config(section, factory.type),
-        "metrics": "\n\n".join(part for part in (
-            metric_table(component_metrics(module_name, section, factory.type)),
-            component_attributes(section, factory.type)) if part),
+        "metrics": link_docs(metric_part, "../../"),
     }
 
 
@@ -436,7 +445,8 @@ def expected_pages() -> dict[Path, str]:
     current = metrics_page.read_text() if metrics_page.exists() else (
         "# Metrics and attributes\n\n" + _block("metrics", "") + "\n\n## Attributes\n\n"
         + _block("resource-attributes", "") + "\n\n" + _block("point-attributes", "") + "\n")
-    out[metrics_page] = render_page(current, {"metrics": metric_reference(), **attribute_reference()})
+    blocks = {"metrics": metric_reference(), **attribute_reference()}
+    out[metrics_page] = render_page(current, {name: link_docs(text, "") for name, text in blocks.items()})
     return out
 
 

@@ -52,8 +52,8 @@ class TLSConfig:
 
 @dataclass
 class RetryConfig:
-    """Retrying failures the backend calls retryable (docs/reliability.md), with exponential
-    backoff and jitter, at least as long as the backend asks."""
+    """Retrying failures the backend calls retryable, with exponential backoff and jitter, at least
+    as long as the backend asks (docs/components/exporters/otlp.md#delivery-guarantees)."""
 
     enabled: bool = True  # false: a failed send is dropped (reason retry_disabled)
     initial_interval: Duration = field(default_factory=lambda: Duration(5))  # the first backoff
@@ -73,7 +73,8 @@ class RetryConfig:
 
 @dataclass
 class QueueConfig:
-    """The bounded sending queue between the pipeline and the backend (docs/reliability.md)."""
+    """The bounded sending queue between the pipeline and the backend
+    (docs/components/exporters/otlp.md#delivery-guarantees)."""
 
     # false: export() sends and retries on the receiver's thread, as in the Collector (receivers
     # stall during an outage).
