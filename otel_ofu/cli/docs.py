@@ -216,6 +216,7 @@ def config_keys(cls: type, instance: Any = None, prefix: str = "", required: set
         instance, required = default_config(cls)
     required = required or set()
     hints = typing.get_type_hints(cls)
+    declared = typing.get_type_hints(cls, include_extras=True)
     comments = _comments(cls)
     out: list[KeyDoc] = []
     for f in dataclasses.fields(cls):
@@ -234,8 +235,14 @@ def config_keys(cls: type, instance: Any = None, prefix: str = "", required: set
         if key in required:
             default = dataclasses.MISSING
         inner, suffix = _nested(tp)
-        if inner is None and tp is Any and dataclasses.is_dataclass(default):
-            inner = type(default)  # a key typed loosely for parsing (the otlp receiver's protocols)
+        if inner is None and tp is Any:
+            # A key typed loosely so validate() can tell "absent" from "empty" (the otlp receiver's
+            # protocols): its schema is its default's class, or named with Annotated[Any, Schema].
+            schema = [a for a in typing.get_args(declared[f.name])[1:] if dataclasses.is_dataclass(a)]
+            if dataclasses.is_dataclass(default):
+                inner = type(default)
+            elif schema:
+                inner = schema[0]
         meaning = comments.get(f.name, "")
         if inner is None:
             out.append(KeyDoc(key, doc_type(tp), format_default(default, key), meaning))
@@ -275,10 +282,21 @@ def module_metric_names(module_name: str) -> list[str]:
     return names
 
 
+def ordered_metrics() -> list[metrics.MetricInfo]:
+    """The registry in a fixed order: the core's metrics as declared, then the rest by name.
+
+    ``METRICS`` itself is in import order, which differs between a test run and the command.
+    """
+    registry.factories()
+    core = [m.name for m in metrics._METRICS]
+    return [metrics.METRICS[n] for n in core] + sorted(
+        (m for m in metrics.METRICS.values() if m.name not in core), key=lambda m: m.name)
+
+
 def component_metrics(module_name: str, section: str, component_type: str) -> list[metrics.MetricInfo]:
     names = module_metric_names(module_name)
     qualified = f"{section}/{component_type}"
-    names += [m.name for m in metrics.METRICS.values() if qualified in m.emitted_by and m.name not in names]
+    names += [m.name for m in ordered_metrics() if qualified in m.emitted_by and m.name not in names]
     return [metrics.METRICS[n] for n in names if n in metrics.METRICS]
 
 
@@ -294,7 +312,7 @@ def metric_table(infos: list[metrics.MetricInfo]) -> str:
 
 def metric_reference() -> str:
     """The whole registry (``docs/metrics.md``)."""
-    return metric_table(list(metrics.METRICS.values()))
+    return metric_table(ordered_metrics())
 
 
 def attribute_table(infos: list[attributes.AttributeInfo], with_metrics: bool = False) -> str:

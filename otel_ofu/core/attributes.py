@@ -76,8 +76,9 @@ _ATTRIBUTES = (
     AttributeInfo("ofu.job.source", RESOURCE, "Which source named the job: `kubelet`, `k8s_api`, `process`, "
                   "`slurm`, `scrape`, `hpc_job`, `rule`, `sample`, `report`, or several joined by `+`.",
                   ("processors/attribution",)),
-    AttributeInfo("ofu.job.shared", RESOURCE, "`true` when several jobs hold the GPU (time-slicing, MPS); their "
-                  "ids are then comma-joined in ofu.job.id.", ("processors/attribution",)),
+    AttributeInfo("ofu.job.shared", RESOURCE, "`true` when several jobs hold the GPU (pods on time-sliced "
+                  "replicas of it, several Slurm jobs); their ids are then comma-joined in ofu.job.id.",
+                  ("processors/attribution",)),
     AttributeInfo("ofu.job.kind", RESOURCE, "The Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, "
                   "Job, Deployment, Pod, ...); a bounded set, kept on overflow.", ("processors/attribution",)),
     # --- who runs the job (resource) ---
