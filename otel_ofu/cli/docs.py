@@ -169,7 +169,7 @@ def doc_type(tp: Any, plural: bool = False) -> str:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Literal:
-        words = [f"`{a}`" for a in args]
+        words = [f"`{a}`" if a != "" else '`""`' for a in args]
         return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
     if origin in (list, tuple):
         return f"list of {doc_type(args[0], plural=True)}" if args else "list"
@@ -250,7 +250,8 @@ def config_keys(cls: type, instance: Any = None, prefix: str = "", required: set
             out.append(KeyDoc(key, "list of mappings", format_default(default, key), meaning or _class_summary(inner)))
             out += config_keys(inner, None, f"{key}[].", required)
         else:
-            out.append(KeyDoc(key, "mapping", "", meaning or _class_summary(inner)))
+            shown = "" if dataclasses.is_dataclass(default) else format_default(default, key)  # absent: "unset"
+            out.append(KeyDoc(key, "mapping", shown, meaning or _class_summary(inner)))
             out += config_keys(inner, default if dataclasses.is_dataclass(default) else None, f"{key}.", required)
     return out
 
