@@ -29,7 +29,8 @@ DEFAULT_COMPRESSION = "gzip"  # as the Collector's otlp exporters
 @dataclass
 class TLSConfig:
     """TLS to the backend. Each file key left unset falls back to its OTEL_EXPORTER_OTLP_*
-    variable (below), then to none."""
+    variable (below), then to none; the files are read again when they change (a rotated
+    certificate needs no restart)."""
 
     # otlp: true sends plaintext. Unset: decided by the endpoint's scheme (http:// plain, https://
     # TLS), then OTEL_EXPORTER_OTLP_[METRICS_]INSECURE, else TLS, as in the Collector. otlphttp:
@@ -52,8 +53,9 @@ class TLSConfig:
 
 @dataclass
 class RetryConfig:
-    """Retrying failures the backend calls retryable, with exponential backoff and jitter, at least
-    as long as the backend asks (docs/components/exporters/otlp.md#delivery-guarantees)."""
+    """Retrying failures the backend calls retryable, with exponential backoff and jitter, at
+    least as long as the backend asks
+    (docs/reliability.md#delivery-queues-retries-outages-crashes-otlp-otlphttp-exporters)."""
 
     enabled: bool = True  # false: a failed send is dropped (reason retry_disabled)
     initial_interval: Duration = field(default_factory=lambda: Duration(5))  # the first backoff
@@ -74,7 +76,7 @@ class RetryConfig:
 @dataclass
 class QueueConfig:
     """The bounded sending queue between the pipeline and the backend
-    (docs/components/exporters/otlp.md#delivery-guarantees)."""
+    (docs/reliability.md#delivery-queues-retries-outages-crashes-otlp-otlphttp-exporters)."""
 
     # false: export() sends and retries on the receiver's thread, as in the Collector (receivers
     # stall during an outage).

@@ -66,12 +66,14 @@ def _malloc_trim() -> Callable[[], None]:
 
 @dataclass
 class MemoryLimiterConfig:
-    """Off unless a limit is set. The keys are the Collector's memory_limiter's."""
+    """The Collector's memory_limiter, checked per request on the process's resident memory:
+    above the soft limit requests are refused, retryably (docs/reliability.md). Off unless a
+    limit is set."""
 
     limit_mib: int = 0  # hard limit, MiB of resident memory; 0: use limit_percentage
     spike_limit_mib: int = 0  # soft limit = hard - spike; 0: 20 % of the hard limit
     limit_percentage: int = 0  # hard limit as a percentage of the container's memory limit
-    spike_limit_percentage: int = 0
+    spike_limit_percentage: int = 0  # soft limit = hard - this percentage; 0: 20 % of the hard limit
 
     def validate(self) -> None:
         require(self.limit_mib >= 0, "limit_mib", "must be >= 0 (0: off, or limit_percentage)")

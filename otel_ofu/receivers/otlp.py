@@ -139,7 +139,7 @@ class AuthConfig:
 
     # Requests must carry Authorization: Bearer <token> (gRPC metadata authorization).
     bearer_token: str = ""
-    bearer_token_file: str = ""  # a file holding the token, read at start
+    bearer_token_file: str = ""  # a file holding the token, read again when it changes
 
     def validate(self) -> None:
         require(not (self.bearer_token and self.bearer_token_file), "bearer_token_file",
