@@ -3,7 +3,7 @@
 Over steady GEMM-dominated phases (a job's first minute is its warm-up ramp and is left
 out), for every job, for TPA windows of 1, 5, 10 and 30 s with the SM clock sampled at 1 s
 and averaged over the window (at 0.25 s for the 1 s window: one sample per window is a
-point sample, whose noise alone reaches 1 pp on A100s). The README states this figure.
+point sample, whose noise alone reaches 1 pp on A100s). docs/method.md states this figure.
 """
 
 import pytest

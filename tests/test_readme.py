@@ -1,34 +1,85 @@
-"""The README's metric table is the metric registry: none missing, none stale."""
+"""Every command the README shows runs, here, as written (or as close as a test can: noted per command).
 
+The README is the front door: a newcomer copies its commands. A command line the README adds
+without a test here fails :func:`test_every_readme_command_is_run_by_a_test`.
+"""
+
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from otel_ofu.core import metrics
-from otel_ofu.pipeline import registry
+import pytest
 
 README = Path(__file__).parent.parent / "README.md"
+TEXT = README.read_text()
 
 
-def readme_table() -> dict[str, str]:
-    text = README.read_text()
-    block = text.split("<!-- metrics-table:start -->")[1].split("<!-- metrics-table:end -->")[0]
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `([^`]+)` \| `([^`]*)` \|", block, re.M)}
+def readme_commands() -> list[str]:
+    """Shell lines in the README: indented code lines that start with a command, outside YAML."""
+    commands = []
+    for line in TEXT.splitlines():
+        stripped = line.strip()
+        if re.match(r"^ {4,}\S", line) and re.match(r"^([A-Z_]+=\S+ )*(otel-ofu|python3?|\.ci/run|helm)\b", stripped):
+            commands.append(stripped)
+    return commands
 
 
-def test_every_registered_metric_is_in_the_readme_table_with_its_unit():
-    registry.factories()  # importing the components registers their metrics
-    table = readme_table()
-    missing = sorted(set(metrics.METRICS) - set(table))
-    assert not missing, f"add to README (python -m otel_ofu.cli.docs prints the table): {missing}"
-    stale = sorted(set(table) - set(metrics.METRICS))
-    assert not stale, f"in README but not registered: {stale}"
-    for name, info in metrics.METRICS.items():
-        assert table[name] == info.unit, name
+DEMO = ("python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/otel-ofu run --config "
+        "collector-config/demo.yaml --duration 60")
+HELM = ("helm install ofu deploy/helm/otel-ofu -n gpu-monitoring --create-namespace "
+        "--set image.repository=REGISTRY/otel-ofu")
+
+
+def test_every_readme_command_is_run_by_a_test():
+    covered = {DEMO, ".ci/run", HELM, *quick_commands()}
+    assert readme_commands(), "the command finder found nothing: it is broken"
+    missing = [c for c in readme_commands() if c not in covered]
+    assert not missing, f"README commands no test runs (add one to tests/test_readme.py): {missing}"
+
+
+def test_the_demo_command_runs_and_records_otlp_json(tmp_path):
+    """The demo command after its install steps (the test's environment is that install), with a
+    shorter --duration; in a fresh directory, where it writes demo-metrics.jsonl."""
+    assert DEMO in readme_commands()
+    run = DEMO.split("&& .venv/bin/otel-ofu ")[1].replace("--duration 60", "--duration 6")
+    (tmp_path / "collector-config").symlink_to(README.parent / "collector-config")
+    done = subprocess.run([sys.executable, "-m", "otel_ofu", *shlex.split(run)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = (tmp_path / "demo-metrics.jsonl").read_text()
+    assert '"gpu.ofu"' in recorded and '"job.ofu"' in recorded
+
+
+def test_the_test_command_is_the_ci_entry_point():
+    """`.ci/run` is what CI runs (it runs this very test): it exists, is executable, runs pytest."""
+    ci = README.parent / ".ci" / "run"
+    assert ".ci/run" in readme_commands() and os.access(ci, os.X_OK)
+    assert ".venv/bin/pytest" in ci.read_text()
+
+
+def test_the_helm_command_renders(tmp_path):
+    """`helm install` needs a cluster; `helm template` with the same chart, namespace and values
+    renders what it would install, and the agent's image is the one the command names."""
+    helm = os.environ.get("HELM") or subprocess.run(["bash", "-c", "command -v helm"], capture_output=True,
+                                                    text=True).stdout.strip()
+    if not helm:
+        if os.environ.get("CI"):
+            pytest.fail("HELM is not set under CI: .ci/run builds it (collector/build-helm.sh)")
+        pytest.skip("helm not built: HELM=$(collector/build-helm.sh | tail -1)")
+    assert HELM in readme_commands()
+    args = shlex.split(HELM)[2:]  # after "helm install"
+    done = subprocess.run([helm, "template", *args, "--kube-version", "1.31.0"], cwd=README.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"image: \"?REGISTRY/otel-ofu:", done.stdout) and "kind: DaemonSet" in done.stdout
 
 
 # --- the quick paths, run as the README writes them ---------------------------------------------
 
-QUICK = README.read_text().split("<!-- quick-paths:start -->")[1].split("<!-- quick-paths:end -->")[0]
+QUICK = TEXT.split("<!-- quick-paths:start -->")[1].split("<!-- quick-paths:end -->")[0]
 
 
 def quick_commands() -> list[str]:

@@ -499,11 +499,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def metric_table_markdown() -> str:
-    """The registry as one table (also used for the README's table while it has one)."""
-    registry.factories()
-    return metrics.markdown_table()
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

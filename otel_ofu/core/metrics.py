@@ -122,10 +122,3 @@ _EMITTED_BY: dict[str, tuple[str, ...]] = {
 for _name, _by in _EMITTED_BY.items():
     if _name in METRICS:
         METRICS[_name] = replace(METRICS[_name], emitted_by=_by)
-
-
-def markdown_table() -> str:
-    """The registry as one Markdown table (the README's metric table, while it has one)."""
-    rows = ["| metric | unit | kind | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{m.name}` | `{m.unit}` | {m.kind} | {m.description} |" for m in METRICS.values()]
-    return "\n".join(rows)
