@@ -1,19 +1,30 @@
-"""OTLP JSON line files as the ``file`` exporter writes them: rotation names, compression, reading back.
+"""Recorded files: the one reader of what was recorded, and the ``file`` exporter's writing side.
 
-Layout (docs/file-exporter.md). The current file is ``path``. A rotated file is renamed as the
+Reading (:func:`read_lines`, :func:`read_json_lines`) serves every reader of recordings: the
+``replay`` receiver, ``otel-ofu report`` and the tests. What the bytes are is told by their
+first bytes, never by the file name (the Collector keeps the configured name when it
+compresses):
+
+- plain text: JSON lines, a ``dcgmi dmon`` capture or a CSV;
+- gzip: one stream or one member per write; zstd: one stream or one frame per write (the
+  Collector's native compression, ``zstd`` on the command line, ``pzstd``'s leading skippable
+  frame);
+- the Collector's length-prefixed records (``compression: zstd`` without native compression,
+  ``format: proto``): a 4-byte big-endian length, then the record, zstd-compressed or not.
+  JSON records are read, one line each; protobuf records are refused with a message.
+
+A crash leaves at most one partly written last line, frame or record. It is skipped with one
+warning per file (:class:`RecordedFile` keeps what was skipped), and the lines before it are
+read. A last line that is complete JSON without its newline (another tool's file) is kept.
+
+Writing (docs/file-exporter.md). The current file is ``path``. A rotated file is renamed as the
 Collector's file exporter (lumberjack) does: the rotation time, ``YYYY-MM-DDTHH-MM-SS.mmm``
 (UTC, or local time with ``localtime``), inserted before the file's last extension:
 ``metrics.jsonl`` -> ``metrics-2026-11-30T12-07-16.799.jsonl``. Readers also accept the
 ``-<reason>`` suffix newer Collectors (timberjack) add (``metrics-<time>-size.jsonl``).
-
 Compression (``zstd`` or ``gzip``) applies to every write: each export request's line(s) are
 one complete zstd frame or gzip member, so a file is a valid ``.zst`` / ``.gz`` stream that
-``zstd -d`` / ``gzip -d`` read, and a crash can only cut the last frame. Readers recognise
-compression by its magic bytes, not by the file name.
-
-A crash leaves at most one partly written last line (or frame). :func:`read_json_lines`
-skips it with a warning; a last line that is complete JSON without its newline (another
-tool's file) is kept.
+``zstd -d`` / ``gzip -d`` read, and a crash can only cut the last frame.
 """
 
 from __future__ import annotations
@@ -24,18 +35,27 @@ import io
 import json
 import logging
 import re
+import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 log = logging.getLogger("otel_ofu.otlp.files")
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
 COMPRESSIONS = ("zstd", "gzip")
+# A length-prefixed record is at most this long: also keeps a text file (first byte >= 0x09)
+# from reading as a length.
+MAX_RECORD_BYTES = 128 * 1024 * 1024
 _TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"  # then ".mmm": lumberjack's "2006-01-02T15-04-05.000"
-_BACKUP_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d{3})(?:-[a-z]+)?$")
+# lumberjack's rotation time, then timberjack's optional "-<reason>" (size, time, manual)
+_STAMP = r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d{3})(?:-[a-z]+)?"
+_BACKUP_TIME = re.compile(f"^{_STAMP}$")
+_STAMP_IN_NAME = re.compile(f"-{_STAMP}(?=\\.|$)")
+_JSON_START = re.compile(rb"\s*\{")
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -75,6 +95,26 @@ def backup_time(path: Path, candidate: Path, localtime: bool = False) -> dt.date
     return parsed.replace(tzinfo=dt.UTC)
 
 
+def rotation_stamp(name: str) -> str:
+    """The rotation time a rotated file's name carries ("" for a live file): sorts a rotated set
+    by name, whatever the live file is called (lumberjack and timberjack names, compressed or not)."""
+    stamp = _last_stamp(name)
+    return stamp.group(1) if stamp else ""
+
+
+def unrotated_name(name: str) -> str:
+    """The name of the live file a rotated file was renamed from (``name`` itself if not rotated)."""
+    stamp = _last_stamp(name)
+    return name[:stamp.start()] + name[stamp.end():] if stamp else name
+
+
+def _last_stamp(name: str) -> re.Match[str] | None:
+    found = None
+    for found in _STAMP_IN_NAME.finditer(name):  # noqa: B007 (the last one is wanted)
+        pass
+    return found
+
+
 def rotated_files(path: str | Path, localtime: bool = False) -> list[Path]:
     """The rotated files of ``path``, oldest first, then ``path`` itself if it exists: time order."""
     path = Path(path)
@@ -90,7 +130,7 @@ def rotated_files(path: str | Path, localtime: bool = False) -> list[Path]:
     return out
 
 
-# --- compression ------------------------------------------------------------------------------
+# --- writing: compression, crash repair ------------------------------------------------------
 
 def compressor(compression: str) -> Callable[[bytes], bytes]:
     """One complete zstd frame or gzip member per call; identity for ''/'none'."""
@@ -104,142 +144,27 @@ def compressor(compression: str) -> Callable[[bytes], bytes]:
     return lambda data: data
 
 
-def detect_compression(path: str | Path) -> str:
-    """'zstd', 'gzip' or '' from the file's first bytes."""
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-    if head.startswith(ZSTD_MAGIC):
-        return "zstd"
-    if head.startswith(GZIP_MAGIC):
-        return "gzip"
-    return ""
-
-
-def open_text(path: str | Path, errors: str = "strict") -> tuple[IO[str], Callable[[], bool]]:
-    """The file as text, decompressed if it is zstd or gzip; and a function saying whether the
-    compressed stream was cut short (a crash mid-write).
-    """
-    compression = detect_compression(path)
-    raw = open(path, "rb")  # noqa: SIM115 (returned, closed by the caller through the text wrapper)
-    if not compression:
-        return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, newline=""), lambda: False
-    reader = _Frames(raw, compression)
-    text = io.TextIOWrapper(io.BufferedReader(reader), encoding="utf-8", errors=errors, newline="")
-    return text, lambda: reader.truncated
-
-
-class _Frames(io.RawIOBase):
-    """Concatenated zstd frames or gzip members, decompressed; stops quietly at a cut one."""
-
-    def __init__(self, raw: IO[bytes], compression: str):
-        self._raw = raw
-        self._compression = compression
-        self._decoder = None
-        self._pending = b""
-        self._done = False
-        self.truncated = False
-
-    def _new_decoder(self):
-        if self._compression == "zstd":
-            import zstandard
-
-            return zstandard.ZstdDecompressor().decompressobj()
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        while not self._pending and not self._done:
-            self._pending = self._fill()
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
-
-    def _fill(self) -> bytes:
-        data = self._raw.read(1 << 16)
-        if not data:
-            self._done = True
-            if self._decoder is not None and not self._decoder.eof:
-                self.truncated = True  # the last frame/member never ended
-            return b""
-        out = []
-        try:
-            while data:
-                if self._decoder is None:
-                    self._decoder = self._new_decoder()
-                out.append(self._decoder.decompress(data))
-                if not self._decoder.eof:
-                    break  # needs more input
-                data = self._decoder.unused_data
-                self._decoder = None  # a frame/member ended: the rest starts the next one
-        except Exception:  # zstandard.ZstdError, zlib.error: a damaged frame, as from a torn write
-            self.truncated = True
-            self._done = True
-        return b"".join(out)
-
-
-# --- reading ----------------------------------------------------------------------------------
-
-def read_json_lines(path: str | Path, on_partial: Callable[[str], None] | None = None) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every line of a (possibly compressed) JSON lines file.
-
-    A last line cut by a crash (no newline and not valid JSON, or a cut compressed frame) is
-    not returned: ``on_partial`` (default: a warning) is told about it.
-    """
-    warn = on_partial or (lambda message: log.warning("%s", message))
-    handle, truncated = open_text(path)
-    with handle:
-        previous: tuple[int, str] | None = None
-        number = 0
-        for number, line in enumerate(handle, 1):  # noqa: B007 (used after the loop)
-            if previous is not None:
-                yield previous
-            previous = (number, line)
-        cut = truncated()
-    if previous is None:
-        if cut:
-            warn(f"{path}: the compressed stream is cut before its first line (the writer stopped mid-write)")
-        return
-    number, line = previous
-    if line.endswith("\n"):  # complete, even if a compressed stream was cut after it
-        yield previous
-        if cut:
-            warn(f"{path}: the compressed stream ends mid-frame after line {number} (the writer stopped "
-                 "mid-write: a crash?); the lines before the cut are read")
-        return
-    if line.strip() and not cut:
-        try:
-            json.loads(line)
-        except ValueError:
-            pass
-        else:
-            yield previous  # complete, just no final newline
-            return
-    if line.strip():
-        warn(f"{path}:{number}: skipping a partly written last line ({len(line)} characters"
-             f"{', compressed stream cut short' if cut else ''}): the writer stopped mid-write (a crash?)")
-    elif cut:
-        warn(f"{path}: the compressed stream ends mid-frame after line {number - 1} (the writer stopped "
-             "mid-write: a crash?)")
-
-
 def repair_tail(path: Path) -> int:
     """Cut a partly written end (a crash) off a file about to be appended to; returns bytes removed.
 
     Plain files are cut after their last newline; compressed files after their last complete
-    zstd frame or gzip member, so what is appended starts cleanly.
+    zstd frame or gzip member, so what is appended starts cleanly. Length-prefixed records
+    (not this exporter's) are left as they are.
     """
     if not path.is_file() or path.stat().st_size == 0:
         return 0
     size = path.stat().st_size
-    compression = detect_compression(path)
-    if not compression:
+    with open(path, "rb") as handle:
+        compression = detect_compression(handle.read(8))
+    if compression == "records":
+        return 0
+    if compression:
+        frames = _Frames(open(path, "rb"), compression)  # noqa: SIM115 (closed just below)
+        with frames:
+            while frames.read(1 << 20):
+                pass
+        keep = frames.end_of_last_frame
+    else:
         with open(path, "rb") as handle:
             keep = size
             step = 1 << 16
@@ -252,33 +177,274 @@ def repair_tail(path: Path) -> int:
                     keep = start + newline + 1
                     break
                 keep = start
-            if keep == size:
-                return 0
-    else:
-        keep = _last_complete_frame_end(path, compression)
-        if keep == size:
-            return 0
+    if keep == size:
+        return 0
     with open(path, "r+b") as handle:
         handle.truncate(keep)
     return size - keep
 
 
-def _last_complete_frame_end(path: Path, compression: str) -> int:
-    with open(path, "rb") as handle:
-        data = handle.read()
-    position = 0
-    while position < len(data):
-        if compression == "zstd":
+# --- reading ---------------------------------------------------------------------------------
+
+class RecordingError(ValueError):
+    """A recorded file that cannot be read as lines: which file, which line (0: none), what is wrong."""
+
+    def __init__(self, path: str | Path, line: int, message: str):
+        self.path, self.line, self.message = str(path), line, message
+        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+
+@dataclass
+class RecordedFile:
+    """One recorded file as it is read: what its bytes turned out to be, and what a crash cut."""
+
+    path: Path
+    compression: str = ""  # "" | gzip | zstd | records (length-prefixed) | records+zstd
+    partial_tail: bool = False  # a partly written last line, frame or record was skipped
+    notes: list[str] = field(default_factory=list)
+    # Told about a skipped partial tail instead of the log (a warning), once per file.
+    on_partial: Callable[[str], object] | None = field(default=None, repr=False, compare=False)
+
+    def skipped_tail(self, line: int, what: str) -> None:
+        """A crash's partial tail was skipped: noted, and said once."""
+        self.partial_tail = True
+        self.notes.append(what)
+        message = f"{self.path}:{line}: {what}" if line else f"{self.path}: {what}"
+        if self.on_partial is not None:
+            self.on_partial(message)
+        else:
+            log.warning("%s", message)
+
+
+def detect_compression(head: bytes) -> str:
+    """'zstd', 'gzip', 'records' (the Collector's length-prefixed records) or '' (plain) from a
+    file's first 8 bytes."""
+    if head.startswith(ZSTD_MAGIC) or (head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50):
+        return "zstd"  # a frame, or a skippable frame first (pzstd)
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if len(head) >= 8:
+        (size,) = struct.unpack(">I", head[:4])
+        if 0 < size <= MAX_RECORD_BYTES and (head[4:8] == ZSTD_MAGIC or head[4:5] == b"{"):
+            return "records"
+    return ""
+
+
+def read_lines(source: RecordedFile, *, errors: str = "strict", progress: Callable[[int], object] | None = None
+               ) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of a recording, decompressed or unframed as its bytes say.
+
+    A line keeps its line end; only a plain file's last line may lack one (another tool's file,
+    or a crash: :func:`skip_partial_last_line` tells them apart for JSON lines). A cut
+    compressed stream or record ends the lines: the text after the last complete line is
+    skipped, with one warning (``source.skipped_tail``). Records are numbered as lines.
+    ``progress`` is told how many file bytes were read. Raises :class:`RecordingError`.
+    """
+    try:
+        raw: Any = open(source.path, "rb", buffering=0)  # noqa: SIM115 (closed through the handle below)
+    except OSError as exc:
+        raise RecordingError(source.path, 0, f"cannot read: {exc.strerror or exc}") from None
+    handle = io.BufferedReader(_Counting(raw, progress) if progress is not None else raw, buffer_size=1 << 20)
+    with handle:
+        compression = detect_compression(handle.peek(8)[:8])
+        if compression == "records":
+            yield from _record_lines(source, handle, errors)
+            return
+        frames = _Frames(handle, compression) if compression else None
+        source.compression = compression
+        binary = io.BufferedReader(frames, buffer_size=1 << 20) if frames is not None else handle
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors=errors, newline="")
+        text._CHUNK_SIZE = 1 << 16  # type: ignore[attr-defined]  # fewer, larger reads: lines are ~10 kB
+        number = 0
+        pending: str | None = None
+        try:
+            for line in text:
+                if pending is not None:
+                    yield number, pending
+                number += 1
+                pending = line
+        except UnicodeDecodeError as exc:  # in the chunk after line ``number``: count its lines up to the byte
+            before = exc.object[:exc.start].count(b"\n") if isinstance(exc.object, bytes) else 0
+            raise RecordingError(source.path, number + 1 + before,
+                                 f"not UTF-8 text ({exc.reason}); is this a recording?") from None
+        if frames is not None and frames.problem:
+            if pending is not None and not pending.endswith("\n"):
+                source.skipped_tail(number, f"skipping a partly written last line ({len(pending)} characters; "
+                                            f"the compressed stream {frames.problem}): the writer stopped "
+                                            "mid-write (a crash?)")
+                return
+            if pending is None:
+                source.skipped_tail(0, f"the compressed stream {frames.problem} before its first line (the writer "
+                                       "stopped mid-write: a crash?)")
+                return
+            yield number, pending
+            source.skipped_tail(0, f"the compressed stream {frames.problem} after line {number} (the writer "
+                                   "stopped mid-write: a crash?); the lines before the cut are read")
+            return
+        if pending is not None:
+            yield number, pending
+
+
+def skip_partial_last_line(lines: Iterable[tuple[int, str]], source: RecordedFile) -> Iterator[tuple[int, str]]:
+    """JSON lines: ``lines`` less a crash's partly written last line (no line end and not valid JSON),
+    which is skipped with a warning. A complete JSON last line without its newline is kept."""
+    pending: tuple[int, str] | None = None
+    for item in lines:
+        if pending is not None:
+            yield pending
+        pending = item
+    if pending is None:
+        return
+    number, line = pending
+    if not line.endswith("\n") and line.strip():
+        try:
+            json.loads(line)
+        except ValueError:
+            source.skipped_tail(number, f"skipping a partly written last line ({len(line)} characters): the "
+                                        "writer stopped mid-write (a crash?)")
+            return
+    yield pending
+
+
+def read_json_lines(path: str | Path, on_partial: Callable[[str], object] | None = None
+                    ) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of a JSON lines recording, a crash's partial tail skipped.
+
+    ``on_partial`` (default: a logged warning) is told about a skipped partial tail.
+    """
+    source = RecordedFile(Path(path), on_partial=on_partial)
+    return skip_partial_last_line(read_lines(source), source)
+
+
+def _record_lines(source: RecordedFile, handle: IO[bytes], errors: str) -> Iterator[tuple[int, str]]:
+    """The Collector's length-prefixed records, each a JSON request (zstd-compressed or not)."""
+    source.compression = "records"
+    number = 0
+    decompressor = None
+    while True:
+        header = handle.read(4)
+        if not header:
+            return
+        number += 1
+        size = struct.unpack(">I", header)[0] if len(header) == 4 else 0
+        body = handle.read(size) if size else b""
+        if len(header) < 4 or len(body) < size:
+            source.skipped_tail(0, f"record {number} is cut short (the writer stopped mid-write: a crash?): skipped")
+            return
+        if body.startswith(ZSTD_MAGIC):
             import zstandard
 
-            decoder = zstandard.ZstdDecompressor().decompressobj()
-        else:
-            decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            source.compression = "records+zstd"
+            decompressor = decompressor or zstandard.ZstdDecompressor()
+            try:
+                body = decompressor.decompressobj().decompress(body)
+            except zstandard.ZstdError as exc:
+                raise RecordingError(source.path, 0, f"record {number}: not a zstd frame: {exc}") from None
+        if not _JSON_START.match(body):
+            raise RecordingError(source.path, 0, f"record {number}: not JSON; the Collector's format: proto is not "
+                                                 "read here: record with format: json")
         try:
-            decoder.decompress(data[position:])
-        except Exception:
-            return position
-        if not decoder.eof:
-            return position
-        position = len(data) - len(decoder.unused_data)
-    return position
+            text = body.decode("utf-8", errors)
+        except UnicodeDecodeError as exc:
+            raise RecordingError(source.path, 0, f"record {number}: not UTF-8 text ({exc.reason}); "
+                                                 "is this a recording?") from None
+        if "\n" not in text and "\r" not in text:  # one request per record, as the Collector writes
+            yield number, text + "\n"
+            continue
+        for piece in io.StringIO(text, newline=""):
+            if piece.strip():
+                yield number, piece if piece.endswith("\n") else piece + "\n"
+
+
+class _Counting(io.RawIOBase):
+    """A file that tells how many bytes were read from it (the report's progress bar)."""
+
+    def __init__(self, raw: IO[bytes], progress: Callable[[int], object]):
+        self.raw, self.progress = raw, progress
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        if n:
+            self.progress(n)
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _Frames(io.RawIOBase):
+    """Concatenated zstd frames or gzip members, decompressed; stops quietly at a cut or damaged one.
+
+    ``problem`` then says which ("ends mid-frame", "is damaged (...)"); ``end_of_last_frame``
+    is where the last complete frame or member ends in the file (where a repair cuts).
+    """
+
+    def __init__(self, raw: IO[bytes], compression: str):
+        self._raw = raw
+        self._compression = compression
+        self._decoder: Any = None
+        self._zstd: Any = None  # one decompressor context, a decoder per frame from it
+        self._pending = b""
+        self._offset = 0
+        self._done = False
+        self._read = 0
+        self.end_of_last_frame = 0
+        self.problem = ""
+
+    def _new_decoder(self) -> Any:
+        if self._compression == "zstd":
+            if self._zstd is None:
+                import zstandard
+
+                self._zstd = zstandard.ZstdDecompressor()
+            return self._zstd.decompressobj()
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+    def readinto(self, buffer: Any) -> int:
+        while self._offset >= len(self._pending):
+            if self._done:
+                return 0
+            self._pending, self._offset = self._fill(), 0
+        n = min(len(buffer), len(self._pending) - self._offset)
+        buffer[:n] = memoryview(self._pending)[self._offset:self._offset + n]
+        self._offset += n
+        return n
+
+    def _fill(self) -> bytes:
+        data = self._raw.read(1 << 16)
+        if not data:
+            self._done = True
+            if self._decoder is not None:
+                self.problem = "ends mid-frame"  # the last frame/member never ended
+            return b""
+        self._read += len(data)
+        out = []
+        try:
+            while data:
+                if self._decoder is None:
+                    if self._compression == "gzip":
+                        data = data.lstrip(b"\0")  # zero padding after a member, as gzip -d allows
+                        if not data:
+                            break
+                    self._decoder = self._new_decoder()
+                out.append(self._decoder.decompress(data))
+                if not self._decoder.eof:
+                    break  # needs more input
+                data = self._decoder.unused_data
+                self.end_of_last_frame = self._read - len(data)
+                self._decoder = None  # a frame/member ended: the rest starts the next one
+        except Exception as exc:  # zstandard.ZstdError, zlib.error: a damaged frame, as from a torn write
+            self.problem = f"is damaged ({exc})"
+            self._done = True
+        return b"".join(out)

@@ -25,6 +25,7 @@ pure: lines in, frames out, :class:`ReplayFormatError` on bad input.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -393,9 +394,13 @@ FORMATS_BY_SUFFIX = {".jsonl": "otlp_json", ".json": "otlp_json", ".ndjson": "ot
 def detect_format(path: str | Path) -> str:
     """dmon, csv or otlp_json from the first lines of a file (then its suffix)."""
     path = Path(path)
-    handle, _ = files.open_text(path, errors="replace")  # zstd / gzip files too (the file exporter's)
-    with handle:
-        fmt, first, first_line = sniff_format(handle)
+    # Compressed files and the Collector's records too; a cut tail is reported when the file is read.
+    lines = files.read_lines(files.RecordedFile(path, on_partial=lambda message: None), errors="replace")
+    try:
+        with contextlib.closing(lines):
+            fmt, first, first_line = sniff_format(text for _, text in lines)
+    except files.RecordingError as exc:
+        raise ReplayFormatError(exc.path, exc.line, exc.message) from None
     if fmt is not None:
         return fmt
     suffix = path.suffix.lower()
@@ -409,25 +414,31 @@ def detect_format(path: str | Path) -> str:
 
 def read_frames(path: str | Path, fmt: str, *, start_unix_nano: int, interval_s: float | None = None,
                 model: str = "", host: str = "", on_error: ErrorHandler | None = None) -> Iterator[Frame]:
-    """Frames of a recording file, parsed lazily (a long recording is never held in memory)."""
+    """Frames of a recording file, parsed lazily (a long recording is never held in memory).
+
+    The file is read by :mod:`otel_ofu.otlp.files`: plain, compressed (zstd, gzip) or the
+    Collector's length-prefixed records; a tail cut by a crash of the writer is skipped with a
+    warning, not an error.
+    """
     name = str(path)
     if fmt == "auto":
         fmt = detect_format(path)
+    source = files.RecordedFile(Path(path))
+    lines = files.read_lines(source)
     try:
         if fmt == "otlp_json":
-            # Plain or compressed (zstd, gzip); a last line cut by a crash of the writer is
-            # skipped with a warning, not an error.
-            yield from parse_otlp_json((text for _, text in files.read_json_lines(path)), name, on_error=on_error)
-            return
-        handle, _ = files.open_text(path)
-        with handle:
-            if fmt == "dmon":
-                yield from parse_dmon(handle, name, start_unix_nano=start_unix_nano, interval_s=interval_s,
-                                      model=model, host=host, on_error=on_error)
-            else:
-                yield from parse_csv(handle, name, interval_s=interval_s, model=model, host=host, on_error=on_error)
-    except UnicodeDecodeError as exc:
-        raise ReplayFormatError(name, 0, f"not UTF-8 text: {exc}") from None
+            yield from parse_otlp_json((text for _, text in files.skip_partial_last_line(lines, source)), name,
+                                       on_error=on_error)
+        elif fmt == "dmon":
+            yield from parse_dmon((text for _, text in lines), name, start_unix_nano=start_unix_nano,
+                                  interval_s=interval_s, model=model, host=host, on_error=on_error)
+        else:
+            yield from parse_csv((text for _, text in lines), name, interval_s=interval_s, model=model, host=host,
+                                 on_error=on_error)
+    except files.RecordingError as exc:
+        raise ReplayFormatError(exc.path, exc.line, exc.message) from None
+    finally:
+        lines.close()
 
 
 def shift_batch(batch: Batch, offset_ns: int) -> Batch:

@@ -1,11 +1,12 @@
 """Per-job answers from recordings (``otel-ofu report``, :mod:`.command`).
 
-Inputs (:mod:`.inputs`) are the file exporter's OTLP JSON lines, compressed or rotated, and
-``dcgmi dmon`` / CSV recordings, which are read through the replay receiver's parsers and the
-``ofu`` processor. Every file's points are gathered, then replayed in data-time order, so
-concatenated or interleaved recordings (``cat a.jsonl b.jsonl``, one file per node) give the
-same jobs as one recording made in order. The points are held compactly (about 30 bytes per
-point of the metrics the report reads) while they are sorted.
+Inputs (:mod:`.inputs` chooses them, :mod:`otel_ofu.otlp.files` reads them) are the file
+exporter's OTLP JSON lines, compressed or rotated, and ``dcgmi dmon`` / CSV recordings, which
+are read through the replay receiver's parsers and the ``ofu`` processor. Every file's points
+are gathered, then replayed in data-time order, so concatenated or interleaved recordings
+(``cat a.jsonl b.jsonl``, one file per node) give the same jobs as one recording made in
+order. The points are held compactly (about 30 bytes per point of the metrics the report
+reads) while they are sorted.
 
 The table is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``, the
 reported-MFU metric) with the same :class:`otel_ofu.jobs.tracker.JobBook` the ``jobs``
@@ -22,13 +23,14 @@ Log lines (few) go through :mod:`otel_ofu.otlp`.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
 import sys
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,7 +52,8 @@ from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.findings import MFU_GAP
 from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobsConfig, JobSummary, Update
 from otel_ofu.otlp import codec as otlp
-from otel_ofu.report.inputs import InputError, InputFile, expand_paths, read_text_lines, rotation_stamp
+from otel_ofu.otlp import files as recorded
+from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -121,20 +124,16 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                                       metric.get("unit") or "1", monotonic, start)
 
 
-def parse_line(source: InputFile, number: int, line: str, is_last: bool, skip_malformed: bool = False
-               ) -> dict[str, Any] | None:
-    """One OTLP JSON line as an object; None for a line to skip (blank, partly written, or skipped)."""
+def parse_line(source: InputFile, number: int, line: str, skip_malformed: bool = False) -> dict[str, Any] | None:
+    """One OTLP JSON line as an object; None for a line to skip (blank, or skipped as malformed).
+
+    A crash's partly written last line never gets here (:func:`otel_ofu.otlp.files.skip_partial_last_line`).
+    """
     if not line.strip():
         return None
     try:
         doc = json.loads(line)
     except ValueError as exc:
-        if is_last and not line.endswith("\n"):
-            source.partial_tail = True
-            source.notes.append(f"line {number} is partly written (no line end): skipped")
-            log.warning("%s:%d: the last line is partly written (a crash while writing?): skipped", source.path,
-                        number)
-            return None
         if skip_malformed:
             source.notes.append(f"line {number}: not JSON: skipped")
             log.warning("%s:%d: not a JSON line: skipped", source.path, number)
@@ -240,15 +239,10 @@ class ReadOptions:
     skip_malformed: bool = False
 
 
-def _read_otlp(source: InputFile, lines: Iterator[tuple[int, str, bool]], names: set[str], store: PointStore,
-               events: list[Event], options: ReadOptions, first: tuple[int, str, bool] | None) -> None:
-    def all_lines() -> Iterator[tuple[int, str, bool]]:
-        if first is not None:
-            yield first
-        yield from lines
-
-    for number, line, is_last in all_lines():
-        doc = parse_line(source, number, line, is_last, options.skip_malformed)
+def _read_otlp(source: InputFile, lines: Iterable[tuple[int, str]], names: set[str], store: PointStore,
+               events: list[Event], options: ReadOptions) -> None:
+    for number, line in recorded.skip_partial_last_line(lines, source):
+        doc = parse_line(source, number, line, options.skip_malformed)
         if doc is None:
             continue
         source.lines += 1
@@ -319,14 +313,15 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
         sources.append(source)
         bar.set_description(f"reading {path.name}")
         try:
-            lines = read_text_lines(source, bar.update)
-            head: list[tuple[int, str, bool]] = []
+            lines = recorded.read_lines(source, progress=bar.update)
+            head: list[tuple[int, str]] = []
             for item in lines:  # enough lines to tell the format
                 head.append(item)
                 if len(head) >= 50 or item[1].strip().startswith("{"):
                     break
-            fmt, first_text, _ = sniff_format(text for _, text, _ in head)
-            suffix = path.name.lower().removesuffix(".gz").removesuffix(".zst").removesuffix(".zstd")
+            fmt, first_text, _ = sniff_format(text for _, text in head)
+            suffix = recorded.unrotated_name(path.name).lower().removesuffix(".gz").removesuffix(".zst").removesuffix(
+                ".zstd")
             fmt = fmt or FORMATS_BY_SUFFIX.get(Path(suffix).suffix)
             if fmt is None:
                 if not first_text:
@@ -337,21 +332,15 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
                                   f"{first_text[:60]!r}")
             source.format = fmt
             if fmt == "otlp_json":
-                _read_otlp(source, _chain(head[1:], lines), names, store, events, options, head[0] if head else None)
+                _read_otlp(source, itertools.chain(head, lines), names, store, events, options)
             else:
-                text = (line for _, line, _ in _chain(head, lines))
+                text = (line for _, line in itertools.chain(head, lines))
                 _read_replayable(source, text, store, names, options)
-        except InputError as exc:
+        except recorded.RecordingError as exc:
             raise ReportError(str(exc)) from None
     bar.close()
-    sources.sort(key=lambda s: (s.first is None, s.first or 0.0, rotation_stamp(s.path) or "~", str(s.path)))
+    sources.sort(key=data_time_order)
     return sources, notes, store, events
-
-
-def _chain(head: list[tuple[int, str, bool]], rest: Iterator[tuple[int, str, bool]]
-           ) -> Iterator[tuple[int, str, bool]]:
-    yield from head
-    yield from rest
 
 
 # --- building the report ----------------------------------------------------------------------
