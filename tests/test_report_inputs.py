@@ -1,6 +1,6 @@
 """``otel-ofu report PATH...`` as an operator meets it: several files, out of time order,
-directories, globs, rotated and compressed files, a crash's partial line, dmon and CSV read
-directly, no job attributed, recorded vs recomputed findings, the first window's length."""
+directories, globs, rotated and compressed files, dmon and CSV read directly, no job attributed,
+recorded vs recomputed findings, the first window's length."""
 
 import gzip
 import json
@@ -14,8 +14,10 @@ import zstandard
 
 from otel_ofu.cli.main import main
 from otel_ofu.core.model import Batch, GpuSample
-from otel_ofu.exporters.file import FileExporter, FileExporterConfig
+from otel_ofu.exporters.file import FACTORY, FileExporter, FileExporterConfig
 from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import build_config
 from otel_ofu.processors.jobs import JobsProcessor
@@ -126,20 +128,28 @@ def test_globs_and_several_paths(demo, tmp_path, capsys):
     assert "no file matches" in capsys.readouterr().err
 
 
-def test_a_partly_written_last_line_is_skipped_with_a_warning(demo, tmp_path, capsys, caplog):
-    crashed = tmp_path / "crashed.jsonl"
-    crashed.write_text(demo["node0"].read_text() + '{"resourceMetrics":[{"resource":{"attr')
-    data = report(capsys, crashed)
-    assert jobs_of(data) == jobs_of(report(capsys, demo["node0"]))
-    assert data["inputs"][0]["partial_tail_skipped"] is True
-    assert "partly written" in caplog.text
-    gz = tmp_path / "crashed.jsonl.gz"
-    gz.write_bytes(gzip.compress(demo["node0"].read_bytes())[:-200])  # the stream ends early
-    assert report(capsys, gz)["inputs"][0]["partial_tail_skipped"] is True
-    middle = tmp_path / "middle.jsonl"
-    middle.write_text("{not json\n" + demo["node0"].read_text())
-    assert main(["report", str(middle)]) == 1
-    assert f"{middle}:1: not a JSON line" in capsys.readouterr().err
+def test_a_directory_of_the_file_exporters_compressed_rotation(demo, tmp_path, capsys):
+    """``path: metrics.jsonl.zst`` rotates to ``metrics.jsonl-<time>.zst`` (lumberjack's names, the
+    last extension kept last): a directory holding them is read whole."""
+    batches = []
+    for line in demo["whole"].read_text().splitlines():
+        request = otlp.from_json_line(line)
+        batches.append(Batch(events=list(otlp.events_from_request(request))) if line.startswith('{"resourceLogs"')
+                       else Batch(points=list(otlp.from_request(request))))
+    directory = tmp_path / "zst"
+    directory.mkdir()
+    config = {"path": str(directory / "metrics.jsonl.zst"), "compression": "zstd", "rotation": {}}
+    for part in (batches[: len(batches) // 2], batches[len(batches) // 2:]):
+        exporter = FACTORY.create(build_config(FACTORY.config_type, config), Context("file"))
+        exporter.start()  # the previous run's file is rotated away
+        for batch in part:
+            exporter.export(batch)
+        exporter.shutdown()
+    rotated = files.rotated_files(directory / "metrics.jsonl.zst")
+    assert len(rotated) == 2 and rotated[0].name.startswith("metrics.jsonl-20") and rotated[0].suffix == ".zst"
+    data = report(capsys, directory)
+    assert [Path(i["path"]) for i in data["inputs"]] == rotated
+    assert jobs_of(data) == jobs_of(report(capsys, demo["whole"]))
 
 
 def test_dmon_and_csv_are_read_directly(tmp_path, capsys):

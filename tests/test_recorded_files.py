@@ -1,0 +1,240 @@
+"""The one reader of recorded files (otel_ofu.otlp.files): every layout a recording comes in, read
+the same by each caller (the library, the replay receiver, ``otel-ofu report``); a crash's partial
+tail skipped with one warning; rotated names (lumberjack, timberjack); the real Collector's files."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import struct
+import urllib.request
+from pathlib import Path
+
+import pytest
+import zstandard
+from e2e_util import Process, collector_binary, free_ports, port_open, wait_for
+from otlp_backends import T0, gpu_points
+
+from otel_ofu.core.model import Event, attrs
+from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp import files
+from otel_ofu.receivers.replay import ReplayFormatError, detect_format, read_frames
+from otel_ofu.report.build import ReportError, build_report
+from otel_ofu.report.inputs import InputFile, data_time_order
+
+DATA = Path(__file__).resolve().parent / "data" / "replay"
+S = 1_000_000_000
+WINDOWS = 6
+SENT = [p for w in range(WINDOWS) for p in gpu_points(gpus=2, windows=1, t0=T0 + w * 10 * S)]
+
+
+def _lines() -> list[bytes]:
+    """A recording's lines as the file exporter writes them: metrics, one per window, and an events line."""
+    out = [(otlp.to_json_line(otlp.to_request(SENT[w * 10:(w + 1) * 10])) + "\n").encode() for w in range(WINDOWS)]
+    event = Event("ofu.job.end", T0 + WINDOWS * 10 * S, attrs({"ofu.job.id": "job-0"}), (), "ended", "INFO")
+    out.insert(3, (otlp.to_json_line(otlp.events_to_request([event])) + "\n").encode())
+    return out
+
+
+LINES = _lines()
+
+
+def key(point) -> tuple:
+    return point.resource, point.name, point.time_unix_nano, point.attributes, point.value
+
+
+def _frames(lines: list[bytes]) -> bytes:
+    return b"".join(zstandard.ZstdCompressor().compress(line) for line in lines)
+
+
+def _records(lines: list[bytes]) -> bytes:
+    """The Collector's length-prefixed records (compression: zstd without native compression)."""
+    frames = [zstandard.ZstdCompressor().compress(line.rstrip(b"\n")) for line in lines]
+    return b"".join(struct.pack(">I", len(frame)) + frame for frame in frames)
+
+
+SKIPPABLE = struct.pack("<II", 0x184D2A50, 4) + b"pzst"  # pzstd writes one before each frame
+LAYOUTS = {
+    "plain": ("", lambda lines: b"".join(lines)),
+    "gzip members": ("gzip", lambda lines: b"".join(gzip.compress(line, mtime=0) for line in lines)),
+    "gzip stream, zero padded": ("gzip", lambda lines: gzip.compress(b"".join(lines), mtime=0) + b"\0" * 16),
+    "zstd frames": ("zstd", _frames),
+    "zstd stream": ("zstd", lambda lines: zstandard.ZstdCompressor().compress(b"".join(lines))),
+    "pzstd": ("zstd", lambda lines: b"".join(SKIPPABLE + zstandard.ZstdCompressor().compress(line)
+                                             for line in lines)),
+    "records+zstd": ("records+zstd", _records),
+    "records": ("records", lambda lines: b"".join(struct.pack(">I", len(line) - 1) + line[:-1] for line in lines)),
+}
+
+
+def read_by_every_caller(path: Path, caplog) -> dict[str, tuple]:
+    """What each caller read: (lines or frames, partial tail seen, warnings about the file)."""
+    caplog.clear()
+    told: list[str] = []
+    library = [text for _, text in files.read_json_lines(path, told.append)]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        frames = list(read_frames(path, "auto", start_unix_nano=0))
+    replay_warnings = [r for r in caplog.records if str(path) in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        report = build_report(path)
+    report_warnings = [r for r in caplog.records if str(path) in r.getMessage()]
+    (source,) = report.inputs
+    return {"library": (len(library), bool(told), len(told)),
+            "replay": (len(frames), bool(replay_warnings), len(replay_warnings)),
+            "report": (source.lines, source.partial_tail, len(report_warnings)),
+            "compression": source.compression}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_is_read_the_same_by_every_caller(tmp_path, caplog, layout):
+    compression, write = LAYOUTS[layout]
+    path = tmp_path / "metrics.jsonl"  # the Collector keeps the configured name when it compresses
+    path.write_bytes(write(LINES))
+    assert detect_format(path) == "otlp_json"
+    read = read_by_every_caller(path, caplog)
+    assert read.pop("compression") == compression
+    assert read == {caller: (len(LINES), False, 0) for caller in ("library", "replay", "report")}
+    replayed = [p for f in read_frames(path, "otlp_json", start_unix_nano=0) for p in f.batch.points]
+    assert sorted(map(key, replayed)) == sorted(map(key, SENT))
+
+
+@pytest.mark.parametrize("layout", ["plain", "gzip members", "zstd frames", "records+zstd"])
+def test_a_crash_cut_tail_is_skipped_once_and_the_lines_before_it_are_read(tmp_path, caplog, layout):
+    _, write = LAYOUTS[layout]
+    whole = write(LINES)
+    cut_at = len(whole) - len(write(LINES[-1:])) // 2  # halfway through the last line's bytes
+    path = tmp_path / "crashed.jsonl"
+    path.write_bytes(whole[:cut_at])
+    read = read_by_every_caller(path, caplog)
+    read.pop("compression")
+    assert read == {caller: (len(LINES) - 1, True, 1) for caller in ("library", "replay", "report")}
+
+
+def test_a_complete_last_line_without_its_newline_is_kept(tmp_path, caplog):
+    path = tmp_path / "other-tool.jsonl"
+    path.write_bytes(b"".join(LINES).rstrip(b"\n"))
+    read = read_by_every_caller(path, caplog)
+    read.pop("compression")
+    assert read == {caller: (len(LINES), False, 0) for caller in ("library", "replay", "report")}
+
+
+def test_a_cut_compressed_csv_replays_its_whole_rows(tmp_path, caplog):
+    """A compressed dmon or CSV recording cut by a crash: the rows before the cut are replayed, with a
+    warning; the cut row is not parsed (it could read as a wrong number)."""
+    rows = (DATA / "a100.csv").read_bytes().splitlines(keepends=True)
+    whole = b"".join(gzip.compress(row, mtime=0) for row in rows)
+    path = tmp_path / "node.csv.gz"
+    path.write_bytes(whole[:-12])
+    with caplog.at_level(logging.WARNING):
+        samples = [s for f in read_frames(path, "auto", start_unix_nano=0) for s in f.batch.samples]
+    complete = [s for f in read_frames(DATA / "a100.csv", "csv", start_unix_nano=0) for s in f.batch.samples]
+    assert samples == complete[:-1]
+    assert len([r for r in caplog.records if str(path) in r.getMessage()]) == 1
+    report = build_report(path)
+    assert report.inputs[0].partial_tail and report.inputs[0].format == "csv"
+
+
+def test_what_cannot_be_read_is_a_located_error_for_every_caller(tmp_path):
+    proto = tmp_path / "proto.bin"  # the Collector's format: proto
+    body = otlp.to_request(gpu_points(gpus=1, windows=1)).SerializeToString()
+    proto.write_bytes(_records([body + b"\n"]))
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(LINES[0] + '{"caf\u00e9"}\n'.encode("latin-1"))
+    for path, line, words in ((proto, 0, "record 1: not JSON; the Collector's format: proto"),
+                              (latin, 2, "not UTF-8 text")):
+        with pytest.raises(files.RecordingError) as library:
+            list(files.read_json_lines(path))
+        assert library.value.line == line and words in library.value.message
+        with pytest.raises(ReplayFormatError) as replay:
+            list(read_frames(path, "otlp_json", start_unix_nano=0))
+        assert replay.value.line == line and words in replay.value.message
+        with pytest.raises(ReportError, match=words):
+            build_report(path)
+
+
+# --- rotated names -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "stamp", "live"), [
+    ("metrics-2026-11-30T12-07-16.799.jsonl", "2026-11-30T12-07-16.799", "metrics.jsonl"),  # lumberjack
+    ("metrics-2026-11-30T12-07-16.799-size.jsonl", "2026-11-30T12-07-16.799", "metrics.jsonl"),  # timberjack
+    ("metrics.jsonl-2026-11-30T12-07-16.799.zst", "2026-11-30T12-07-16.799", "metrics.jsonl.zst"),
+    ("metrics-2026-11-30T12-07-16.799-time.jsonl.gz", "2026-11-30T12-07-16.799", "metrics.jsonl.gz"),
+    ("metrics-2026-11-30T12-07-16.799", "2026-11-30T12-07-16.799", "metrics"),
+    ("metrics.jsonl", "", "metrics.jsonl"),
+    ("metrics-2026-11-30.jsonl", "", "metrics-2026-11-30.jsonl"),
+])
+def test_rotated_names(name, stamp, live):
+    assert (files.rotation_stamp(name), files.unrotated_name(name)) == (stamp, live)
+
+
+def test_a_rotated_set_is_in_time_order_for_the_exporter_and_the_report(tmp_path):
+    """Timberjack's names (the Collector since v0.161) and lumberjack's; the live file is the newest."""
+    live = tmp_path / "metrics"
+    names = ["metrics-2026-11-30T12-07-16.799-size", "metrics-2026-11-30T12-08-00.000", "metrics-2026-11-30T12-09-"
+             "00.000-time", "metrics"]
+    for name in names:
+        (tmp_path / name).write_bytes(LINES[0])
+    assert [p.name for p in files.rotated_files(live)] == names
+    # The report: files with the same data (or none) are listed as the set was written, not by path.
+    sources = [InputFile(tmp_path / name, first=1.0) for name in reversed(names)]
+    assert [s.path.name for s in sorted(sources, key=data_time_order)] == names
+
+
+# --- the real Collector's files ----------------------------------------------------------------------
+
+def test_the_collectors_rotated_and_length_prefixed_files(tmp_path, capsys):
+    """The Collector's file exporter (v0.161): rotation gives timberjack names (``-size``),
+    ``compression: zstd`` gives length-prefixed records. Replay and the report read both."""
+    binary = collector_binary()
+    (port,) = free_ports(1)
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "collector.yaml"
+    config.write_text(f"""
+receivers:
+  otlp: {{protocols: {{http: {{endpoint: 127.0.0.1:{port}}}}}}}
+exporters:
+  file/records: {{path: {out / 'records.jsonl'}, compression: zstd}}
+  file/rotated: {{path: {out / 'rotated.jsonl'}, rotation: {{max_megabytes: 1}}}}
+service:
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    metrics: {{receivers: [otlp], exporters: [file/records, file/rotated]}}
+""")
+    collector = Process("otelcol", [binary, f"--config=file:{config}"], tmp_path / "otelcol.log")
+    sent = []
+    try:
+        wait_for("the Collector's OTLP/HTTP port", lambda: port_open(port) or None, timeout=60)
+        for w in range(120):  # about 20 kB a request: a few rotations at 1 MiB
+            points = gpu_points(gpus=16, windows=1, t0=T0 + w * 10 * S)
+            sent += points
+            assert _post(port, otlp.to_request(points).SerializeToString())
+    finally:
+        assert collector.stop() == 0, collector.tail()
+    rotated = files.rotated_files(out / "rotated.jsonl")
+    assert len(rotated) >= 3 and all(p.name.endswith("-size.jsonl") for p in rotated[:-1]), rotated
+    records = out / "records.jsonl"
+    assert files.detect_compression(records.read_bytes()[:8]) == "records"
+    expected = sorted(map(key, sent))
+    for recording in (records, *rotated):
+        assert detect_format(recording) == "otlp_json"
+    assert sorted(key(p) for f in read_frames(records, "auto", start_unix_nano=0) for p in f.batch.points) == expected
+    assert sorted(key(p) for r in rotated for f in read_frames(r, "auto", start_unix_nano=0)
+                  for p in f.batch.points) == expected
+    by_record = build_report(records)
+    by_rotation = build_report(out / "rotated*")
+    assert by_record.inputs[0].compression == "records+zstd"
+    assert [s.path for s in by_rotation.inputs] == rotated  # in the order the Collector wrote them
+    assert sum(s.lines for s in by_rotation.inputs) == by_record.inputs[0].lines == 120
+
+
+def _post(port: int, body: bytes) -> bool:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/metrics", data=body,
+                                     headers={"Content-Type": "application/x-protobuf"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
