@@ -114,6 +114,7 @@ def test_wire_path_equals_message_path(index):
 
 
 def test_odd_request_exercises_the_fallbacks(monkeypatch):
+    monkeypatch.setattr(otlp_join, "_resources", {})  # label sets seen by earlier tests are remembered
     through_protobuf = []
     original = otlp_join._Joiner._prometheus_point
     monkeypatch.setattr(otlp_join._Joiner, "_prometheus_point",

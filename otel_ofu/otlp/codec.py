@@ -15,7 +15,6 @@ import functools
 import json
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -134,6 +133,27 @@ def _attributes_bytes(attributes: Attributes, tag: bytes) -> bytes:
         return b"".join([_key_value_field(tag, k, v) for k, v in attributes])
 
 
+# Each resource object encoded once: a GPU's resource is the same tuple interval after interval
+# (the decoder and the ofu processor keep them), and its pairs (host, UUID, pod) are too many
+# for the pair cache in a large fleet. By identity, not equality: (("k", 1),) and (("k", True),)
+# are equal tuples that encode differently. Holding the tuple keeps its id from being reused.
+# About 1 KB each: 131,072 resources (a 100,000-GPU instance) is about 130 MB at most.
+_RESOURCE_CACHE_SIZE = 1 << 17
+_resource_fields: dict[int, tuple[Attributes, bytes]] = {}
+
+
+def _resource_field(resource: Attributes) -> bytes:
+    """ResourceMetrics.resource as a field: the Resource message with the attributes (kept, bounded)."""
+    found = _resource_fields.get(id(resource))
+    if found is not None and found[0] is resource:
+        return found[1]
+    encoded = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a"))
+    if len(_resource_fields) >= _RESOURCE_CACHE_SIZE:
+        _resource_fields.clear()  # start over rather than grow: the working set comes back within an interval
+    _resource_fields[id(resource)] = (resource, encoded)
+    return encoded
+
+
 _METRIC_HEADS: dict[tuple[str, str], tuple[MetricInfo | None, bytes]] = {}
 
 
@@ -244,7 +264,7 @@ def encode_request(points: Iterable[MetricPoint]) -> bytes:
             else:
                 data = _len_field(b"\x2a", data)
             parts.append(_len_field(b"\x12", _metric_head(name, first.unit) + data))
-        rm = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a")) + _len_field(b"\x12", b"".join(parts))
+        rm = _resource_field(resource) + _len_field(b"\x12", b"".join(parts))
         out.append(_len_field(b"\x0a", rm))
     return b"".join(out)
 
@@ -265,19 +285,44 @@ def count_data_points(resource_metrics: metrics_pb2.ResourceMetrics) -> int:
     return count
 
 
-@dataclass(frozen=True, slots=True)
 class WireResourceMetrics:
     """A pass-through ResourceMetrics together with its serialized form, as a request field.
 
     Why: re-serializing what a receiver forwards untouched costs about as much as decoding it.
     The otlp receiver keeps the bytes it received (the join's inputs and decoded metrics cut
     out, see :func:`otel_ofu.otlp.join.split`), so exporters that send protobuf append them
-    as they are; the others read ``message``.
+    as they are; the others read ``message``, parsed from ``field`` when first read (:meth:`of`)
+    since most pipelines never need it.
     """
 
-    message: metrics_pb2.ResourceMetrics
-    field: bytes  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
-    points: int  # data points in it
+    __slots__ = ("field", "points", "_message")
+
+    def __init__(self, message: metrics_pb2.ResourceMetrics | None, field: bytes, points: int):
+        self.field = field  # ExportMetricsServiceRequest.resource_metrics: tag, length, the message's bytes
+        self.points = points  # data points in it
+        self._message = message
+
+    @classmethod
+    def of(cls, field: bytes, points: int) -> WireResourceMetrics:
+        """From the field's bytes alone: the message is parsed only if someone reads it."""
+        return cls(None, field, points)
+
+    @property
+    def message(self) -> metrics_pb2.ResourceMetrics:
+        if self._message is None:
+            self._message = ExportMetricsServiceRequest.FromString(self.field).resource_metrics[0]
+        return self._message
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WireResourceMetrics):
+            return NotImplemented
+        return self.field == other.field and self.points == other.points
+
+    def __hash__(self) -> int:
+        return hash((self.field, self.points))
+
+    def __repr__(self) -> str:
+        return f"WireResourceMetrics({len(self.field)} bytes, {self.points} points)"
 
 
 def passthrough_messages(passthrough: Iterable[object]) -> list[metrics_pb2.ResourceMetrics]:

@@ -31,17 +31,20 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.core.values import clean_clock, rescale
 from otel_ofu.otlp import codec
-from otel_ofu.otlp.codec import WireResourceMetrics, from_any_value, varint
+from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint
+from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields, varint_at
 
 SOURCE = "otlp"
 
@@ -143,20 +146,47 @@ _NEW: Any = object()
 
 
 class _Resource:
-    """One ResourceMetrics' attributes, and what every point under it shares, computed once."""
+    """A ResourceMetrics' resource, and what every point under it shares, computed once.
+
+    Kept across requests (:func:`_resource_of`, keyed by the resource's bytes): a scrape
+    target sends the same resource every interval, and so do its GPUs' label sets, so each
+    GPU's labels are decoded and its identity worked out once, not once per request.
+    """
 
     __slots__ = ("attributes", "labels", "fallback_host", "extra", "key", "by_attribute_bytes")
 
-    def __init__(self, rm: ResourceMetrics):
-        self.attributes = {kv.key: from_any_value(kv.value) for kv in rm.resource.attributes}
+    def __init__(self, attributes: dict[str, Any]):
+        self.attributes = attributes
         # dcgm-exporter labels a Collector may have promoted to resource attributes.
         self.labels = {k: label_text(v) for k, v in self.attributes.items() if k in dcgm_fields.EXPORTER_LABELS}
         self.fallback_host = label_text(self.attributes.get(HOST_NAME) or self.attributes.get("server.address") or "")
         self.extra = {k: v for k, v in self.attributes.items()
                       if k not in SCRAPE_TARGET_ATTRIBUTES and k not in dcgm_fields.EXPORTER_LABELS and k != HOST_NAME}
         self.key = (frozenset(self.labels.items()), self.fallback_host)
-        # A data point's serialized attributes -> its entity (see _Joiner.prometheus_points).
-        self.by_attribute_bytes: dict[bytes, _Entity | None] = {}
+        # A data point's serialized attributes -> its entity's key and identity, None when the
+        # point is no GPU's (see _Joiner.prometheus_points).
+        self.by_attribute_bytes: dict[bytes, tuple[tuple, _Entity] | None] = {}
+
+
+# Bounds of what _resource_of keeps: resources, and label sets (GPU series) over all of them.
+# About 1 KB per GPU series: 131,072 series (a 100,000-GPU processing stage) is about 130 MB.
+_RESOURCE_CACHE_SIZE = 16384
+_SERIES_CACHE_SIZE = 1 << 17
+_resources: dict[bytes, _Resource] = {}
+_series_cached = 0
+
+
+def _resource_of(resource_bytes: bytes) -> _Resource:
+    """The :class:`_Resource` of a serialized Resource message (kept, bounded: see above)."""
+    global _series_cached
+    found = _resources.get(resource_bytes)
+    if found is None:
+        if len(_resources) >= _RESOURCE_CACHE_SIZE or _series_cached >= _SERIES_CACHE_SIZE:
+            _resources.clear()  # start over rather than grow: the working set comes back within one interval
+            _series_cached = 0
+        attributes = {kv.key: from_any_value(kv.value) for kv in Resource.FromString(resource_bytes).attributes}
+        found = _resources[resource_bytes] = _Resource(attributes)
+    return found
 
 
 _FIXED64_TAGS = frozenset({0x11, 0x19, 0x21, 0x31})  # NumberDataPoint start time, time, as_double, as_int
@@ -241,63 +271,93 @@ def _prometheus_entity(labels: dict[str, str], resource: _Resource) -> _Entity |
                    ident["model"], ident["job_id"], extra)
 
 
+def _series(resource: _Resource, pairs: list[tuple[str, str]]) -> tuple[tuple, _Entity] | None:
+    """A GPU series' entity key and identity (an _Entity without readings), None for no GPU's series.
+
+    The key is the point's dcgm-exporter labels (the same on every metric of one GPU) and
+    the resource's: points of one key join, whichever metric or ResourceMetrics they are in.
+    """
+    key = (frozenset([pair for pair in pairs if pair[0] in _KEY_LABELS]), resource.key)
+    identity = _prometheus_entity({**resource.labels, **dict(key[0])}, resource)
+    return None if identity is None else (key, identity)
+
+
+def _remember(resource: _Resource, attribute_bytes: bytes, series: tuple[tuple, _Entity] | None) -> None:
+    global _series_cached
+    resource.by_attribute_bytes[attribute_bytes] = series
+    _series_cached += 1
+
+
 class _Joiner:
     """Collects input points by GPU entity while walking a request."""
 
     def __init__(self) -> None:
         self.entities: dict[tuple, _Entity | None] = {}
 
-    def prometheus_points(self, resource: _Resource, data: Any, kind: str, unit: str) -> list[int]:
-        """One input metric's data points (``data``: its Gauge or Sum), each to its GPU entity.
+    def _entity(self, series: tuple[tuple, _Entity]) -> _Entity:
+        """This request's entity of a series: its readings start empty in every request."""
+        key, identity = series
+        entity = self.entities.get(key)
+        if entity is None:
+            entity = self.entities[key] = _Entity(identity.host, identity.gpu_index, identity.uuid, identity.model,
+                                                  identity.job_id, dict(identity.resource))
+        return entity
 
-        Returns the indices of the points that are no GPU's (no ``gpu`` or ``UUID`` label):
-        nothing joins them, so they must pass through as they came.
+    def prometheus_points(self, resource: _Resource, wire: bytes, start: int, end: int,
+                          data_points: Callable[[], Any], kind: str, unit: str) -> list[int]:
+        """One input metric's data points, each to its GPU entity.
+
+        ``wire[start:end]``: the metric's serialized Gauge or Sum; ``data_points()``: its points
+        as protobuf objects, for the points the byte reader leaves to protobuf. Returns the
+        indices of the points that are no GPU's (no ``gpu`` or ``UUID`` label): nothing joins
+        them, so they must pass through as they came.
 
         Why from bytes: protobuf objects cost about a microsecond per field read and per
-        label. The Gauge/Sum is serialized once (C) and each point read from the bytes:
-        time, value and the bytes of its attributes, which identify its GPU (the TPA and
-        clock points of one GPU carry identical attributes); labels are decoded once per
-        distinct attribute set and resource. A point not laid out as protobuf writes a plain
+        label. Each point is read from the bytes: time, value and the bytes of its
+        attributes, which identify its GPU (the TPA and clock points of one GPU carry
+        identical attributes); labels are decoded once per distinct attribute set and
+        resource, and kept across requests. A point not laid out as protobuf writes a plain
         one (start time, exemplars, no time or value) is read through protobuf instead.
         """
         seen = resource.by_attribute_bytes
-        points = data.data_points
         left: list[int] = []
-        wire = data.SerializeToString()
-        end_of_data = len(wire)
-        i = index = 0
-        while i < end_of_data and wire[i] == 0x0A:  # data_points come first; a Sum's settings follow
+        i, index = start, 0
+        while i < end and wire[i] == 0x0A:  # data_points come first; a Sum's settings follow
             size = wire[i + 1]
-            start = i + 2
+            p_start = i + 2
             if size >= 0x80:  # a point of 128 bytes to 16 KiB (most): two bytes
                 second = wire[i + 2]
-                size, start = (size & 0x7F) | (second << 7), i + 3
+                size, p_start = (size & 0x7F) | (second << 7), i + 3
                 if second >= 0x80:
-                    size, start = _varint_at(wire, i + 1)
-            end = start + size
-            i, index = end, index + 1
-            if end - start < 18 or wire[start] != 0x19 or wire[start + 9] not in _VALUE_TAGS or (
-                    end > start + 18 and wire[start + 18] != _ATTRIBUTES_TAG):
-                if not self._prometheus_point(resource, points[index - 1], kind, unit):
+                    size, p_start = varint_at(wire, i + 1)
+            p_end = p_start + size
+            i, index = p_end, index + 1
+            if p_end - p_start < 18 or wire[p_start] != 0x19 or wire[p_start + 9] not in _VALUE_TAGS or (
+                    p_end > p_start + 18 and wire[p_start + 18] != _ATTRIBUTES_TAG):
+                if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
                     left.append(index - 1)
                 continue
-            _, t, value_tag, value = (_TIME_DOUBLE if wire[start + 9] == 0x21 else _TIME_INT).unpack_from(wire, start)
-            attribute_bytes = wire[start + 18:end]
-            entity = seen.get(attribute_bytes, _NEW)
-            if entity is _NEW:
+            _, t, value_tag, value = (_TIME_DOUBLE if wire[p_start + 9] == 0x21 else _TIME_INT).unpack_from(
+                wire, p_start)
+            attribute_bytes = wire[p_start + 18:p_end]
+            series = seen.get(attribute_bytes, _NEW)
+            if series is _NEW:
                 pairs = _string_attributes(attribute_bytes)
                 if pairs is None:  # other shapes (or a flags field): the protobuf path decides
-                    if not self._prometheus_point(resource, points[index - 1], kind, unit):
+                    if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
                         left.append(index - 1)
                     continue
-                entity = seen[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
-            if entity is not None:
-                getattr(entity, kind).append((t, _scale(value, unit, kind)))
+                series = _series(resource, pairs)
+                _remember(resource, attribute_bytes, series)
+            if series is not None:
+                getattr(self._entity(series), kind).append((t, _scale(value, unit, kind)))
             else:  # not a GPU series (e.g. a per-host field): nothing to join, it passes through
                 left.append(index - 1)
-        for rest_index in range(index, len(points)):  # anything the loop above did not reach (other fields first)
-            if not self._prometheus_point(resource, points[rest_index], kind, unit):
-                left.append(rest_index)
+        if i < end:  # anything the loop above did not reach (other fields first)
+            points = data_points()
+            for rest_index in range(index, len(points)):
+                if not self._prometheus_point(resource, points[rest_index], kind, unit):
+                    left.append(rest_index)
         return left
 
     def _prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> bool:
@@ -309,25 +369,17 @@ class _Joiner:
         if dp.flags & _FLAG_NO_RECORDED_VALUE:
             return True
         attribute_bytes = _attribute_bytes(dp.SerializeToString())
-        entity = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
-        if entity is _NEW:
+        series = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
+        if series is _NEW:
             pairs = _string_attributes(attribute_bytes)
             if pairs is None:
                 pairs = [(kv.key, _any_text(kv.value)) for kv in dp.attributes]
-            entity = resource.by_attribute_bytes[attribute_bytes] = self._prometheus_entity_of(resource, pairs)
-        if entity is None:
+            series = _series(resource, pairs)
+            _remember(resource, attribute_bytes, series)
+        if series is None:
             return False
-        getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        getattr(self._entity(series), kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
         return True
-
-    def _prometheus_entity_of(self, resource: _Resource, pairs: list[tuple[str, str]]) -> _Entity | None:
-        # The entity key is the point's dcgm-exporter labels (the same on every metric of one
-        # GPU); the identity is worked out once per entity.
-        key = (frozenset([pair for pair in pairs if pair[0] in _KEY_LABELS]), resource.key)
-        entity = self.entities.get(key, _NEW)
-        if entity is _NEW:
-            entity = self.entities[key] = _prometheus_entity({**resource.labels, **dict(key[0])}, resource)
-        return entity
 
     def dcgmreceiver_point(self, context: _Resource, dp: Any, kind: str, unit: str) -> None:
         resource = context.attributes
@@ -407,19 +459,16 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
     what was deleted or changed, by the original indices, for :func:`_trimmed_wire`, and
     counts the data points left (while the metrics are at hand). ``decode``: metrics to turn
     into points (they are deleted like the inputs: each is forwarded once, as points).
+    Metrics are read in the order they came (the wire path's order), then deleted.
     """
     resource: _Resource | None = None
     count = edits is not None
-    for s_index in range(len(rm.scope_metrics) - 1, -1, -1):
-        metrics = rm.scope_metrics[s_index].metrics
-        for m_index in range(len(metrics) - 1, -1, -1):
-            metric = metrics[m_index]
+    deleted: list[tuple[int, int]] = []  # (scope, metric) indices, in reading order
+    for s_index, scope_metrics in enumerate(rm.scope_metrics):
+        for m_index, metric in enumerate(scope_metrics.metrics):
             name = metric.name
             if decode is not None and name in decode.names and decode.take(rm, metric):
-                if keep_rest:
-                    del metrics[m_index]
-                    if edits is not None:
-                        edits.metrics.setdefault(s_index, {})[m_index] = None
+                deleted.append((s_index, m_index))
                 continue
             if name not in INPUT_METRICS:
                 if count:
@@ -433,47 +482,48 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                     edits.points += len(getattr(metric, kind_of_data).data_points)  # type: ignore[union-attr]
                 continue
             if resource is None:
-                resource = _Resource(rm)
+                resource = _resource_of(rm.resource.SerializeToString())
             data = getattr(metric, kind_of_data)
             points = data.data_points
             if name in _PROMETHEUS_INPUTS:
-                left = joiner.prometheus_points(resource, data, _PROMETHEUS_INPUTS[name], metric.unit)
-                if keep_rest:
-                    if left:  # points of no GPU: they stay, the joined ones go
-                        _keep_only(points, left)
-                        if edits is not None:
-                            edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
-                            edits.points += len(points)
-                    else:
-                        del metrics[m_index]
-                        if edits is not None:
-                            edits.metrics.setdefault(s_index, {})[m_index] = None
-                continue
-            kind = _DCGMRECEIVER_INPUTS[name]
-            other_pipes = []
-            for p_index, dp in enumerate(points):
-                if kind == TPA:
-                    pipe = next((_any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
-                    if pipe != "tensor":
-                        other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
-                        continue
-                if not dp.flags & _FLAG_NO_RECORDED_VALUE:
-                    joiner.dcgmreceiver_point(resource, dp, kind, metric.unit)
-            if keep_rest:
-                if other_pipes:
-                    _keep_only(points, other_pipes)
-                    if edits is not None:
-                        edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
-                        edits.points += len(points)
-                else:
-                    del metrics[m_index]
-                    if edits is not None:
-                        edits.metrics.setdefault(s_index, {})[m_index] = None
-        if keep_rest and not metrics:
+                data_bytes = data.SerializeToString()
+                left = joiner.prometheus_points(resource, data_bytes, 0, len(data_bytes), lambda p=points: p,
+                                                _PROMETHEUS_INPUTS[name], metric.unit)
+            else:
+                left = _dcgmreceiver_points(joiner, resource, points, _DCGMRECEIVER_INPUTS[name], metric.unit)
+            if not left:  # every point joined: the metric goes
+                deleted.append((s_index, m_index))
+            elif keep_rest:  # points of no GPU, or pipes not ours: they stay, the joined ones go
+                _keep_only(points, left)
+                if edits is not None:
+                    edits.metrics.setdefault(s_index, {})[m_index] = metric.SerializeToString()
+                    edits.points += len(points)
+    if not keep_rest:
+        return False
+    for s_index, m_index in reversed(deleted):
+        del rm.scope_metrics[s_index].metrics[m_index]
+        if edits is not None:
+            edits.metrics.setdefault(s_index, {})[m_index] = None
+    for s_index in range(len(rm.scope_metrics) - 1, -1, -1):
+        if not rm.scope_metrics[s_index].metrics:  # left empty (or empty as it came): not forwarded
             del rm.scope_metrics[s_index]
             if edits is not None:
                 edits.scopes.add(s_index)
     return len(rm.scope_metrics) > 0
+
+
+def _dcgmreceiver_points(joiner: _Joiner, resource: _Resource, points: Any, kind: str, unit: str) -> list[int]:
+    """A dcgmreceiver input metric's points to the joiner; returns the indices of the pipes not ours."""
+    other_pipes = []
+    for p_index, dp in enumerate(points):
+        if kind == TPA:
+            pipe = next((_any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
+            if pipe != "tensor":
+                other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
+                continue
+        if not dp.flags & _FLAG_NO_RECORDED_VALUE:
+            joiner.dcgmreceiver_point(resource, dp, kind, unit)
+    return other_pipes
 
 
 # --- the pass-through in its wire form -------------------------------------------------------
@@ -498,65 +548,13 @@ class _Edits:
         return bool(self.scopes or self.metrics)
 
 
-class _WireError(ValueError):
-    """The bytes are not laid out as this reader expects."""
-
-
-def _varint_at(data: bytes, i: int) -> tuple[int, int]:
-    """The varint starting at ``data[i]`` and the index after it."""
-    byte = data[i]
-    if byte < 0x80:
-        return byte, i + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        i += 1
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-
-
-def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field number, field start, payload start, field end) of each field of the message in data[start:end]."""
-    out = []
-    i = start
-    while i < end:
-        tag = data[i]
-        j = i + 1
-        if tag >= 0x80:
-            tag, j = _varint_at(data, i)
-        wire_type = tag & 7
-        if wire_type == 2:
-            length = data[j]
-            if length < 0x80:
-                k = j + 1 + length
-                j += 1
-            else:
-                length, j = _varint_at(data, j)
-                k = j + length
-        elif wire_type == 0:
-            k = _varint_at(data, j)[1]
-        elif wire_type == 1:
-            k = j + 8
-        elif wire_type == 5:
-            k = j + 4
-        else:
-            raise _WireError(f"wire type {wire_type}")
-        if k > end:
-            raise _WireError("field runs past its message")
-        out.append((tag >> 3, i, j, k))
-        i = k
-    return out
-
-
 def _trimmed_scope(data: bytes, start: int, end: int, changed: dict[int, bytes | None]) -> bytes:
     """A ScopeMetrics' bytes with the metrics in ``changed`` left out (None) or replaced."""
     parts = []
     run = start  # the kept bytes not yet copied begin here
     m_index = -1
-    for number, f_start, _p_start, f_end in _fields(data, start, end):
-        if number != 2:  # ScopeMetrics.metrics
+    for tag, f_start, _p_start, f_end in fields(data, start, end):
+        if tag >> 3 != 2:  # ScopeMetrics.metrics
             continue
         m_index += 1
         if m_index in changed:
@@ -573,8 +571,8 @@ def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
     """A ResourceMetrics' bytes (data[start:end]) with the changes of ``edits`` applied."""
     parts = []
     s_index = -1
-    for number, f_start, p_start, f_end in _fields(data, start, end):
-        if number == 2:  # ResourceMetrics.scope_metrics
+    for tag, f_start, p_start, f_end in fields(data, start, end):
+        if tag >> 3 == 2:  # ResourceMetrics.scope_metrics
             s_index += 1
             if s_index in edits.scopes:
                 continue
@@ -590,11 +588,72 @@ def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
 def _request_ranges(wire: bytes, total: int) -> list[tuple[int, int, int]]:
     """(field start, payload start, field end) of each ResourceMetrics in a request's bytes; [] if they do not fit."""
     try:
-        ranges = [(f_start, p_start, f_end) for number, f_start, p_start, f_end in _fields(wire, 0, len(wire))
-                  if number == 1]  # ExportMetricsServiceRequest.resource_metrics
-    except (_WireError, IndexError):
+        ranges = [(f_start, p_start, f_end) for tag, f_start, p_start, f_end in fields(wire, 0, len(wire))
+                  if tag == 0x0A]  # ExportMetricsServiceRequest.resource_metrics
+    except (WireError, IndexError):
         return []
     return ranges if len(ranges) == total else []  # else: not the bytes this request was parsed from
+
+
+# --- the wire path: ResourceMetrics recognized by their shape ---------------------------------
+#
+# With the received bytes at hand, a ResourceMetrics that holds no join input (what a node
+# agent sends a jobs tier, anything passed through) is read through its shape
+# (otel_ofu.otlp.wire): learned from the first ResourceMetrics of that shape, after the
+# message path has read it, and recognized in every later one by one check of its skeleton.
+# One shape store per decode list (what a shape decodes depends on it), kept for the
+# process's life (bounded: see ShapeStore).
+
+_shape_stores: dict[frozenset[str], ShapeStore] = {}
+
+
+def _shapes(decode: frozenset[str]) -> ShapeStore:
+    store = _shape_stores.get(decode)
+    if store is None:
+        store = _shape_stores.setdefault(decode, ShapeStore())
+    return store
+
+
+def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[tuple[int, int, int]],
+                joiner: _Joiner, decoded: _Decoded | None) -> list[Any]:
+    """The request's ResourceMetrics (``ranges`` in ``wire``), each by its shape or through protobuf objects."""
+    names = decoded.names if decoded is not None else frozenset()
+    shapes = _shapes(names)
+    rest: list[Any] = []
+    for index, (f_start, p_start, f_end) in enumerate(ranges):
+        shape = shapes.find(wire, p_start, f_end)
+        if shape is not None:
+            taken = shape.take(wire, f_start, p_start, f_end)
+            if decoded is not None:
+                decoded.points += taken.points
+                decoded.skipped.update(taken.skipped)
+            if taken.forward is not None:
+                rest.append(WireResourceMetrics.of(taken.forward, taken.forward_points))
+            continue
+        forwarded = _message_path(request.resource_metrics[index], wire, (f_start, p_start, f_end), joiner, decoded)
+        if forwarded is not None:
+            rest.append(forwarded)
+        learned = Shape.learn(wire, p_start, f_end, names, INPUT_METRICS)
+        if learned is not None:
+            shapes.add(learned)
+    return rest
+
+
+def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], joiner: _Joiner,
+                  decoded: _Decoded | None) -> WireResourceMetrics | None:
+    """One ResourceMetrics through protobuf objects, the pass-through cut from its bytes as far as they fit."""
+    edits = _Edits()
+    if not _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
+        return None
+    f_start, p_start, f_end = span
+    try:
+        if not edits.changed():
+            field_bytes = wire[f_start:f_end]
+        else:
+            field_bytes = _len_field(b"\x0a", _trimmed_wire(wire, p_start, f_end, edits))
+    except (WireError, IndexError):  # unexpected layout: serialize the message instead
+        field_bytes = _len_field(b"\x0a", rm.SerializeToString())
+    return WireResourceMetrics(rm, field_bytes, edits.points)
 
 
 def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMetrics, _Edits]]) -> list[Any]:
@@ -611,7 +670,7 @@ def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMet
                 else:
                     payload = _trimmed_wire(wire, p_start, f_end, edits)
                     field_bytes = b"\x0a" + varint(len(payload)) + payload
-            except (_WireError, IndexError):
+            except (WireError, IndexError):
                 field_bytes = None
         if field_bytes is None:  # unexpected layout: serialize the message instead
             payload = rm.SerializeToString()
@@ -639,9 +698,7 @@ class _Decoded:
             return False
         if rm is not self._rm:  # the resource's attributes, once per ResourceMetrics
             self._rm, self._resource = rm, codec.resource_attributes(rm)
-        points = codec.metric_points(metric, self._resource)
-        # Walked backwards (for deletion): each metric's points are prepended in order below.
-        self.points[:0] = points
+        self.points += codec.metric_points(metric, self._resource)
         return True
 
 
@@ -671,25 +728,23 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
     joiner = _Joiner()
     decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
-    kept: list[tuple[int, ResourceMetrics, _Edits]] = []
-    for index, rm in enumerate(request.resource_metrics):
-        found: list[MetricPoint] = []
-        if decoded is not None:
-            decoded.points, found = found, decoded.points  # this rm's points, in order, then appended
-        if not passthrough:
-            _take_inputs(rm, joiner, keep_rest=False, decode=decoded)
-        elif wire is None:
-            if _take_inputs(rm, joiner, keep_rest=True, decode=decoded):
-                rest.append(rm)
-        else:
-            edits = _Edits()
-            if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
-                kept.append((index, rm, edits))
-        if decoded is not None:
-            found += decoded.points
-            decoded.points = found
-    if kept:
-        rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
+    ranges = _request_ranges(wire, len(request.resource_metrics)) if wire is not None and passthrough else []
+    if ranges:
+        rest = _split_wire(request, wire, ranges, joiner, decoded)  # type: ignore[arg-type]
+    else:
+        kept: list[tuple[int, ResourceMetrics, _Edits]] = []
+        for index, rm in enumerate(request.resource_metrics):
+            if not passthrough:
+                _take_inputs(rm, joiner, keep_rest=False, decode=decoded)
+            elif wire is None:
+                if _take_inputs(rm, joiner, keep_rest=True, decode=decoded):
+                    rest.append(rm)
+            else:
+                edits = _Edits()
+                if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
+                    kept.append((index, rm, edits))
+        if kept:  # the bytes do not fit the request: serialized (see _wire_passthrough)
+            rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in _samples(entity, window_s, tolerance_ns)]
