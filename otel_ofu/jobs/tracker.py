@@ -361,6 +361,59 @@ def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
     return (None if job is None else str(job)), merged
 
 
+@dataclass(frozen=True, slots=True)
+class _GpuFacts:
+    """What a gpu.ofu point's resource and point attributes say about its GPU and job.
+
+    Worked out once per pair of attribute tuples (:func:`_gpu_facts`): a GPU sends the same
+    resource every interval, and the receivers keep it as the same tuple object.
+    """
+
+    gpu: Attributes  # the resource without job identity: the same GPU across its jobs
+    source: Any  # whose clock stamped the point (see _source_of)
+    job: str | None
+    attributes: dict[str, Any]  # resource and point attributes in one dict (see _job_of); never changed
+    shared: bool  # ofu.job.shared is set
+    precision: Any  # as given
+    normalized_precision: str
+    peak: float | None  # the dense peak FLOP/s of the GPU's model at the precision
+    share: float | None  # the part of the GPU the point stands for (a MIG instance's slices), None if unknown
+
+    def flops(self, ofu: float) -> float | None:
+        """:func:`peak_flops` of this GPU at ``ofu``, computed the same way."""
+        return ofu * self.peak * self.share if self.peak is not None and self.share is not None else None
+
+
+_GPU_FACTS_SIZE = 1 << 17  # (resource, attributes) pairs kept: a 100,000-GPU instance's GPUs
+_gpu_facts_cache: dict[tuple[int, int], tuple[Attributes, Attributes, _GpuFacts]] = {}
+
+
+def _gpu_facts(point: MetricPoint) -> _GpuFacts:
+    """The :class:`_GpuFacts` of a point, kept by the identity of its two tuples (bounded).
+
+    By identity, not equality: (("k", 1),) and (("k", True),) are equal but name different jobs.
+    Holding the tuples keeps their ids from being reused.
+    """
+    resource, attributes = point.resource, point.attributes
+    key = (id(resource), id(attributes))
+    found = _gpu_facts_cache.get(key)
+    if found is not None and found[0] is resource and found[1] is attributes:
+        return found[2]
+    gpu = gpu_identity(resource)
+    job, merged = _job_of(point)
+    precision = merged.get(PRECISION)
+    model = merged.get(HW_MODEL)
+    spec = specs.find_spec(model)
+    peak = spec.peak(specs.normalize_precision(precision)) if spec else None
+    facts = _GpuFacts(gpu, _source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
+                      specs.normalize_precision(precision), peak.flops if peak else None,
+                      specs.instance_share(model, merged) if merged else 1.0)
+    if len(_gpu_facts_cache) >= _GPU_FACTS_SIZE:
+        _gpu_facts_cache.clear()  # start over rather than grow: the working set comes back within an interval
+    _gpu_facts_cache[key] = (resource, attributes, facts)
+    return facts
+
+
 def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     """The window a point says it covers (its start time, when set), for a series' first window."""
     start = point.start_time_unix_nano
@@ -525,8 +578,8 @@ class JobBook:
         if not math.isfinite(point.value):
             update.skip("not_finite")
             return
-        gpu = gpu_identity(point.resource)  # the same GPU across its jobs
-        source = _source_of(point.resource, gpu)
+        facts = _gpu_facts(point)
+        gpu, source = facts.gpu, facts.source
         arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
         clock = self._sources.get(source)
         if self._ahead(source, clock, t - arrival, arrival):
@@ -535,7 +588,7 @@ class JobBook:
                 name = source if isinstance(source, str) else dict(source).get(HW_ID, "?")
                 update.ahead = (str(name), t - arrival)
             return
-        job, attributes = _job_of(point)
+        job = facts.job
         # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
         # its next job (or of no job) before the last ones of its job, through another gateway lane.
         start = self._interval(self._gpu_last, (gpu, job), t, _own_window(point, float(self.config.max_gap)))
@@ -553,18 +606,16 @@ class JobBook:
         clock.gpus.add((gpu, job))
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
-        shared = bool(attributes.get(JOB_SHARED)) and not self.config.include_shared
-        if job is None or job in self._ignored or shared:
+        if job is None or job in self._ignored or (facts.shared and not self.config.include_shared):
             self.unattributed.add(t - start, point.value)
             self.unattributed_histogram.add(point.value, t - start)
             return
-        precision = attributes.get(PRECISION)
-        rate = flops.get((point.resource, point.time_unix_nano))
+        rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None:
-            rate = peak_flops(attributes.get(HW_MODEL), precision, point.value, attributes)
-        tracker = self._tracker(job, attributes, update, touched)
-        tracker.add_gpu_window(gpu, start, t, point.value, rate, specs.normalize_precision(precision), source)
-        tracker.peak_flops_per_gpu = peak_flops(attributes.get(HW_MODEL), precision, 1.0, attributes)
+            rate = facts.flops(point.value)
+        tracker = self._tracker(job, facts.attributes, update, touched)
+        tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source)
+        tracker.peak_flops_per_gpu = facts.flops(1.0)
 
     def _ahead(self, source: Any, clock: _Source | None, lead: float, arrival: float) -> bool:
         """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
