@@ -345,3 +345,17 @@ def test_flops_from_the_peak_count_a_mig_instance_by_its_slices():
     book.observe([ofu(10, 0.5, "GPU-m", resource_extra={"gpu.mig.instance_id": "2", "gpu.mig.profile": "3g.40gb"})])
     peak = specs.find_spec(H100).peak("bf16").flops
     assert book.jobs["train"].totals.flop == pytest.approx(0.5 * peak * 3 / 7 * 10)
+
+
+def test_what_a_gpus_tuples_say_is_read_by_their_identity_not_equality():
+    """A GPU's facts are kept per attribute tuples: equal tuples of other types still name their own job."""
+    book = JobBook(JobsConfig())
+    as_int = MetricPoint("gpu.ofu", 0.5, int((T0 + 10) * 1e9), gpu_res("GPU-a", **{JOB_ID: 1}), ())
+    as_bool = MetricPoint("gpu.ofu", 0.5, int((T0 + 10) * 1e9), gpu_res("GPU-b", **{JOB_ID: True}), ())
+    assert as_int.resource != as_bool.resource  # (other GPUs) but the job values compare equal: 1 == True
+    book.observe([as_int, MetricPoint("gpu.ofu", 0.5, as_int.time_unix_nano, gpu_res("GPU-b", **{JOB_ID: 1}), ())])
+    book.observe([as_bool])
+    assert set(book.jobs) == {"1", "True"}
+    # The same tuples again, later: the same answers.
+    book.observe([MetricPoint("gpu.ofu", 0.4, int((T0 + 20) * 1e9), as_bool.resource, ())])
+    assert book.jobs["True"].totals.gpu_seconds == pytest.approx(20)
