@@ -106,3 +106,26 @@ def test_int64_range_is_checked_like_protobuf():
     point = MetricPoint("gpu.ofu", 1.0, T0, attrs({"too.big": 2**63}))
     with pytest.raises(ValueError):
         otlp.encode_request([point])
+
+
+def test_a_gpus_resource_written_from_its_template_interval_after_interval():
+    """The same resource and attribute objects with new times and values: the template's bytes are the new ones."""
+    gpu = attrs({"host.name": "node-1", "hw.id": "GPU-1", "gpu.index": "0", "ofu.job.id": "job-1"})
+    fref = attrs({"ofu.fref.source": "spec"})
+    for interval, value in enumerate((0.41, 0.0, -1.5, math.inf, 1e300)):
+        t = T0 + interval * 10**10
+        points = [MetricPoint("gpu.ofu", value, t, gpu, fref), MetricPoint("gpu.ofu.raw", value / 2, t, gpu, fref),
+                  MetricPoint("gpu.sm.clock.frequency", 1.8e9, t, gpu, (), "Hz")]
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
+    # What the template does not hold is checked on every use: another unit, other attributes,
+    # another set of metrics, a metric that is not one plain point: each written as it is.
+    variants = [
+        [MetricPoint("gpu.ofu", 0.5, T0, gpu, fref, "%")],
+        [MetricPoint("gpu.ofu", 0.5, T0, gpu, attrs({"ofu.fref.source": "config"}))],
+        [MetricPoint("gpu.ofu", 0.5, T0, gpu, fref), MetricPoint("gpu.ofu", 0.6, T0 + 1, gpu, fref)],
+        [MetricPoint("gpu.ofu", 0.5, T0, gpu, fref, start_time_unix_nano=T0 - 5)],
+        [MetricPoint("gpu.ofu", 0.5, 0, gpu, fref)],
+        [MetricPoint("gpu.ofu.dropped", 2, T0, gpu, fref, "{window}", monotonic=True, start_time_unix_nano=T0 - 5)],
+    ]
+    for points in [*variants, *variants]:
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
