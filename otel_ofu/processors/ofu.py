@@ -48,6 +48,7 @@ from otel_ofu.pipeline.config import Duration, require
 
 UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
+_RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
 _SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
 
@@ -133,6 +134,7 @@ class OfuProcessor(Processor):
         self._dropped: dict[tuple[Attributes, str], _DropCounter] = {}
         self._next_sweep = clock() + _SWEEP_INTERVAL_S
         self._attributes_cache: dict[tuple, tuple[Attributes, dict[str, Attributes]]] = {}
+        self._resources: dict[tuple, Attributes] = {}  # see _resource
         self._arriving: dict[tuple, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
     def process(self, batch: Batch) -> Batch:
@@ -226,7 +228,7 @@ class OfuProcessor(Processor):
         job = sample.job_id or UNKNOWN_JOB
         # The GPU's identity and its job's, on the resource of every point of this GPU (a job
         # change is a new resource); point attributes only say how a value was made.
-        resource = sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+        resource = self._resource(sample, job, precision)
         t = sample.time_unix_nano
         out: list[MetricPoint] = []
 
@@ -285,6 +287,29 @@ class OfuProcessor(Processor):
             "in gpu.ofu.dropped{ofu.drop.reason=%s}). Set reference_clocks: {%r: <MHz at which its dense tensor "
             "peak is quoted>} on the ofu processor (docs/gpus.md).",
             sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, sample.model)
+
+    def _resource(self, sample: GpuSample, job: str, precision: str) -> Attributes:
+        """The resource of a sample's points: one tuple per GPU and job, the same object every interval.
+
+        Why: building and sorting it costs more than the OFU math, and the exporter encodes a
+        resource once per tuple object (otel_ofu.otlp.codec). Kept only when every value is a
+        string: 1, 1.0 and True are equal keys that encode differently.
+        """
+        extra = tuple(sample.resource.items())
+        for _, value in extra:
+            if type(value) is not str:
+                return sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+        key = (sample.host, sample.uuid, sample.model, sample.gpu_index, job, precision, extra)
+        try:
+            found = self._resources.get(key)
+        except TypeError:  # an unhashable field (a receiver's odd index): built, not kept
+            return sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+        if found is None:
+            found = sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+            if len(self._resources) >= _RESOURCES_CACHE_SIZE:
+                self._resources.clear()  # GPUs and jobs come and go: start over rather than grow
+            self._resources[key] = found
+        return found
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
         """The inputs' point attributes and the OFU points' (by f_ref source), shared by many GPUs.
