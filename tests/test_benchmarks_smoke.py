@@ -73,6 +73,7 @@ def test_throughput_tiny():
         assert is_number(out[key]) and out[key] > 0
     run = out["runs"][0]
     assert run["gpus"] == 64 and run["samples_joined"] == 64 and run["points_in"] > 64 * 20
+    assert run["intervals"] == 2 and is_number(run["first_interval_s"]) and is_number(run["headroom_at_10s"])
     assert out["output_ok"], run["output_problems"]  # the encoded output holds every point produced
 
 
