@@ -294,9 +294,40 @@ def _plain_template(resource: Attributes, metrics: dict[str, list[MetricPoint]],
     scope_size = len(scope) + sum(len(head) + 17 + len(tail) for head, tail in bodies)
     head = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a")) + b"\x12" + varint(scope_size)
     first = b"\x0a" + varint(len(head) + scope_size) + head + scope + bodies[0][0]
-    tails = [tail + (bodies[i + 1][0] if i + 1 < len(bodies) else b"") for i, (_, tail) in enumerate(bodies)]
+    # Shared by every GPU whose points look alike: only the first part holds the resource.
+    tails = tuple(_shared(tail + (bodies[i + 1][0] if i + 1 < len(bodies) else b""))
+                  for i, (_, tail) in enumerate(bodies))
     fmt = "<" + f"{len(first)}s" + "".join(f"QBd{len(tail)}s" for tail in tails)
-    return _PlainTemplate(resource, tuple(signature), struct.Struct(fmt), first, tuple(tails))
+    return _PlainTemplate(resource, _shared_signature(tuple(signature)), _packer(fmt), first, tails)
+
+
+_shared_parts: dict[bytes, bytes] = {}
+_signatures: dict[tuple, tuple] = {}
+
+
+def _shared_signature(signature: tuple[tuple[str, Attributes, MetricInfo | None], ...]) -> tuple:
+    """One signature object for GPUs whose metrics carry the same attribute objects (by identity)."""
+    if len(_signatures) >= _TEMPLATE_CACHE_SIZE:
+        _signatures.clear()
+    return _signatures.setdefault(tuple((unit, id(a), id(i)) for unit, a, i in signature), signature)
+_packers: dict[str, struct.Struct] = {}
+
+
+def _shared(part: bytes) -> bytes:
+    """One bytes object for equal template parts (bounded like the templates)."""
+    if len(_shared_parts) >= _TEMPLATE_CACHE_SIZE:
+        _shared_parts.clear()
+    return _shared_parts.setdefault(part, part)
+
+
+def _packer(fmt: str) -> struct.Struct:
+    """One Struct per format: about 1 KB each, and GPUs with equal sizes share one."""
+    found = _packers.get(fmt)
+    if found is None:
+        if len(_packers) >= 4096:
+            _packers.clear()
+        found = _packers[fmt] = struct.Struct(fmt)
+    return found
 
 
 def encode_request(points: Iterable[MetricPoint]) -> bytes:
@@ -461,7 +492,7 @@ def from_request(request: ExportMetricsServiceRequest) -> Iterator[MetricPoint]:
 # decoded once (bounded cache) through protobuf.
 
 _I64 = struct.Struct("<q")
-_DECODED_CACHE_SIZE = 32768
+_DECODED_CACHE_SIZE = 1 << 17  # a jobs instance's GPUs (their resources) and the point attribute sets
 _decoded_attributes: dict[bytes, Attributes] = {}
 _NO_RECORDED_VALUE = 1  # DataPointFlags: a staleness marker, not a reading
 
