@@ -483,6 +483,8 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                 continue
             if resource is None:
                 resource = _resource_of(rm.resource.SerializeToString())
+            if edits is not None:
+                edits.inputs = True
             data = getattr(metric, kind_of_data)
             points = data.data_points
             if name in _PROMETHEUS_INPUTS:
@@ -543,6 +545,7 @@ class _Edits:
     scopes: set[int] = field(default_factory=set)  # scope_metrics deleted (left empty)
     metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
     points: int = 0  # data points left, as otlp.count_data_points counts them
+    inputs: bool = False  # it held join inputs (gauges or sums named as one)
 
     def changed(self) -> bool:
         return bool(self.scopes or self.metrics)
@@ -630,19 +633,21 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
             if taken.forward is not None:
                 rest.append(WireResourceMetrics.of(taken.forward, taken.forward_points))
             continue
-        forwarded = _message_path(request.resource_metrics[index], wire, (f_start, p_start, f_end), joiner, decoded)
+        edits = _Edits()
+        forwarded = _message_path(request.resource_metrics[index], wire, (f_start, p_start, f_end), joiner, decoded,
+                                  edits)
         if forwarded is not None:
             rest.append(forwarded)
-        learned = Shape.learn(wire, p_start, f_end, names, INPUT_METRICS)
-        if learned is not None:
-            shapes.add(learned)
+        if not edits.inputs:  # one with join inputs (a dcgm-exporter scrape) has no shape worth learning
+            learned = Shape.learn(wire, p_start, f_end, names, INPUT_METRICS)
+            if learned is not None:
+                shapes.add(learned)
     return rest
 
 
 def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], joiner: _Joiner,
-                  decoded: _Decoded | None) -> WireResourceMetrics | None:
+                  decoded: _Decoded | None, edits: _Edits) -> WireResourceMetrics | None:
     """One ResourceMetrics through protobuf objects, the pass-through cut from its bytes as far as they fit."""
-    edits = _Edits()
     if not _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
         return None
     f_start, p_start, f_end = span

@@ -350,6 +350,8 @@ class _Learner:
                 self.skeleton(p_start, f_end)
                 text = wire[p_start:f_end].decode()
                 if tag == _NAME:
+                    if text in self.refuse:
+                        return None
                     name = text
                 else:
                     unit = text
