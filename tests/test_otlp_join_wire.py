@@ -17,6 +17,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.otlp.payload import metrics_payload
+from otel_ofu.pipeline import caches
 from tests.otlp_shapes import Gpu, dcgm_exporter_request, dcgmreceiver_request
 
 T0 = 1_764_000_000_000_000_000
@@ -114,7 +115,7 @@ def test_wire_path_equals_message_path(index):
 
 
 def test_odd_request_exercises_the_fallbacks(monkeypatch):
-    monkeypatch.setattr(otlp_join, "_resources", {})  # label sets seen by earlier tests are remembered
+    caches.release_all()  # label sets and shapes seen by earlier tests are remembered
     through_protobuf = []
     original = otlp_join._Joiner._prometheus_point
     monkeypatch.setattr(otlp_join._Joiner, "_prometheus_point",

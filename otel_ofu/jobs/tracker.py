@@ -46,6 +46,7 @@ from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHisto
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
+from otel_ofu.pipeline.caches import Cache
 from otel_ofu.pipeline.config import Duration, require
 
 OFU_METRIC = "gpu.ofu"
@@ -385,7 +386,7 @@ class _GpuFacts:
 
 
 _GPU_FACTS_SIZE = 1 << 17  # (resource, attributes) pairs kept: a 100,000-GPU instance's GPUs
-_gpu_facts_cache: dict[tuple[int, int], tuple[Attributes, Attributes, _GpuFacts]] = {}
+_gpu_facts_cache: Cache = Cache("jobs GPU facts", _GPU_FACTS_SIZE)  # ids -> (resource, attributes, facts)
 
 
 def _gpu_facts(point: MetricPoint) -> _GpuFacts:
@@ -408,9 +409,7 @@ def _gpu_facts(point: MetricPoint) -> _GpuFacts:
     facts = _GpuFacts(gpu, _source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
                       specs.normalize_precision(precision), peak.flops if peak else None,
                       specs.instance_share(model, merged) if merged else 1.0)
-    if len(_gpu_facts_cache) >= _GPU_FACTS_SIZE:
-        _gpu_facts_cache.clear()  # start over rather than grow: the working set comes back within an interval
-    _gpu_facts_cache[key] = (resource, attributes, facts)
+    _gpu_facts_cache.put(key, (resource, attributes, facts))
     return facts
 
 

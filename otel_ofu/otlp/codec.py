@@ -27,6 +27,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from otel_ofu import __version__
 from otel_ofu.core.metrics import METRICS, MetricInfo
 from otel_ofu.core.model import Attributes, Event, MetricPoint
+from otel_ofu.pipeline.caches import Cache, on_release
 
 SCOPE_NAME = "otel-ofu"
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -122,6 +123,7 @@ def _key_value_field(tag: bytes, key: str, value: Any) -> bytes:
 # ``typed``: True, 1 and 1.0 are equal keys but encode differently. Floats are not cached
 # (0.0 and -0.0 are equal keys too); attribute values are nearly always strings.
 _cached_key_value_field = functools.lru_cache(maxsize=_PAIR_CACHE_SIZE, typed=True)(_key_value_field)
+on_release(_cached_key_value_field.cache_clear)
 
 
 def _attributes_bytes(attributes: Attributes, tag: bytes) -> bytes:
@@ -139,7 +141,7 @@ def _attributes_bytes(attributes: Attributes, tag: bytes) -> bytes:
 # are equal tuples that encode differently. Holding the tuple keeps its id from being reused.
 # About 1 KB each: 131,072 resources (a 100,000-GPU instance) is about 130 MB at most.
 _RESOURCE_CACHE_SIZE = 1 << 17
-_resource_fields: dict[int, tuple[Attributes, bytes]] = {}
+_resource_fields: Cache = Cache("otlp encoded resources", _RESOURCE_CACHE_SIZE)  # id -> (resource, bytes)
 
 
 def _resource_field(resource: Attributes) -> bytes:
@@ -148,13 +150,11 @@ def _resource_field(resource: Attributes) -> bytes:
     if found is not None and found[0] is resource:
         return found[1]
     encoded = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a"))
-    if len(_resource_fields) >= _RESOURCE_CACHE_SIZE:
-        _resource_fields.clear()  # start over rather than grow: the working set comes back within an interval
-    _resource_fields[id(resource)] = (resource, encoded)
+    _resource_fields.put(id(resource), (resource, encoded))
     return encoded
 
 
-_METRIC_HEADS: dict[tuple[str, str], tuple[MetricInfo | None, bytes]] = {}
+_METRIC_HEADS: Cache = Cache("otlp metric heads", 4096)  # (name, unit) -> (definition, bytes); names are few
 
 
 def _metric_head(name: str, unit: str) -> bytes:
@@ -170,8 +170,7 @@ def _metric_head(name: str, unit: str) -> bytes:
     unit_text = info.unit if info else unit
     if unit_text:
         head += _len_field(b"\x1a", unit_text.encode())
-    if len(_METRIC_HEADS) < 4096:  # bounded: names are few, units fewer
-        _METRIC_HEADS[(name, unit)] = (info, head)
+    _METRIC_HEADS.put((name, unit), (info, head))
     return head
 
 
@@ -195,7 +194,7 @@ def _data_point(point: MetricPoint, attributes: bytes) -> bytes:
     return body + b"\x21" + _F64.pack(float(point.value)) + attributes
 
 
-_GAUGE_PREFIXES: dict[tuple[str, str, int], tuple[MetricInfo | None, bytes]] = {}
+_GAUGE_PREFIXES: Cache = Cache("otlp gauge prefixes", 4096)  # (name, unit, attributes size) -> (definition, bytes)
 
 
 def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
@@ -214,8 +213,7 @@ def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
     gauge_field = b"\x2a" + varint(len(point_field) + point_size)
     metric_size = len(head) + len(gauge_field) + len(point_field) + point_size
     prefix = b"\x12" + varint(metric_size) + head + gauge_field + point_field
-    if len(_GAUGE_PREFIXES) < 4096:
-        _GAUGE_PREFIXES[(name, unit, attributes_size)] = (info, prefix)
+    _GAUGE_PREFIXES.put((name, unit, attributes_size), (info, prefix))
     return prefix
 
 
@@ -229,7 +227,7 @@ def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
 # the same unit, attribute tuple object and metric definition; anything else builds it anew.
 
 _TEMPLATE_CACHE_SIZE = 1 << 17  # resources (a 100,000-GPU instance's GPUs), about 2 KB each
-_templates: dict[tuple[int, tuple[str, ...]], _PlainTemplate] = {}
+_templates: Cache = Cache("otlp resource templates", _TEMPLATE_CACHE_SIZE)  # (id, metric names) -> template
 
 
 class _PlainTemplate:
@@ -272,9 +270,7 @@ def _plain_resource_metrics(resource: Attributes, metrics: dict[str, list[Metric
     template = _plain_template(resource, metrics, scope)
     if template is None:
         return None
-    if len(_templates) >= _TEMPLATE_CACHE_SIZE:
-        _templates.clear()  # start over rather than grow: the working set comes back within an interval
-    _templates[key] = template
+    _templates.put(key, template)
     return _plain_resource_metrics(resource, metrics, scope)
 
 
@@ -301,33 +297,29 @@ def _plain_template(resource: Attributes, metrics: dict[str, list[MetricPoint]],
     return _PlainTemplate(resource, _shared_signature(tuple(signature)), _packer(fmt), first, tails)
 
 
-_shared_parts: dict[bytes, bytes] = {}
-_signatures: dict[tuple, tuple] = {}
+_shared_parts: Cache = Cache("otlp template parts", _TEMPLATE_CACHE_SIZE)
+_signatures: Cache = Cache("otlp template signatures", _TEMPLATE_CACHE_SIZE)
 
 
 def _shared_signature(signature: tuple[tuple[str, Attributes, MetricInfo | None], ...]) -> tuple:
     """One signature object for GPUs whose metrics carry the same attribute objects (by identity)."""
-    if len(_signatures) >= _TEMPLATE_CACHE_SIZE:
-        _signatures.clear()
-    return _signatures.setdefault(tuple((unit, id(a), id(i)) for unit, a, i in signature), signature)
-_packers: dict[str, struct.Struct] = {}
+    key = tuple((unit, id(a), id(i)) for unit, a, i in signature)
+    found = _signatures.get(key)
+    return found if found is not None else _signatures.put(key, signature)
+
+
+_packers: Cache = Cache("otlp template packers", 4096)  # format -> struct.Struct, about 1 KB each
 
 
 def _shared(part: bytes) -> bytes:
     """One bytes object for equal template parts (bounded like the templates)."""
-    if len(_shared_parts) >= _TEMPLATE_CACHE_SIZE:
-        _shared_parts.clear()
-    return _shared_parts.setdefault(part, part)
+    return _shared_parts.shared(part)
 
 
 def _packer(fmt: str) -> struct.Struct:
     """One Struct per format: about 1 KB each, and GPUs with equal sizes share one."""
     found = _packers.get(fmt)
-    if found is None:
-        if len(_packers) >= 4096:
-            _packers.clear()
-        found = _packers[fmt] = struct.Struct(fmt)
-    return found
+    return found if found is not None else _packers.put(fmt, struct.Struct(fmt))
 
 
 def encode_request(points: Iterable[MetricPoint]) -> bytes:
@@ -493,7 +485,7 @@ def from_request(request: ExportMetricsServiceRequest) -> Iterator[MetricPoint]:
 
 _I64 = struct.Struct("<q")
 _DECODED_CACHE_SIZE = 1 << 17  # a jobs instance's GPUs (their resources) and the point attribute sets
-_decoded_attributes: dict[bytes, Attributes] = {}
+_decoded_attributes: Cache = Cache("otlp decoded attributes", _DECODED_CACHE_SIZE)  # serialized -> Attributes
 _NO_RECORDED_VALUE = 1  # DataPointFlags: a staleness marker, not a reading
 
 
@@ -519,9 +511,7 @@ def decoded_attributes(chunk: bytes) -> Attributes:
             from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
             cached = attributes_of(Resource.FromString(chunk).attributes)
-        if len(_decoded_attributes) >= _DECODED_CACHE_SIZE:
-            _decoded_attributes.clear()
-        _decoded_attributes[chunk] = cached
+        _decoded_attributes.put(chunk, cached)
     return cached
 
 

@@ -45,6 +45,7 @@ from otel_ofu.core.values import clean_clock, rescale
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint
 from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields, varint_at
+from otel_ofu.pipeline.caches import Cache, on_release
 
 SOURCE = "otlp"
 
@@ -172,8 +173,14 @@ class _Resource:
 # About 1 KB per GPU series: 131,072 series (a 100,000-GPU processing stage) is about 130 MB.
 _RESOURCE_CACHE_SIZE = 16384
 _SERIES_CACHE_SIZE = 1 << 17
-_resources: dict[bytes, _Resource] = {}
+_resources: Cache = Cache("otlp join resources", _RESOURCE_CACHE_SIZE)  # serialized Resource -> _Resource
 _series_cached = 0
+
+
+@on_release
+def _release_resources() -> None:
+    global _series_cached
+    _series_cached = 0  # _resources itself is emptied as a Cache
 
 
 def _resource_of(resource_bytes: bytes) -> _Resource:
@@ -181,11 +188,11 @@ def _resource_of(resource_bytes: bytes) -> _Resource:
     global _series_cached
     found = _resources.get(resource_bytes)
     if found is None:
-        if len(_resources) >= _RESOURCE_CACHE_SIZE or _series_cached >= _SERIES_CACHE_SIZE:
+        if _series_cached >= _SERIES_CACHE_SIZE:
             _resources.clear()  # start over rather than grow: the working set comes back within one interval
             _series_cached = 0
         attributes = {kv.key: from_any_value(kv.value) for kv in Resource.FromString(resource_bytes).attributes}
-        found = _resources[resource_bytes] = _Resource(attributes)
+        found = _resources.put(resource_bytes, _Resource(attributes))
     return found
 
 
@@ -197,7 +204,7 @@ _TIME_INT = struct.Struct("<BQBq")  # time_unix_nano then as_int
 
 
 _KEY_VALUE_CACHE_SIZE = 32768  # distinct serialized label KeyValues kept decoded (bounded memory)
-_key_values: dict[bytes, tuple[str, str]] = {}
+_key_values: Cache = Cache("otlp join label pairs", _KEY_VALUE_CACHE_SIZE)  # serialized KeyValue -> (key, value)
 
 
 def _string_key_value(data: bytes) -> tuple[str, str] | None:
@@ -236,9 +243,7 @@ def _string_attributes(data: bytes) -> list[tuple[str, str]] | None:
             pair = _string_key_value(chunk)
             if pair is None:
                 return None
-            if len(cache) >= _KEY_VALUE_CACHE_SIZE:
-                cache.clear()
-            cache[chunk] = pair
+            cache.put(chunk, pair)
         out.append(pair)
         i = end
     return out
@@ -608,6 +613,12 @@ def _request_ranges(wire: bytes, total: int) -> list[tuple[int, int, int]]:
 # process's life (bounded: see ShapeStore).
 
 _shape_stores: dict[frozenset[str], ShapeStore] = {}
+
+
+@on_release
+def _release_shapes() -> None:
+    for store in list(_shape_stores.values()):
+        store.clear()
 
 
 def _shapes(decode: frozenset[str]) -> ShapeStore:

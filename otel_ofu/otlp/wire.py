@@ -458,5 +458,11 @@ class ShapeStore:
             self._by_size[shape.size] = [*same_size, shape]
             self._count += 1
 
+    def clear(self) -> None:
+        """Forget every shape (memory is short: they are learned again)."""
+        with self._lock:
+            self._by_size = {}
+            self._count = 0
+
     def __len__(self) -> int:
         return self._count

@@ -4,8 +4,10 @@ Two limits, as the Collector's ``memory_limiter``: a hard limit (``limit_mib`` o
 ``limit_percentage`` of the container's memory limit) and a soft limit below it by a spike
 allowance (``spike_limit_mib`` / ``spike_limit_percentage``, default 20 % of the hard limit).
 Above the soft limit a push receiver refuses requests with a retryable status, so the sender
-keeps the data and retries; above it, the limiter also asks the allocator to give freed memory
-back (a full garbage collection and glibc's ``malloc_trim``) before it measures again.
+keeps the data and retries; above it, the limiter also empties the hot paths' caches
+(:mod:`otel_ofu.pipeline.caches`: they are built again within an interval) and asks the
+allocator to give freed memory back (a full garbage collection and glibc's ``malloc_trim``)
+before it measures again.
 
 What is measured is the resident set of the whole process (``/proc/self/statm``), so the limit
 covers everything it holds: requests being decoded, the sending queues in memory, processor
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from otel_ofu.pipeline import caches
 from otel_ofu.pipeline.config import require
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -135,6 +138,7 @@ class MemoryLimiter:
             if trim:
                 self._trimmed_at = now
         if trim:
+            caches.release_all()
             gc.collect()
             self._trim()
             used = self._measure()

@@ -43,6 +43,7 @@ from otel_ofu.core.model import (
 from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, OfuResult, compute_ofu
 from otel_ofu.core.tiles import ARCH_TILES
 from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
+from otel_ofu.pipeline.caches import Cache
 from otel_ofu.pipeline.component import Context, Factory, Processor
 from otel_ofu.pipeline.config import Duration, require
 
@@ -133,8 +134,9 @@ class OfuProcessor(Processor):
         self._warned_models: set[str] = set()
         self._dropped: dict[tuple[Attributes, str], _DropCounter] = {}
         self._next_sweep = clock() + _SWEEP_INTERVAL_S
-        self._attributes_cache: dict[tuple, tuple[Attributes, dict[str, Attributes]]] = {}
-        self._resources: dict[tuple, Attributes] = {}  # see _resource
+        # extra attributes -> (the inputs' attributes, the OFU points' by f_ref source)
+        self._attributes_cache = Cache("ofu point attributes", _ATTRIBUTES_CACHE_SIZE)
+        self._resources = Cache("ofu resources", _RESOURCES_CACHE_SIZE)  # see _resource
         self._arriving: dict[tuple, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
     def process(self, batch: Batch) -> Batch:
@@ -306,9 +308,7 @@ class OfuProcessor(Processor):
             return sample.resource_attributes({JOB_ID: job, PRECISION: precision})
         if found is None:
             found = sample.resource_attributes({JOB_ID: job, PRECISION: precision})
-            if len(self._resources) >= _RESOURCES_CACHE_SIZE:
-                self._resources.clear()  # GPUs and jobs come and go: start over rather than grow
-            self._resources[key] = found
+            self._resources.put(key, found)
         return found
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
@@ -332,9 +332,7 @@ class OfuProcessor(Processor):
                 return cached
         entry: tuple[Attributes, dict[str, Attributes]] = (attrs(extra), {})
         if key is not None:
-            if len(self._attributes_cache) >= _ATTRIBUTES_CACHE_SIZE:
-                self._attributes_cache.clear()  # attribute sets come and go: start over rather than grow
-            self._attributes_cache[key] = entry
+            self._attributes_cache.put(key, entry)
         return entry
 
     def _drop(self, sample: GpuSample, reason: NoValue, resource: Attributes, t: int) -> MetricPoint:
