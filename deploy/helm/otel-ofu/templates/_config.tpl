@@ -128,6 +128,11 @@ receivers:
     passthrough: true
     # As collector-config/fleet-jobs.yaml: what the jobs processor reads is decoded, the rest passes as bytes.
     decode: [gpu.ofu, gpu.flops.achieved, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
+    # Refuse retryably (the gateway keeps and resends) before the container's memory limit; the
+    # per-GPU caches are emptied first (docs/reliability.md).
+    memory_limiter:
+      limit_percentage: 80
+      spike_limit_percentage: 20
   selftelemetry:
     collection_interval: 30s
 processors:
