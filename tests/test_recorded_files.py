@@ -15,10 +15,18 @@ import zstandard
 from e2e_util import Process, collector_binary, free_ports, port_open, wait_for
 from otlp_backends import T0, gpu_points
 
-from otel_ofu.core.model import Event, attrs
+from otel_ofu.core.model import Batch, Event, attrs
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
-from otel_ofu.receivers.replay import ReplayFormatError, detect_format, read_frames
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.receivers.replay import (
+    ReplayFormatError,
+    ReplayReceiver,
+    ReplayReceiverConfig,
+    detect_format,
+    read_frames,
+)
 from otel_ofu.report.build import ReportError, build_report
 from otel_ofu.report.inputs import InputFile, data_time_order
 
@@ -228,6 +236,43 @@ service:
     assert by_record.inputs[0].compression == "records+zstd"
     assert [s.path for s in by_rotation.inputs] == rotated  # in the order the Collector wrote them
     assert sum(s.lines for s in by_rotation.inputs) == by_record.inputs[0].lines == 120
+    # The replay receiver, pointed at the live file, replays the whole rotated set in written order.
+    got = _replay(out / "rotated.jsonl")
+    assert sorted(map(key, got)) == expected
+    assert [p.time_unix_nano for p in got] == sorted(p.time_unix_nano for p in got)
+    assert sorted(map(key, _replay(out / "rotated.jsonl", rotated=False))) == sorted(
+        key(p) for f in read_frames(rotated[-1], "auto", start_unix_nano=0) for p in f.batch.points)
+
+
+def _replay(path: Path, **config) -> list:
+    got: list[Batch] = []
+    receiver = ReplayReceiver(build_config(ReplayReceiverConfig, {"path": str(path), "speed": "max", **config}),
+                              Context("replay"), got.append)
+    receiver.poll()
+    assert receiver.finished and receiver.error is None
+    return [p for b in got for p in b.points]
+
+
+def test_replay_of_a_rotated_set_whose_live_file_is_gone(tmp_path, caplog):
+    """Backups alone are a recording (the live file was removed or not yet reopened); without
+    them, or with rotated: false, the missing file is named."""
+    live = tmp_path / "metrics.jsonl"
+    lines = _lines()
+    (tmp_path / "metrics-2026-11-30T12-00-00.000.jsonl").write_bytes(b"".join(lines[:2]))
+    (tmp_path / "metrics-2026-11-30T12-05-00.000.jsonl").write_bytes(b"".join(lines[2:]))
+    everything = sorted(key(p) for f in read_frames_of(b"".join(lines), tmp_path / "all.jsonl") for p in f)
+    with caplog.at_level(logging.INFO):
+        assert sorted(map(key, _replay(live))) == everything
+    assert "has 2 rotated files" in caplog.text
+    with pytest.raises(FieldError, match="does not exist$"):
+        build_config(ReplayReceiverConfig, {"path": str(live), "rotated": False})
+    with pytest.raises(FieldError, match="nor any rotated file"):
+        build_config(ReplayReceiverConfig, {"path": str(tmp_path / "other.jsonl")})
+
+
+def read_frames_of(data: bytes, path: Path) -> list[list]:
+    path.write_bytes(data)
+    return [f.batch.points for f in read_frames(path, "auto", start_unix_nano=0)]
 
 
 def _post(port: int, body: bytes) -> bool:

@@ -486,10 +486,16 @@ class ReplayReceiverConfig:
     host_name: str = ""  # dmon (and csv without a host column): host.name of the GPUs
     # Log (the first 10) and count bad lines and replay the rest, instead of refusing the file.
     skip_malformed: bool = False
+    # OTLP JSON: replay the rotated files of path first (the file exporter's and the Collector's
+    # rotation names beside it, e.g. metrics-2026-11-30T12-00-00.000.jsonl), oldest first, then
+    # path itself: the whole recording, in the order it was written.
+    rotated: bool = True
 
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the recording to replay")
-        require(Path(self.path).expanduser().is_file(), "path", f"file {self.path!r} does not exist")
+        path = Path(self.path).expanduser()
+        require(path.is_file() or (self.rotated and bool(files.rotated_files(path))), "path",
+                f"file {self.path!r} does not exist" + (" (nor any rotated file of it)" if self.rotated else ""))
         require(self.speed == "max" or float(self.speed) >= 0, "speed", "must be >= 0 (0 or 'max': no pacing)")
         require(self.interval is None or self.interval > 0, "interval", "must be positive")
         if self.start_time is not None:
@@ -500,13 +506,25 @@ class ReplayReceiverConfig:
 
     def output_kind(self) -> str:
         """A replay of OTLP JSON sends finished points; dmon and CSV send GPU samples for the ofu processor."""
-        fmt = self.format
-        if fmt == "auto":
-            try:
-                fmt = detect_format(Path(self.path).expanduser())
-            except (ReplayFormatError, OSError):
-                return "samples"
-        return "points" if fmt == "otlp_json" else "samples"
+        try:
+            return "points" if self._format_of(self.recording_files()[-1]) == "otlp_json" else "samples"
+        except (ReplayFormatError, OSError):
+            return "samples"
+
+    def _format_of(self, path: Path) -> str:
+        return detect_format(path) if self.format == "auto" else self.format
+
+    def recording_files(self) -> list[Path]:
+        """The files replayed, in order: ``path``, after its rotated files when ``rotated`` is on and
+        the recording is OTLP JSON (a dmon capture or CSV is one file: its rows are timed from its start)."""
+        path = Path(self.path).expanduser()
+        found = files.rotated_files(path) if self.rotated else []
+        if not found or found == [path]:
+            return [path]
+        try:
+            return found if self._format_of(found[-1]) == "otlp_json" else [path]
+        except (ReplayFormatError, OSError):
+            return [path]
 
     def pace(self) -> float:
         """Recorded seconds per wall second; 0 means as fast as possible."""
@@ -547,17 +565,22 @@ class ReplayReceiver(PollingReceiver):
             return
         if count == 0:
             self.log.warning("%s holds no data to replay", self.path)
+        backups = [p for p in cfg.recording_files() if str(p) != self.path]
+        if backups:
+            self.log.info("%s has %d rotated files: replaying them first, oldest first%s", self.path, len(backups),
+                          "" if Path(self.path).is_file() else " (the file itself is not there)")
         self.log.info("replaying %s (%d frames) at %s%s", self.path, count,
                       "full speed" if cfg.pace() == 0 else f"x{cfg.pace():g}", ", looping" if cfg.loop else "")
         self._open_pass()
 
     def _read(self, on_skip: ErrorHandler) -> Iterator[Frame]:
-        """The recording's frames; bad lines raise, or go to ``on_skip`` with skip_malformed."""
+        """The recording's frames, file after file; bad lines raise, or go to ``on_skip`` with skip_malformed."""
         cfg = self.config
         handler = on_skip if cfg.skip_malformed else None
-        return read_frames(self.path, cfg.format, start_unix_nano=self._start_ns,
-                           interval_s=float(cfg.interval) if cfg.interval is not None else None,
-                           model=cfg.model, host=cfg.host_name, on_error=handler)
+        for path in cfg.recording_files():
+            yield from read_frames(path, cfg.format, start_unix_nano=self._start_ns,
+                                   interval_s=float(cfg.interval) if cfg.interval is not None else None,
+                                   model=cfg.model, host=cfg.host_name, on_error=handler)
 
     def _skip(self, error: ReplayFormatError) -> None:
         self.context.telemetry.add(REPLAY_ERRORS.name, 1, file=self.path)
