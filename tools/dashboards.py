@@ -11,12 +11,14 @@ recording rules of deploy/prometheus/otel-ofu.rules.yml. Only Grafana's core pan
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tools.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "deploy" / "grafana"
@@ -607,23 +609,8 @@ def render(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write (or --check) otel-ofu's Grafana dashboards.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard is out of date")
-    args = parser.parse_args(argv)
-    stale = []
-    for name in DASHBOARDS:
-        path = OUT_DIR / name
-        text = render(name)
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("out of date (run python -m tools.dashboards): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check("Write (or --check) otel-ofu's Grafana dashboards.", "tools.dashboards",
+                          [(OUT_DIR / name, functools.partial(render, name)) for name in DASHBOARDS], argv)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ fails when a manifest is out of date. Regenerate with ``python -m tools.promethe
 
 from __future__ import annotations
 
-import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tools.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "deploy" / "prometheus"
@@ -65,23 +67,8 @@ def render(file_name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a manifest is out of date, write nothing")
-    args = parser.parse_args(argv)
-    stale = []
-    for file_name in MANIFESTS:
-        path = MANIFEST_DIR / file_name
-        text = render(file_name)
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("out of date (run python -m tools.prometheus_rule): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(__doc__.splitlines()[0], "tools.prometheus_rule",
+                          [(MANIFEST_DIR / name, functools.partial(render, name)) for name in MANIFESTS], argv)
 
 
 if __name__ == "__main__":
