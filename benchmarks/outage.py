@@ -42,7 +42,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from overload import _port_open, free_ports, get_json  # noqa: E402
+from overload import get_json  # noqa: E402
+
+from tools.ports import free_ports, port_open  # noqa: E402
 
 
 def config(work: Path, name: str, sink_port: int, queue_bytes: int, start: str) -> Path:
@@ -157,7 +159,7 @@ def run(args) -> dict:
     try:
         spawn([sys.executable, str(HERE / "otlp_sink.py"), "--grpc-port", str(sink_grpc), "--http-port",
                str(sink_http)], "sink.log")
-        while not _port_open(sink_http):
+        while not port_open(sink_http):
             time.sleep(0.2)
         threading.Thread(target=sample_queue, daemon=True).start()
         first = spawn([sys.executable, "-m", "otel_ofu", "run", "--config",

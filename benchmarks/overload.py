@@ -33,7 +33,6 @@ import json
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -46,20 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tools.ports import free_ports, port_open  # noqa: E402
+
 GPUS_PER_REQUEST = int(os.environ.get("OVERLOAD_GPUS_PER_REQUEST", "256"))  # set by --gpus (children read it)
 PASS_THROUGH = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP")
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 _TEMPLATE_T = 1_700_000_000_123_456_789
@@ -301,7 +291,7 @@ service:
         spawn([sys.executable, str(ROOT / "benchmarks" / "otlp_sink.py"), "--grpc-port", str(sink_grpc),
                "--http-port", str(sink_http), "--tag-metrics", ",".join(PASS_THROUGH)], "sink.log")
         ofu = spawn([sys.executable, "-m", "otel_ofu", "run", "--config", str(ofu_config)], "ofu.log")
-        _wait(lambda: _port_open(sink_http) and _port_open(ofu_grpc), "sink and otel-ofu to listen", work)
+        _wait(lambda: port_open(sink_http) and port_open(ofu_grpc), "sink and otel-ofu to listen", work)
 
         # 1. capacity, straight into otel-ofu
         direct = Generator(f"127.0.0.1:{ofu_grpc}")
@@ -311,7 +301,7 @@ service:
         result["capacity_points_per_s"] = round(capacity * GPUS_PER_REQUEST * 4)
 
         spawn([otelcol, "--config", str(col_config)], "collector.log")
-        _wait(lambda: _port_open(col_grpc) and _port_open(col_metrics), "the Collector to listen", work)
+        _wait(lambda: port_open(col_grpc) and port_open(col_metrics), "the Collector to listen", work)
 
         # 2. overload through the Collector, then 3. normal load; sample memory and the queue
         generator = Generator(f"127.0.0.1:{col_grpc}")
@@ -428,12 +418,6 @@ service:
             except subprocess.TimeoutExpired:
                 proc.kill()
     return result
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _wait(check, what: str, work: Path, timeout: float = 120) -> None:

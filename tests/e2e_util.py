@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from otel_ofu.core.model import MetricPoint
 from otel_ofu.otlp import codec as otlp
+from tools.ports import free_ports, port_open  # noqa: F401 (the tests import them from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -58,18 +58,6 @@ def prometheus_binary() -> str:
     return str(found)
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free ports: all held open until all are chosen, so none is handed out twice."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120.0, interval: float = 0.2,
              diagnostics: Callable[[], str] = lambda: "") -> T:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
@@ -89,14 +77,6 @@ def require_alive(*processes: Process) -> None:
     if dead:
         pytest.fail("exited early: " + ", ".join(f"{p.name} (rc {p.proc.returncode})" for p in dead) + "\n"
                     + "\n".join(p.tail() for p in processes))
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def read_points(path: Path) -> list[MetricPoint]:

@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -39,6 +38,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tools.ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = ROOT / "collector-config" / "demo.yaml"
@@ -80,17 +81,6 @@ def prometheus_binary() -> str | None:
     if not found and os.access("/usr/bin/prometheus", os.X_OK):
         found = "/usr/bin/prometheus"
     return found
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass
@@ -290,7 +280,7 @@ def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600
     from otel_ofu.pipeline.service import Service
 
     workdir.mkdir(parents=True, exist_ok=True)
-    (sink_port,) = _free_ports(1)
+    (sink_port,) = free_ports(1)
     wall_s = span_s / acceleration
     start_time = math.floor(time.time() - span_s - wall_s)
     doc = _demo_document(workdir / "demo.jsonl", start_time, acceleration, sink_port)
@@ -332,7 +322,7 @@ def demo_in_prometheus(workdir: Path, prometheus_bin: str, promtool_bin: str, *,
     openmetrics, start, end, self_start, self_end = run_demo(workdir, span_s=span_s, acceleration=acceleration)
     data = workdir / "tsdb"
     _promtool(promtool_bin, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(data))
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     process, api = _start_prometheus(prometheus_bin, workdir, port, data)
     try:
         rule_blocks = workdir / "rule-blocks"
