@@ -16,13 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
-import pytest
 import yaml
 
 from tests.e2e_util import (
     ROOT,
     Process,
-    collector_binary,
     free_ports,
     otel_ofu_command,
     port_open,
@@ -34,19 +32,6 @@ from tests.otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request
 
 CONFIGS = ROOT / "collector-config"
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-
-
-@pytest.fixture(scope="module")
-def otelcol() -> str:
-    return collector_binary()
-
-
-@pytest.fixture
-def processes():
-    started: list[Process] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 def diagnostics(processes: list[Process]):

@@ -23,7 +23,6 @@ from otel_ofu.otlp import codec as otlp
 from tests.e2e_util import (
     ROOT,
     Process,
-    collector_binary,
     free_ports,
     otel_ofu_command,
     port_open,
@@ -42,19 +41,6 @@ JOBS = [{"id": "llm-pretrain", "scenario": "steady", "gpus": 6, "precision": "bf
         {"id": "short-eval", "scenario": "steady", "gpus": 2, "duration": "12m"}]
 MINUTES = 40
 WINDOWS_PER_REQUEST = 6  # one minute of 10 s windows from every node per request
-
-
-@pytest.fixture(scope="module")
-def otelcol() -> str:
-    return collector_binary()
-
-
-@pytest.fixture
-def processes():
-    started: list[Process] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
