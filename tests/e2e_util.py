@@ -11,8 +11,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,6 +26,44 @@ from tools.ports import free_ports, port_open  # noqa: F401 (the tests import th
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class PageServer:
+    """Prometheus text pages over real HTTP, by path (404 for any other): a dcgm-exporter's or a
+    training job's /metrics. ``url`` is the base URL; use it as a context manager, or close()."""
+
+    def __init__(self, pages: dict[str, bytes]):
+        pages = dict(pages)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = pages.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                body = b"not found\n" if body is None else body
+                self.send_header("Content-Type", PROMETHEUS_TEXT)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> PageServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def unavailable(message: str) -> None:

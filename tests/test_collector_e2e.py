@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -20,6 +18,7 @@ import yaml
 
 from tests.e2e_util import (
     ROOT,
+    PageServer,
     Process,
     free_ports,
     otel_ofu_command,
@@ -64,32 +63,6 @@ def start_processor_stage(otelcol: str, tmp_path: Path, processes: list[Process]
                      "DCGM_EXPORTER_TARGET": f"127.0.0.1:{dcgm_exporter_port}", "DCGM_EXPORTER_INTERVAL": "1s",
                      "OTELCOL_FILE_PATH": str(sink)}, tmp_path, processes, [c_grpc, c_return])
     return c_grpc
-
-
-class FakeDcgmExporter:
-    """Serves a recorded dcgm-exporter page on /metrics, as dcgm-exporter does on :9400."""
-
-    def __init__(self, page: Path):
-        body = page.read_bytes()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server names handlers do_<METHOD>
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_every_collector_config_passes_otelcol_validate(otelcol):
@@ -186,7 +159,8 @@ def test_collector_forwards_dcgm_metrics_to_otel_ofu_and_gets_ofu_back(otelcol, 
 
 def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(otelcol, tmp_path, processes):
     """(c) the Collector's own prometheus receiver scrapes a dcgm-exporter page; OFU comes back."""
-    exporter = FakeDcgmExporter(ROOT / "tests" / "data" / "dcgm-exporter" / "h100.prom")
+    # A recorded dcgm-exporter page on /metrics, as dcgm-exporter serves it on :9400.
+    exporter = PageServer({"/metrics": (ROOT / "tests" / "data" / "dcgm-exporter" / "h100.prom").read_bytes()})
     try:
         sink = tmp_path / "collector.jsonl"
         start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=exporter.port)

@@ -12,10 +12,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from otel_ofu.pipeline.config import build_config
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
+from tests.e2e_util import PageServer
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data" / "dcgm-exporter"
@@ -179,30 +178,11 @@ def test_demo_piped_prints_plain_lines_with_the_findings(tmp_path):
 # --- otel-ofu top --scrape against a served dcgm-exporter page ---------------------------------
 
 
-class _Pages(BaseHTTPRequestHandler):
-    routes = {"/h100/metrics": "h100.prom", "/b200/metrics": "b200-mig.prom"}
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        page = self.routes.get(self.path)
-        body = (DATA / page).read_bytes() if page else b"not found\n"
-        self.send_response(200 if page else 404)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def exporter_pages():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with PageServer({"/h100/metrics": (DATA / "h100.prom").read_bytes(),
+                     "/b200/metrics": (DATA / "b200-mig.prom").read_bytes()}) as server:
+        yield server.url
 
 
 def expected_ofu(url: str) -> dict[str, str]:

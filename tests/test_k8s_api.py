@@ -12,8 +12,6 @@ page or the kubelet's pod-resources API plus the API server -> attribution -> of
 from __future__ import annotations
 
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from otel_ofu.pipeline.config import build_config
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.attribution import AttributionProcessor, AttributionProcessorConfig
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
-from tests.e2e_util import Process, otel_ofu_command, read_points, require_alive, wait_for
+from tests.e2e_util import PageServer, Process, otel_ofu_command, read_points, require_alive, wait_for
 from tests.kube_apiserver import (
     STRANGER_TOKEN,
     STRANGER_USER,
@@ -407,22 +405,6 @@ def test_a_gpu_process_cgroup_joins_its_pod_through_the_api(cluster, watchers, t
     assert out.resource["ofu.job.source"] == "k8s_api+process"
 
 
-class _Exporter(BaseHTTPRequestHandler):
-    """dcgm-exporter's /metrics: a recorded page, served as the exporter serves it."""
-
-    page = b""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(self.page)))
-        self.end_headers()
-        self.wfile.write(self.page)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cluster, tmp_path):
     """otel-ofu run: a real dcgm-exporter page (pod labels) -> attribution (API server) -> ofu -> file."""
     ns, node = "ml-research", "gpu-node-h100-01"
@@ -431,13 +413,11 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
                                                                        "kubeflow.org/v1")],
                        labels={"training.kubeflow.org/job-name": "llama-70b-pretrain", "team": "research"},
                        annotations={PRECISION: "bf16"})
-    handler = type("Exporter", (_Exporter,), {"page": (DATA / "dcgm-exporter" / "h100.prom").read_bytes()})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    exporter = PageServer({"/metrics": (DATA / "dcgm-exporter" / "h100.prom").read_bytes()})  # a recorded page
     out = tmp_path / "points.jsonl"
     config = tmp_path / "otel-ofu.yaml"
     config.write_text(yaml.safe_dump({
-        "receivers": {"dcgm_exporter": {"endpoint": f"http://127.0.0.1:{httpd.server_address[1]}/metrics",
+        "receivers": {"dcgm_exporter": {"endpoint": f"{exporter.url}/metrics",
                                         "collection_interval": "1s"}},
         "processors": {"attribution": {"kubernetes_api": {
             "enabled": True, "kubeconfig": str(cluster.kubeconfig(WATCHER_TOKEN, WATCHER_USER)),
@@ -456,7 +436,7 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
         points = wait_for("points carrying the PyTorchJob's id", attributed, timeout=120, diagnostics=run.tail)
     finally:
         assert run.stop() == 0, run.tail()
-        httpd.shutdown()
+        exporter.close()
     point = points[-1]
     assert dict(point.resource)["ofu.precision"] == "bf16"
     resource = dict(point.resource)

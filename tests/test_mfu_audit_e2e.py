@@ -15,8 +15,6 @@ Findings must name exactly the two inflated jobs, with the numbers the jobs sent
 from __future__ import annotations
 
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,15 @@ from otel_ofu.otlp import codec as otlp
 from otel_ofu.pipeline.component import Context
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import parse_metrics
-from tests.e2e_util import Process, free_ports, otel_ofu_command, read_points, require_alive, wait_for
+from tests.e2e_util import (
+    PageServer,
+    Process,
+    free_ports,
+    otel_ofu_command,
+    read_points,
+    require_alive,
+    wait_for,
+)
 from tests.kube_apiserver import WATCHER_TOKEN, WATCHER_USER, KubeApiServer
 
 PODS_ONLY = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
@@ -86,20 +92,6 @@ def page_ofu(page: bytes, precision: str = "bf16") -> float:
     return values.pop()
 
 
-class _Exporter(BaseHTTPRequestHandler):
-    page = b""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(self.page)))
-        self.end_headers()
-        self.wfile.write(self.page)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     server = KubeApiServer(tmp_path_factory.mktemp("kube")).start()
@@ -120,15 +112,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def pages():
-    servers = []
-    for page in (K8S_PAGE, SLURM_PAGE):
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Exporter", (_Exporter,), {"page": page}))
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-    yield [f"http://127.0.0.1:{s.server_address[1]}/metrics" for s in servers]
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    with PageServer({"/metrics": K8S_PAGE}) as k8s, PageServer({"/metrics": SLURM_PAGE}) as slurm:
+        yield [f"{k8s.url}/metrics", f"{slurm.url}/metrics"]
 
 
 def events(path: Path, name: str) -> list[dict]:

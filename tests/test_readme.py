@@ -126,33 +126,17 @@ def mig_page() -> str:
 def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
     """The README's command against a dcgm-exporter page over HTTP, then the README's scrape config in
     a real Prometheus: every GPU and MIG instance is its own series, named by its pod's job."""
-    import http.server
-    import threading
     import urllib.request
 
     import yaml
 
-    from tests.e2e_util import Process, free_ports, prometheus_binary, require_alive, wait_for
+    from tests.e2e_util import PageServer, Process, free_ports, prometheus_binary, require_alive, wait_for
     from tests.test_prometheus_e2e import promql
 
-    page = mig_page().encode()
-
-    class Exporter(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = PageServer({"/metrics": mig_page().encode()})
     ofu_port, prom_port = free_ports(2)
     command = next(c for c in quick_commands() if "dcgm-exporter.yaml" in c)
-    argv, env = argv_env(command, {"http://localhost:9400/metrics": f"http://127.0.0.1:{server.server_port}/metrics"})
+    argv, env = argv_env(command, {"http://localhost:9400/metrics": f"{server.url}/metrics"})
     env.update(OTEL_OFU_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ofu_port}", DCGM_EXPORTER_INTERVAL="1s")  # documented knobs
     ofu = Process("otel-ofu", argv, tmp_path / "otel-ofu.log", env)
     try:
@@ -190,7 +174,7 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
             prom.stop()
     finally:
         ofu.stop()
-        server.shutdown()
+        server.close()
 
 
 def test_quick_path_recording(tmp_path):

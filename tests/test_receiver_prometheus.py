@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from otel_ofu.core.model import Batch, job_id_of
@@ -12,6 +9,7 @@ from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.receivers.prometheus import PrometheusReceiver, PrometheusReceiverConfig, parse_reports
+from tests.e2e_util import PageServer
 from tests.test_attribution import make as make_attribution
 
 # What the OpenTelemetry Python Prometheus exporter serves for a process using the reporter's
@@ -32,27 +30,10 @@ training_mfu_total 7
 """
 
 
-class _Page(BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200 if self.path == "/metrics" else 404)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def page():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Page", (_Page,), {"body": OTEL_PAGE.encode()}))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with PageServer({"/metrics": OTEL_PAGE.encode()}) as server:
+        yield server.url
 
 
 def make(config: dict) -> PrometheusReceiver:
