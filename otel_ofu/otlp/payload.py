@@ -11,6 +11,7 @@ valid request, with no per-point Python work for the pass-through.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics as PbResourceMetrics
 
@@ -61,42 +62,55 @@ def _halves(items: list) -> tuple[list, list]:
     return items[:middle], items[middle:]
 
 
+def _split_by_resource_or_item(request: Any, resources: str, scopes: str, items: str) -> list[Any]:
+    """Two halves of an export request: of its resources, else of its one resource's items (metrics,
+    log records) with their scopes; [] when it holds one item or none. ``resources``, ``scopes`` and
+    ``items`` name the signal's repeated fields (resource_metrics, scope_metrics, metrics)."""
+    cls = type(request)
+    listed = list(getattr(request, resources))
+    if len(listed) >= 2:
+        return [cls(**{resources: half}) for half in _halves(listed)]
+    if not listed:
+        return []
+    resource = listed[0]
+    pairs = [(scope, item) for scope in getattr(resource, scopes) for item in getattr(scope, items)]
+    if len(pairs) < 2:
+        return []
+    parts = []
+    for half in _halves(pairs):
+        part = cls()
+        out = getattr(part, resources).add(resource=resource.resource, schema_url=resource.schema_url)
+        targets: dict[int, Any] = {}
+        for scope, item in half:
+            target = targets.get(id(scope))
+            if target is None:
+                target = targets[id(scope)] = getattr(out, scopes).add(scope=scope.scope, schema_url=scope.schema_url)
+            getattr(target, items).append(item)
+        parts.append(part)
+    return parts
+
+
 def _split_metrics(payload: bytes) -> list[tuple[bytes, int]]:
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     request = ExportMetricsServiceRequest.FromString(payload)
-    parts: list[ExportMetricsServiceRequest] = []
-    resources = list(request.resource_metrics)
-    if len(resources) >= 2:
-        parts = [ExportMetricsServiceRequest(resource_metrics=half) for half in _halves(resources)]
-    elif resources:
-        rm = resources[0]
-        metrics = [(sm, m) for sm in rm.scope_metrics for m in sm.metrics]
-        if len(metrics) >= 2:
-            for half in _halves(metrics):
+    parts = _split_by_resource_or_item(request, "resource_metrics", "scope_metrics", "metrics")
+    metrics = [(sm, m) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+    if not parts and len(metrics) == 1:  # one metric: halves of its data points
+        rm = request.resource_metrics[0]
+        sm, metric = metrics[0]
+        kind = metric.WhichOneof("data")
+        points = list(getattr(metric, kind).data_points) if kind else []
+        if len(points) >= 2:
+            for half in _halves(points):
                 part = ExportMetricsServiceRequest()
                 out = part.resource_metrics.add(resource=rm.resource, schema_url=rm.schema_url)
-                scopes: dict[int, object] = {}
-                for sm, metric in half:
-                    target = scopes.get(id(sm))
-                    if target is None:
-                        target = scopes[id(sm)] = out.scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url)
-                    target.metrics.append(metric)  # type: ignore[attr-defined]
+                piece = out.scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url).metrics.add()
+                piece.CopyFrom(metric)
+                data = getattr(piece, kind)
+                del data.data_points[:]
+                data.data_points.extend(half)
                 parts.append(part)
-        elif metrics:
-            sm, metric = metrics[0]
-            kind = metric.WhichOneof("data")
-            points = list(getattr(metric, kind).data_points) if kind else []
-            if len(points) >= 2:
-                for half in _halves(points):
-                    part = ExportMetricsServiceRequest()
-                    out = part.resource_metrics.add(resource=rm.resource, schema_url=rm.schema_url)
-                    piece = out.scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url).metrics.add()
-                    piece.CopyFrom(metric)
-                    data = getattr(piece, kind)
-                    del data.data_points[:]
-                    data.data_points.extend(half)
-                    parts.append(part)
     return [(p.SerializeToString(), sum(count_data_points(rm) for rm in p.resource_metrics)) for p in parts]
 
 
@@ -104,23 +118,6 @@ def _split_logs(payload: bytes) -> list[tuple[bytes, int]]:
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
     request = ExportLogsServiceRequest.FromString(payload)
-    parts: list[ExportLogsServiceRequest] = []
-    resources = list(request.resource_logs)
-    if len(resources) >= 2:
-        parts = [ExportLogsServiceRequest(resource_logs=half) for half in _halves(resources)]
-    elif resources:
-        rl = resources[0]
-        records = [(sl, r) for sl in rl.scope_logs for r in sl.log_records]
-        if len(records) >= 2:
-            for half in _halves(records):
-                part = ExportLogsServiceRequest()
-                out = part.resource_logs.add(resource=rl.resource, schema_url=rl.schema_url)
-                scopes: dict[int, object] = {}
-                for sl, record in half:
-                    target = scopes.get(id(sl))
-                    if target is None:
-                        target = scopes[id(sl)] = out.scope_logs.add(scope=sl.scope, schema_url=sl.schema_url)
-                    target.log_records.append(record)  # type: ignore[attr-defined]
-                parts.append(part)
+    parts = _split_by_resource_or_item(request, "resource_logs", "scope_logs", "log_records")
     return [(p.SerializeToString(), sum(len(sl.log_records) for rl in p.resource_logs for sl in rl.scope_logs))
             for p in parts]
