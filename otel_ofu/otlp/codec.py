@@ -489,15 +489,18 @@ _decoded_attributes: Cache = Cache("otlp decoded attributes", _DECODED_CACHE_SIZ
 _NO_RECORDED_VALUE = 1  # DataPointFlags: a staleness marker, not a reading
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    """The varint at ``data[i]`` and the index after it."""
-    value = shift = 0
+def varint_at(data: bytes, i: int) -> tuple[int, int]:
+    """The varint starting at ``data[i]`` and the index after it."""
+    byte = data[i]
+    if byte < 0x80:
+        return byte, i + 1
+    value, shift = byte & 0x7F, 7
     while True:
+        i += 1
         byte = data[i]
         value |= (byte & 0x7F) << shift
-        i += 1
         if byte < 0x80:
-            return value, i
+            return value, i + 1
         shift += 7
 
 
@@ -548,9 +551,9 @@ def data_points(name: str, unit: str, monotonic: bool, wire: bytes, resource: At
         if tag != 0x0A:  # a Sum's temporality and monotonic flag (varints), after its points
             if tag & 7:
                 break
-            _, i = _varint(wire, i + 1)
+            _, i = varint_at(wire, i + 1)
             continue
-        size, start = _varint(wire, i + 1)
+        size, start = varint_at(wire, i + 1)
         end = start + size
         i = end
         t = start_time = 0
@@ -575,14 +578,14 @@ def data_points(name: str, unit: str, monotonic: bool, wire: bytes, resource: At
             elif field == 0x3A:  # the attributes, contiguous (fields are written in number order)
                 k = j
                 while k < end and wire[k] == 0x3A:
-                    length, k = _varint(wire, k + 1)
+                    length, k = varint_at(wire, k + 1)
                     k += length
                 attributes = decoded_attributes(wire[j:k])
                 j = k
             elif field == 0x40:
-                flags, j = _varint(wire, j + 1)
+                flags, j = varint_at(wire, j + 1)
             elif field == 0x2A:  # exemplars: not kept
-                length, j = _varint(wire, j + 1)
+                length, j = varint_at(wire, j + 1)
                 j += length
             else:  # a field this reader does not know: protobuf reads the point
                 dp = metrics_pb2.NumberDataPoint.FromString(wire[start:end])

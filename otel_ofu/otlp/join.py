@@ -43,8 +43,8 @@ from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.core.values import clean_clock, rescale
 from otel_ofu.otlp import codec
-from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint
-from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields, varint_at
+from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint, varint_at
+from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
 from otel_ofu.pipeline.caches import Cache, on_release
 
 SOURCE = "otlp"

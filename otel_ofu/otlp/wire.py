@@ -25,25 +25,11 @@ from dataclasses import dataclass
 
 from otel_ofu.core.model import Attributes, MetricPoint
 from otel_ofu.otlp import codec
+from otel_ofu.otlp.codec import varint_at
 
 
 class WireError(ValueError):
     """The bytes are not laid out as this reader expects."""
-
-
-def varint_at(data: bytes, i: int) -> tuple[int, int]:
-    """The varint starting at ``data[i]`` and the index after it."""
-    byte = data[i]
-    if byte < 0x80:
-        return byte, i + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        i += 1
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
 
 
 def fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
