@@ -42,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from overload import get_json  # noqa: E402
+from overload import get_json, stop_processes  # noqa: E402
 
 from tools.ports import free_ports, port_open  # noqa: E402
 
@@ -223,14 +223,7 @@ def run(args) -> dict:
             result[f"{name}_missing"] = len(keys - sink_keys)
     finally:
         sampling.set()
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs, timeout=120)
     return result
 
 

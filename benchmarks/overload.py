@@ -409,15 +409,20 @@ service:
             "work_dir": str(work),
         })
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs, timeout=60)
     return result
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM to each still running, newest first; SIGKILL to any not gone within ``timeout`` s."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _wait(check, what: str, work: Path, timeout: float = 120) -> None:
