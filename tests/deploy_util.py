@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e_util import ROOT, unavailable
+from tests.e2e_util import ROOT, built_tool
 
 CHART = ROOT / "deploy" / "helm" / "otel-ofu"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
@@ -38,28 +38,10 @@ FIELD_PLACEHOLDERS = {
     "metadata.uid": "0b8e9d2c-5f1a-4c2e-9d1b-7a6c5e4f3a21",
 }
 
-_helm: str | None = None
-
-
 def helm_binary() -> str:
     """Helm from collector/build-helm.sh (built once, cached); $HELM overrides."""
-    global _helm
-    if os.environ.get("HELM"):
-        return os.environ["HELM"]
-    if _helm:
-        return _helm
-    how = "run collector/build-helm.sh (needs Go) to build Helm, or set HELM"
-    try:
-        done = subprocess.run([str(ROOT / "collector" / "build-helm.sh")], capture_output=True, text=True,
-                              timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        unavailable(f"helm unavailable ({exc}): {how}")
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        unavailable(f"helm unavailable: {how}\n{tail}")
-    _helm = lines[-1]
-    return _helm
+    return built_tool("helm", "HELM", "build-helm.sh", "run collector/build-helm.sh (needs Go) to build Helm",
+                      timeout=1800)
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

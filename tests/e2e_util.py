@@ -73,20 +73,33 @@ def unavailable(message: str) -> None:
     pytest.skip(message)
 
 
-def collector_binary() -> str:
-    """otelcol-ofu built (or found in the cache) by collector/build.sh; $OTELCOL overrides."""
-    if os.environ.get("OTELCOL"):
-        return os.environ["OTELCOL"]
-    how = "run collector/build.sh (needs Go) to build the otelcol-ofu Collector, or set OTELCOL"
+_built: dict[str, str] = {}
+
+
+def built_tool(name: str, env: str, script: str, how: str, timeout: float = 3600) -> str:
+    """$``env``, else the binary ``collector/<script>`` builds from Go modules (or finds in its cache):
+    the last line of its stdout. Unavailable (skip, or fail under CI) with ``how`` when it cannot."""
+    if os.environ.get(env):
+        return os.environ[env]
+    if script in _built:
+        return _built[script]
+    how = f"{how}, or set {env}"
     try:
-        done = subprocess.run([str(ROOT / "collector" / "build.sh")], capture_output=True, text=True, timeout=3600)
+        done = subprocess.run([str(ROOT / "collector" / script)], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        unavailable(f"otelcol-ofu unavailable ({exc}): {how}")
+        unavailable(f"{name} unavailable ({exc}): {how}")
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        unavailable(f"otelcol-ofu unavailable: {how}\n{tail}")
+        unavailable(f"{name} unavailable: {how}\n{tail}")
+    _built[script] = lines[-1]
     return lines[-1]
+
+
+def collector_binary() -> str:
+    """otelcol-ofu built (or found in the cache) by collector/build.sh; $OTELCOL overrides."""
+    return built_tool("otelcol-ofu", "OTELCOL", "build.sh", "run collector/build.sh (needs Go) to build the "
+                      "otelcol-ofu Collector")
 
 
 def prometheus_binary() -> str:

@@ -16,7 +16,6 @@ import os
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import yaml
 
 from tests import certs
-from tests.e2e_util import ROOT, Process, free_ports, unavailable, wait_for
+from tests.e2e_util import Process, built_tool, free_ports, port_open, unavailable, wait_for
 
 ADMIN_TOKEN = "admin-token-0123456789"
 WATCHER_USER, WATCHER_TOKEN = "otel-ofu", "otel-ofu-token-0123456789"
@@ -36,19 +35,8 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
 
 
 def apiserver_binary() -> str:
-    if os.environ.get("KUBE_APISERVER"):
-        return os.environ["KUBE_APISERVER"]
-    how = "run collector/build-kube-apiserver.sh (needs Go; ~5 min once, then cached), or set KUBE_APISERVER"
-    try:
-        done = subprocess.run([str(ROOT / "collector" / "build-kube-apiserver.sh")], capture_output=True, text=True,
-                              timeout=3600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        unavailable(f"kube-apiserver unavailable ({exc}): {how}")
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        unavailable(f"kube-apiserver unavailable: {how}\n{tail}")
-    return lines[-1]
+    return built_tool("kube-apiserver", "KUBE_APISERVER", "build-kube-apiserver.sh",
+                      "run collector/build-kube-apiserver.sh (needs Go; ~5 min once, then cached)")
 
 
 def etcd_binary() -> str:
@@ -107,7 +95,7 @@ class KubeApiServer:
             f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
             f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}", f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=default={peer}"], self.dir / "etcd.log")
-        wait_for("etcd to listen", lambda: _port_open(self.etcd_port) or self._check(self.etcd), timeout=60,
+        wait_for("etcd to listen", lambda: port_open(self.etcd_port) or self._check(self.etcd), timeout=60,
                  diagnostics=self.etcd.tail)
         self.start_apiserver()
         return self
@@ -210,14 +198,6 @@ class KubeApiServer:
         events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
         return [e for e in events if e.get("user", {}).get("username") == user
                 and e.get("stage") in ("ResponseComplete", "Panic")]
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 class CuttableProxy:
