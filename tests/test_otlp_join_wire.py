@@ -16,6 +16,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
+from otel_ofu.otlp.join import point_bytes
 from otel_ofu.otlp.payload import metrics_payload
 from otel_ofu.pipeline import caches
 from tests.otlp_shapes import Gpu, dcgm_exporter_request, dcgmreceiver_request
@@ -163,11 +164,11 @@ def test_string_attributes_read_as_protobuf_does(attributes):
         time_unix_nano=T0, as_double=1.0)
     point.attributes.extend([_kv(k, v) for k, v in attributes])
     from_protobuf = [(kv.key, kv.value.string_value) for kv in point.attributes]
-    attribute_bytes = otlp_join._attribute_bytes(point.SerializeToString())
+    attribute_bytes = point_bytes.attributes_part(point.SerializeToString())
     for _ in range(2):  # the second time from the cache
-        pairs = otlp_join._string_attributes(attribute_bytes)
+        pairs = point_bytes.string_attributes(attribute_bytes)
         assert pairs is None or pairs == from_protobuf
-    # (No attributes: _attribute_bytes gives the whole point, which is not read as labels.)
+    # (No attributes: attributes_part gives the whole point, which is not read as labels.)
     plain = bool(attributes) and all(isinstance(v, str) and k and len(k) + len(v) < 120 for k, v in attributes)
     assert (pairs is not None) == plain
 

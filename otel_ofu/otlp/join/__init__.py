@@ -30,7 +30,6 @@ one reading. Input points of no GPU pass through untouched: nothing a sender sen
 from __future__ import annotations
 
 import bisect
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,16 @@ from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.core.values import clean_clock, rescale
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint, varint_at
+from otel_ofu.otlp.join.point_bytes import (
+    ATTRIBUTES_TAG,
+    TIME_DOUBLE,
+    TIME_INT,
+    VALUE_TAGS,
+    any_text,
+    attributes_part,
+    label_text,
+    string_attributes,
+)
 from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
 from otel_ofu.pipeline.caches import Cache, on_release
 
@@ -112,31 +121,6 @@ def _scale(value: object, unit: str, kind: str) -> object:
     return value
 
 
-def label_text(value: Any) -> str:
-    """An attribute value as the label text a Prometheus scrape would have carried.
-
-    Why: a Collector processor (transform, k8sattributes) or a non-Prometheus sender may put
-    ``gpu`` as an int or ``UUID`` as bytes; read as strings only, they became "" and the GPU
-    lost its index or identity. Whole doubles print as ints (``0.0`` -> ``"0"``).
-    """
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
-
-
-def _any_text(value: Any) -> str:
-    """An OTLP AnyValue as label text (see :func:`label_text`)."""
-    return label_text(from_any_value(value))
-
-
 def _int_or_str(index: object) -> int | str:
     text = str(index)
     return int(text) if text.isdecimal() else text
@@ -194,77 +178,6 @@ def _resource_of(resource_bytes: bytes) -> _Resource:
         attributes = {kv.key: from_any_value(kv.value) for kv in Resource.FromString(resource_bytes).attributes}
         found = _resources.put(resource_bytes, _Resource(attributes))
     return found
-
-
-_FIXED64_TAGS = frozenset({0x11, 0x19, 0x21, 0x31})  # NumberDataPoint start time, time, as_double, as_int
-_VALUE_TAGS = frozenset({0x21, 0x31})  # NumberDataPoint as_double, as_int
-_ATTRIBUTES_TAG = 0x3A  # NumberDataPoint.attributes, field 7
-_TIME_DOUBLE = struct.Struct("<BQBd")  # time_unix_nano then as_double, with their tags
-_TIME_INT = struct.Struct("<BQBq")  # time_unix_nano then as_int
-
-
-_KEY_VALUE_CACHE_SIZE = 32768  # distinct serialized label KeyValues kept decoded (bounded memory)
-_key_values: Cache = Cache("otlp join label pairs", _KEY_VALUE_CACHE_SIZE)  # serialized KeyValue -> (key, value)
-
-
-def _string_key_value(data: bytes) -> tuple[str, str] | None:
-    """(key, string value) of one serialized KeyValue field, if it is exactly that and short."""
-    # 0x3a size | 0x0a key_size key | 0x12 value_size | 0x0a string_size string, every size < 128
-    n = len(data)
-    if n < 8 or data[1] != n - 2 or data[2] != 0x0A or not 0 < data[3] < 0x80:
-        return None
-    key_end = 4 + data[3]
-    if key_end + 4 > n or data[key_end] != 0x12 or data[key_end + 1] != n - key_end - 2:
-        return None  # the value (an AnyValue) must run to the end
-    if data[key_end + 2] != 0x0A or data[key_end + 3] != n - key_end - 4:
-        return None  # and hold nothing but its string_value
-    return data[4:key_end].decode(), data[key_end + 4:].decode()
-
-
-def _string_attributes(data: bytes) -> list[tuple[str, str]] | None:
-    """Each attribute's (key, string value) from a point's serialized attributes, or None.
-
-    Why: reading labels through protobuf objects costs about 1 us each, and most label
-    values (model, host, pod, driver, index) repeat across GPUs and requests; each distinct
-    serialized KeyValue is decoded once. Anything but plain short string attributes (other
-    value types, long values, trailing fields) gives None: the caller reads protobuf instead.
-    """
-    out = []
-    cache = _key_values
-    i, n = 0, len(data)
-    while i < n:
-        size = data[i + 1] if i + 1 < n else 0x80
-        if data[i] != _ATTRIBUTES_TAG or size >= 0x80:
-            return None
-        end = i + 2 + size
-        chunk = data[i:end]
-        pair = cache.get(chunk)
-        if pair is None:
-            pair = _string_key_value(chunk)
-            if pair is None:
-                return None
-            cache.put(chunk, pair)
-        out.append(pair)
-        i = end
-    return out
-
-
-def _attribute_bytes(point: bytes) -> bytes:
-    """The part of a serialized NumberDataPoint from its first attribute on (the whole point if unusual).
-
-    Protobuf writes fields in number order, so that part holds every attribute and, after
-    them, only the flags: two points with the same bytes there have the same attributes.
-    """
-    i, n = 0, len(point)
-    while i < n:
-        tag = point[i]
-        if tag in _FIXED64_TAGS:
-            i += 9
-        elif tag == _ATTRIBUTES_TAG:
-            return point[i:]
-        else:
-            break
-    return point
 
 
 def _prometheus_entity(labels: dict[str, str], resource: _Resource) -> _Entity | None:
@@ -337,17 +250,17 @@ class _Joiner:
                     size, p_start = varint_at(wire, i + 1)
             p_end = p_start + size
             i, index = p_end, index + 1
-            if p_end - p_start < 18 or wire[p_start] != 0x19 or wire[p_start + 9] not in _VALUE_TAGS or (
-                    p_end > p_start + 18 and wire[p_start + 18] != _ATTRIBUTES_TAG):
+            if p_end - p_start < 18 or wire[p_start] != 0x19 or wire[p_start + 9] not in VALUE_TAGS or (
+                    p_end > p_start + 18 and wire[p_start + 18] != ATTRIBUTES_TAG):
                 if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
                     left.append(index - 1)
                 continue
-            _, t, value_tag, value = (_TIME_DOUBLE if wire[p_start + 9] == 0x21 else _TIME_INT).unpack_from(
+            _, t, value_tag, value = (TIME_DOUBLE if wire[p_start + 9] == 0x21 else TIME_INT).unpack_from(
                 wire, p_start)
             attribute_bytes = wire[p_start + 18:p_end]
             series = seen.get(attribute_bytes, _NEW)
             if series is _NEW:
-                pairs = _string_attributes(attribute_bytes)
+                pairs = string_attributes(attribute_bytes)
                 if pairs is None:  # other shapes (or a flags field): the protobuf path decides
                     if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
                         left.append(index - 1)
@@ -373,12 +286,12 @@ class _Joiner:
         """
         if dp.flags & _FLAG_NO_RECORDED_VALUE:
             return True
-        attribute_bytes = _attribute_bytes(dp.SerializeToString())
+        attribute_bytes = attributes_part(dp.SerializeToString())
         series = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
         if series is _NEW:
-            pairs = _string_attributes(attribute_bytes)
+            pairs = string_attributes(attribute_bytes)
             if pairs is None:
-                pairs = [(kv.key, _any_text(kv.value)) for kv in dp.attributes]
+                pairs = [(kv.key, any_text(kv.value)) for kv in dp.attributes]
             series = _series(resource, pairs)
             _remember(resource, attribute_bytes, series)
         if series is None:
@@ -524,7 +437,7 @@ def _dcgmreceiver_points(joiner: _Joiner, resource: _Resource, points: Any, kind
     other_pipes = []
     for p_index, dp in enumerate(points):
         if kind == TPA:
-            pipe = next((_any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
+            pipe = next((any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
             if pipe != "tensor":
                 other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
                 continue
