@@ -40,9 +40,20 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
-from otel_ofu.core.values import clean_clock, rescale
+from otel_ofu.core.values import clean_clock
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint, varint_at
+from otel_ofu.otlp.join.inputs import (
+    DCGMRECEIVER_INPUTS,
+    DCGMRECEIVER_PIPE_ATTR,
+    DCGMRECEIVER_RESOURCE,
+    FLAG_NO_RECORDED_VALUE,
+    INPUT_METRICS,
+    PROMETHEUS_INPUTS,
+    TPA,
+    point_value,
+    scale,
+)
 from otel_ofu.otlp.join.point_bytes import (
     ATTRIBUTES_TAG,
     TIME_DOUBLE,
@@ -58,30 +69,12 @@ from otel_ofu.pipeline.caches import Cache, on_release
 
 SOURCE = "otlp"
 
-# Google dcgmreceiver names (REFERENCE.md section 7).
-DCGMRECEIVER_PIPE = "gpu.dcgm.pipe.utilization"
-DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"
-DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
-DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
-
-# Which input each metric name feeds. Only these metrics are read point by point.
-TPA, CLOCK, MAX_CLOCK = "tpa", "clock", "max_clock"
-_PROMETHEUS_INPUTS: dict[str, str] = {
-    **{name: TPA for name in dcgm_fields.FIELD_NAMES[dcgm_fields.PIPE_TENSOR_ACTIVE]},
-    **{name: CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_CLOCK]},
-    **{name: MAX_CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.MAX_SM_CLOCK]},
-}
-_DCGMRECEIVER_INPUTS = {DCGMRECEIVER_PIPE: TPA, DCGMRECEIVER_CLOCK: CLOCK}
-INPUT_METRICS: frozenset[str] = frozenset(_PROMETHEUS_INPUTS) | frozenset(_DCGMRECEIVER_INPUTS)
-
 # Resource attributes a Prometheus receiver sets to describe the scrape target: they say
 # where dcgm-exporter ran, not which GPU this is, so they are not copied onto OFU points.
 SCRAPE_TARGET_ATTRIBUTES = frozenset({
     "service.name", "service.instance.id", "service.namespace", "server.address", "server.port", "url.scheme",
     "net.host.name", "net.host.port", "http.scheme",
 })
-
-_FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 
 
 @dataclass(slots=True)
@@ -97,28 +90,6 @@ class _Entity:
     tpa: list[tuple[int, object]] = field(default_factory=list)
     clock: list[tuple[int, object]] = field(default_factory=list)
     max_clock: list[tuple[int, object]] = field(default_factory=list)
-
-
-def _value(dp: Any) -> object:
-    # as_int keeps int64 DCGM blank sentinels exact (a float cannot tell +1 from +2).
-    return dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
-
-
-def _scale(value: object, unit: str, kind: str) -> object:
-    """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
-    if not isinstance(value, (int, float)):
-        return value
-    if kind == TPA:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
-        return rescale(value, 0.01) if unit == "%" else value
-    # dcgmreceiver reports Hz. A clock in Hz may exceed the INT32 blank sentinel (2.2 GHz),
-    # so it is converted here and never judged as a possible DCGM blank.
-    if unit == "Hz":
-        return value / 1e6
-    if unit == "kHz":
-        return value / 1e3
-    if unit == "GHz":
-        return value * 1e3
-    return value
 
 
 def _int_or_str(index: object) -> int | str:
@@ -268,7 +239,7 @@ class _Joiner:
                 series = _series(resource, pairs)
                 _remember(resource, attribute_bytes, series)
             if series is not None:
-                getattr(self._entity(series), kind).append((t, _scale(value, unit, kind)))
+                getattr(self._entity(series), kind).append((t, scale(value, unit, kind)))
             else:  # not a GPU series (e.g. a per-host field): nothing to join, it passes through
                 left.append(index - 1)
         if i < end:  # anything the loop above did not reach (other fields first)
@@ -284,7 +255,7 @@ class _Joiner:
         A staleness marker (the series went away; no reading) is taken and dropped: the
         metric it ends is re-emitted by the ``ofu`` processor under its own name.
         """
-        if dp.flags & _FLAG_NO_RECORDED_VALUE:
+        if dp.flags & FLAG_NO_RECORDED_VALUE:
             return True
         attribute_bytes = attributes_part(dp.SerializeToString())
         series = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
@@ -296,7 +267,7 @@ class _Joiner:
             _remember(resource, attribute_bytes, series)
         if series is None:
             return False
-        getattr(self._entity(series), kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        getattr(self._entity(series), kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
         return True
 
     def dcgmreceiver_point(self, context: _Resource, dp: Any, kind: str, unit: str) -> None:
@@ -310,7 +281,7 @@ class _Joiner:
             extra = {k: v for k, v in resource.items() if k not in DCGMRECEIVER_RESOURCE and k != HOST_NAME}
             entity = self.entities[key] = _Entity(host, _int_or_str(index), uuid, label_text(resource.get("gpu.model")),
                                                   None, extra)
-        getattr(entity, kind).append((dp.time_unix_nano, _scale(_value(dp), unit, kind)))
+        getattr(entity, kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
 
 
 def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
@@ -405,12 +376,12 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                 edits.inputs = True
             data = getattr(metric, kind_of_data)
             points = data.data_points
-            if name in _PROMETHEUS_INPUTS:
+            if name in PROMETHEUS_INPUTS:
                 data_bytes = data.SerializeToString()
                 left = joiner.prometheus_points(resource, data_bytes, 0, len(data_bytes), lambda p=points: p,
-                                                _PROMETHEUS_INPUTS[name], metric.unit)
+                                                PROMETHEUS_INPUTS[name], metric.unit)
             else:
-                left = _dcgmreceiver_points(joiner, resource, points, _DCGMRECEIVER_INPUTS[name], metric.unit)
+                left = _dcgmreceiver_points(joiner, resource, points, DCGMRECEIVER_INPUTS[name], metric.unit)
             if not left:  # every point joined: the metric goes
                 deleted.append((s_index, m_index))
             elif keep_rest:  # points of no GPU, or pipes not ours: they stay, the joined ones go
@@ -441,7 +412,7 @@ def _dcgmreceiver_points(joiner: _Joiner, resource: _Resource, points: Any, kind
             if pipe != "tensor":
                 other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
                 continue
-        if not dp.flags & _FLAG_NO_RECORDED_VALUE:
+        if not dp.flags & FLAG_NO_RECORDED_VALUE:
             joiner.dcgmreceiver_point(resource, dp, kind, unit)
     return other_pipes
 

@@ -1,0 +1,54 @@
+"""Which OTLP metrics the join reads, what each feeds (TPA, SM clock, max SM clock), and in which unit.
+
+Only these metrics are read point by point; every other metric passes through. Two shapes
+of DCGM data arrive (REFERENCE.md sections 6 and 7): a Collector's Prometheus receiver
+forwarding dcgm-exporter's gauges, named after the DCGM fields, and Google's dcgmreceiver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_ofu.core import dcgm_fields
+from otel_ofu.core.values import rescale
+
+# Google dcgmreceiver names (REFERENCE.md section 7).
+DCGMRECEIVER_PIPE = "gpu.dcgm.pipe.utilization"
+DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"
+DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
+DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
+
+# Which input each metric name feeds. Only these metrics are read point by point.
+TPA, CLOCK, MAX_CLOCK = "tpa", "clock", "max_clock"
+PROMETHEUS_INPUTS: dict[str, str] = {
+    **{name: TPA for name in dcgm_fields.FIELD_NAMES[dcgm_fields.PIPE_TENSOR_ACTIVE]},
+    **{name: CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_CLOCK]},
+    **{name: MAX_CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.MAX_SM_CLOCK]},
+}
+DCGMRECEIVER_INPUTS = {DCGMRECEIVER_PIPE: TPA, DCGMRECEIVER_CLOCK: CLOCK}
+INPUT_METRICS: frozenset[str] = frozenset(PROMETHEUS_INPUTS) | frozenset(DCGMRECEIVER_INPUTS)
+
+FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
+
+
+def point_value(dp: Any) -> object:
+    """A NumberDataPoint's value as it came."""
+    # as_int keeps int64 DCGM blank sentinels exact (a float cannot tell +1 from +2).
+    return dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
+
+
+def scale(value: object, unit: str, kind: str) -> object:
+    """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
+    if not isinstance(value, (int, float)):
+        return value
+    if kind == TPA:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
+        return rescale(value, 0.01) if unit == "%" else value
+    # dcgmreceiver reports Hz. A clock in Hz may exceed the INT32 blank sentinel (2.2 GHz),
+    # so it is converted here and never judged as a possible DCGM blank.
+    if unit == "Hz":
+        return value / 1e6
+    if unit == "kHz":
+        return value / 1e3
+    if unit == "GHz":
+        return value * 1e3
+    return value
