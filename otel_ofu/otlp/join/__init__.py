@@ -36,13 +36,11 @@ from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.core.values import clean_clock
 from otel_ofu.otlp import codec
-from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, from_any_value, varint, varint_at
+from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, varint, varint_at
 from otel_ofu.otlp.join.inputs import (
     DCGMRECEIVER_INPUTS,
     DCGMRECEIVER_PIPE_ATTR,
@@ -64,135 +62,29 @@ from otel_ofu.otlp.join.point_bytes import (
     label_text,
     string_attributes,
 )
+from otel_ofu.otlp.join.series import NEW, Entity, ResourceView, int_or_str, remember, resource_of, series_of
 from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
-from otel_ofu.pipeline.caches import Cache, on_release
+from otel_ofu.pipeline.caches import on_release
 
 SOURCE = "otlp"
-
-# Resource attributes a Prometheus receiver sets to describe the scrape target: they say
-# where dcgm-exporter ran, not which GPU this is, so they are not copied onto OFU points.
-SCRAPE_TARGET_ATTRIBUTES = frozenset({
-    "service.name", "service.instance.id", "service.namespace", "server.address", "server.port", "url.scheme",
-    "net.host.name", "net.host.port", "http.scheme",
-})
-
-
-@dataclass(slots=True)
-class _Entity:
-    """One GPU entity's readings found in a request: (time, raw value) lists."""
-
-    host: str
-    gpu_index: int | str
-    uuid: str
-    model: str
-    job_id: str | None
-    resource: dict[str, Any]
-    tpa: list[tuple[int, object]] = field(default_factory=list)
-    clock: list[tuple[int, object]] = field(default_factory=list)
-    max_clock: list[tuple[int, object]] = field(default_factory=list)
-
-
-def _int_or_str(index: object) -> int | str:
-    text = str(index)
-    return int(text) if text.isdecimal() else text
-
-
-_KEY_LABELS = dcgm_fields.EXPORTER_LABELS
-_NEW: Any = object()
-
-
-class _Resource:
-    """A ResourceMetrics' resource, and what every point under it shares, computed once.
-
-    Kept across requests (:func:`_resource_of`, keyed by the resource's bytes): a scrape
-    target sends the same resource every interval, and so do its GPUs' label sets, so each
-    GPU's labels are decoded and its identity worked out once, not once per request.
-    """
-
-    __slots__ = ("attributes", "labels", "fallback_host", "extra", "key", "by_attribute_bytes")
-
-    def __init__(self, attributes: dict[str, Any]):
-        self.attributes = attributes
-        # dcgm-exporter labels a Collector may have promoted to resource attributes.
-        self.labels = {k: label_text(v) for k, v in self.attributes.items() if k in dcgm_fields.EXPORTER_LABELS}
-        self.fallback_host = label_text(self.attributes.get(HOST_NAME) or self.attributes.get("server.address") or "")
-        self.extra = {k: v for k, v in self.attributes.items()
-                      if k not in SCRAPE_TARGET_ATTRIBUTES and k not in dcgm_fields.EXPORTER_LABELS and k != HOST_NAME}
-        self.key = (frozenset(self.labels.items()), self.fallback_host)
-        # A data point's serialized attributes -> its entity's key and identity, None when the
-        # point is no GPU's (see _Joiner.prometheus_points).
-        self.by_attribute_bytes: dict[bytes, tuple[tuple, _Entity] | None] = {}
-
-
-# Bounds of what _resource_of keeps: resources, and label sets (GPU series) over all of them.
-# About 1 KB per GPU series: 131,072 series (a 100,000-GPU processing stage) is about 130 MB.
-_RESOURCE_CACHE_SIZE = 16384
-_SERIES_CACHE_SIZE = 1 << 17
-_resources: Cache = Cache("otlp join resources", _RESOURCE_CACHE_SIZE)  # serialized Resource -> _Resource
-_series_cached = 0
-
-
-@on_release
-def _release_resources() -> None:
-    global _series_cached
-    _series_cached = 0  # _resources itself is emptied as a Cache
-
-
-def _resource_of(resource_bytes: bytes) -> _Resource:
-    """The :class:`_Resource` of a serialized Resource message (kept, bounded: see above)."""
-    global _series_cached
-    found = _resources.get(resource_bytes)
-    if found is None:
-        if _series_cached >= _SERIES_CACHE_SIZE:
-            _resources.clear()  # start over rather than grow: the working set comes back within one interval
-            _series_cached = 0
-        attributes = {kv.key: from_any_value(kv.value) for kv in Resource.FromString(resource_bytes).attributes}
-        found = _resources.put(resource_bytes, _Resource(attributes))
-    return found
-
-
-def _prometheus_entity(labels: dict[str, str], resource: _Resource) -> _Entity | None:
-    ident = dcgm_fields.identity_from_labels(labels)
-    if ident["gpu_index"] == "" and not ident["uuid"]:
-        return None
-    extra = {**resource.extra, **ident["resource"]}
-    return _Entity(ident["host"] or resource.fallback_host, _int_or_str(ident["gpu_index"]), ident["uuid"],
-                   ident["model"], ident["job_id"], extra)
-
-
-def _series(resource: _Resource, pairs: list[tuple[str, str]]) -> tuple[tuple, _Entity] | None:
-    """A GPU series' entity key and identity (an _Entity without readings), None for no GPU's series.
-
-    The key is the point's dcgm-exporter labels (the same on every metric of one GPU) and
-    the resource's: points of one key join, whichever metric or ResourceMetrics they are in.
-    """
-    key = (frozenset([pair for pair in pairs if pair[0] in _KEY_LABELS]), resource.key)
-    identity = _prometheus_entity({**resource.labels, **dict(key[0])}, resource)
-    return None if identity is None else (key, identity)
-
-
-def _remember(resource: _Resource, attribute_bytes: bytes, series: tuple[tuple, _Entity] | None) -> None:
-    global _series_cached
-    resource.by_attribute_bytes[attribute_bytes] = series
-    _series_cached += 1
 
 
 class _Joiner:
     """Collects input points by GPU entity while walking a request."""
 
     def __init__(self) -> None:
-        self.entities: dict[tuple, _Entity | None] = {}
+        self.entities: dict[tuple, Entity | None] = {}
 
-    def _entity(self, series: tuple[tuple, _Entity]) -> _Entity:
+    def _entity(self, series: tuple[tuple, Entity]) -> Entity:
         """This request's entity of a series: its readings start empty in every request."""
         key, identity = series
         entity = self.entities.get(key)
         if entity is None:
-            entity = self.entities[key] = _Entity(identity.host, identity.gpu_index, identity.uuid, identity.model,
+            entity = self.entities[key] = Entity(identity.host, identity.gpu_index, identity.uuid, identity.model,
                                                   identity.job_id, dict(identity.resource))
         return entity
 
-    def prometheus_points(self, resource: _Resource, wire: bytes, start: int, end: int,
+    def prometheus_points(self, resource: ResourceView, wire: bytes, start: int, end: int,
                           data_points: Callable[[], Any], kind: str, unit: str) -> list[int]:
         """One input metric's data points, each to its GPU entity.
 
@@ -229,15 +121,15 @@ class _Joiner:
             _, t, value_tag, value = (TIME_DOUBLE if wire[p_start + 9] == 0x21 else TIME_INT).unpack_from(
                 wire, p_start)
             attribute_bytes = wire[p_start + 18:p_end]
-            series = seen.get(attribute_bytes, _NEW)
-            if series is _NEW:
+            series = seen.get(attribute_bytes, NEW)
+            if series is NEW:
                 pairs = string_attributes(attribute_bytes)
                 if pairs is None:  # other shapes (or a flags field): the protobuf path decides
                     if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
                         left.append(index - 1)
                     continue
-                series = _series(resource, pairs)
-                _remember(resource, attribute_bytes, series)
+                series = series_of(resource, pairs)
+                remember(resource, attribute_bytes, series)
             if series is not None:
                 getattr(self._entity(series), kind).append((t, scale(value, unit, kind)))
             else:  # not a GPU series (e.g. a per-host field): nothing to join, it passes through
@@ -249,7 +141,7 @@ class _Joiner:
                     left.append(rest_index)
         return left
 
-    def _prometheus_point(self, resource: _Resource, dp: Any, kind: str, unit: str) -> bool:
+    def _prometheus_point(self, resource: ResourceView, dp: Any, kind: str, unit: str) -> bool:
         """One data point read through protobuf; False when it is no GPU's (it passes through).
 
         A staleness marker (the series went away; no reading) is taken and dropped: the
@@ -258,19 +150,19 @@ class _Joiner:
         if dp.flags & FLAG_NO_RECORDED_VALUE:
             return True
         attribute_bytes = attributes_part(dp.SerializeToString())
-        series = resource.by_attribute_bytes.get(attribute_bytes, _NEW)
-        if series is _NEW:
+        series = resource.by_attribute_bytes.get(attribute_bytes, NEW)
+        if series is NEW:
             pairs = string_attributes(attribute_bytes)
             if pairs is None:
                 pairs = [(kv.key, any_text(kv.value)) for kv in dp.attributes]
-            series = _series(resource, pairs)
-            _remember(resource, attribute_bytes, series)
+            series = series_of(resource, pairs)
+            remember(resource, attribute_bytes, series)
         if series is None:
             return False
         getattr(self._entity(series), kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
         return True
 
-    def dcgmreceiver_point(self, context: _Resource, dp: Any, kind: str, unit: str) -> None:
+    def dcgmreceiver_point(self, context: ResourceView, dp: Any, kind: str, unit: str) -> None:
         resource = context.attributes
         uuid = label_text(resource.get("gpu.uuid"))
         index = label_text(resource.get("gpu.number"))
@@ -279,12 +171,12 @@ class _Joiner:
         entity = self.entities.get(key)
         if entity is None:
             extra = {k: v for k, v in resource.items() if k not in DCGMRECEIVER_RESOURCE and k != HOST_NAME}
-            entity = self.entities[key] = _Entity(host, _int_or_str(index), uuid, label_text(resource.get("gpu.model")),
+            entity = self.entities[key] = Entity(host, int_or_str(index), uuid, label_text(resource.get("gpu.model")),
                                                   None, extra)
         getattr(entity, kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
 
 
-def _samples(entity: _Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
+def _samples(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
     """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
 
     Duplicate points of one GPU and time (the same scrape twice in a request, a batch sent
@@ -350,7 +242,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
     into points (they are deleted like the inputs: each is forwarded once, as points).
     Metrics are read in the order they came (the wire path's order), then deleted.
     """
-    resource: _Resource | None = None
+    resource: ResourceView | None = None
     count = edits is not None
     deleted: list[tuple[int, int]] = []  # (scope, metric) indices, in reading order
     for s_index, scope_metrics in enumerate(rm.scope_metrics):
@@ -371,7 +263,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
                     edits.points += len(getattr(metric, kind_of_data).data_points)  # type: ignore[union-attr]
                 continue
             if resource is None:
-                resource = _resource_of(rm.resource.SerializeToString())
+                resource = resource_of(rm.resource.SerializeToString())
             if edits is not None:
                 edits.inputs = True
             data = getattr(metric, kind_of_data)
@@ -403,7 +295,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _
     return len(rm.scope_metrics) > 0
 
 
-def _dcgmreceiver_points(joiner: _Joiner, resource: _Resource, points: Any, kind: str, unit: str) -> list[int]:
+def _dcgmreceiver_points(joiner: _Joiner, resource: ResourceView, points: Any, kind: str, unit: str) -> list[int]:
     """A dcgmreceiver input metric's points to the joiner; returns the indices of the pipes not ours."""
     other_pipes = []
     for p_index, dp in enumerate(points):
