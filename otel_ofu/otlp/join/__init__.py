@@ -29,7 +29,6 @@ one reading. Input points of no GPU pass through untouched: nothing a sender sen
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
-from otel_ofu.core.values import clean_clock
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, varint, varint_at
 from otel_ofu.otlp.join.inputs import (
@@ -63,10 +61,9 @@ from otel_ofu.otlp.join.point_bytes import (
     string_attributes,
 )
 from otel_ofu.otlp.join.series import NEW, Entity, ResourceView, int_or_str, remember, resource_of, series_of
+from otel_ofu.otlp.join.windows import samples_of
 from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
 from otel_ofu.pipeline.caches import on_release
-
-SOURCE = "otlp"
 
 
 class _Joiner:
@@ -174,54 +171,6 @@ class _Joiner:
             entity = self.entities[key] = Entity(host, int_or_str(index), uuid, label_text(resource.get("gpu.model")),
                                                   None, extra)
         getattr(entity, kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
-
-
-def _samples(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
-    """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
-
-    Duplicate points of one GPU and time (the same scrape twice in a request, a batch sent
-    again) are one reading, the last one received. A clock with no TPA near it (profiling
-    off, the field not exported, Nsight holding the counters) is still a window: the ``ofu``
-    processor reports it as "no value" (``missing``) and re-emits its clock.
-    """
-    max_clock = entity.max_clock[-1][1] if entity.max_clock else None
-    if len(entity.tpa) == 1 and len(entity.clock) == 1:  # a scrape: one TPA, one clock
-        (t, tpa_value), (clock_t, raw) = entity.tpa[0], entity.clock[0]
-        if abs(clock_t - t) <= tolerance_ns:
-            valid = clean_clock(raw)[0]
-            clock, count = (raw, 0) if valid is None else (valid, 1)
-            return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
-                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=entity.resource)]
-    tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
-    times = [t for t, _ in tpa]
-    windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
-    lone: list[tuple[int, object, list[object]]] = []  # clock readings near no TPA reading
-    for t, value in sorted(dict(entity.clock).items()):
-        if times:
-            i = bisect.bisect_left(times, t)
-            best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
-            if abs(times[best] - t) <= tolerance_ns:
-                windows[best][2].append(value)
-                continue
-        if lone and t - lone[-1][0] <= tolerance_ns:
-            lone[-1][2].append(value)
-        else:
-            lone.append((t, None, [value]))
-    windows += lone
-    if not windows and entity.max_clock:  # only the max clock: a window with neither reading
-        windows.append((entity.max_clock[-1][0], None, []))
-    out = []
-    for t, tpa_value, raw_clocks in windows:
-        valid = [v for v in (clean_clock(c)[0] for c in raw_clocks) if v is not None]
-        if valid:
-            clock, count = sum(valid) / len(valid), len(valid)
-        else:  # keep the raw reading (blank, 0, NaN) so the ofu processor names the reason
-            clock, count = (raw_clocks[0] if raw_clocks else None), 0
-        # Each sample gets its own resource dict (the entity's own when it makes only one).
-        resource = entity.resource if len(windows) == 1 else dict(entity.resource)
-        out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
-                             count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
-    return out
 
 
 def _keep_only(points: Any, indices: list[int]) -> None:
@@ -539,7 +488,7 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
             rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
-               for s in _samples(entity, window_s, tolerance_ns)]
+               for s in samples_of(entity, window_s, tolerance_ns)]
     if decoded is None:
         return Split(samples, [], rest, set())
     return Split(samples, decoded.points, rest, decoded.skipped)

@@ -1,0 +1,69 @@
+"""The join in time: one GPU's TPA and SM clock readings of a request -> its windows (GPU samples).
+
+Join rule: a GPU entity (host, index, UUID, MIG instance, pod) gives one sample per TPA data
+point, at the TPA point's time. The clock points of the same entity whose timestamps lie
+within ``tolerance_s`` of it (nearest TPA wins) are averaged into the sample's SM clock.
+A scrape stamps all its points with one time, so that is an exact match; dcgmreceiver's
+per-field timestamps differ by milliseconds. A TPA point without a clock, and a clock point
+with no TPA near it, still make a sample; the ``ofu`` processor then reports it as a dropped
+window (``missing``), never as 0, and re-emits the clock. Duplicate points of one entity and
+time are one reading. Pure: no I/O, no protobuf.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from otel_ofu.core.model import GpuSample
+from otel_ofu.core.values import clean_clock
+from otel_ofu.otlp.join.series import Entity
+
+SOURCE = "otlp"  # GpuSample.source of every window the join makes
+
+
+def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
+    """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
+
+    Duplicate points of one GPU and time (the same scrape twice in a request, a batch sent
+    again) are one reading, the last one received. A clock with no TPA near it (profiling
+    off, the field not exported, Nsight holding the counters) is still a window: the ``ofu``
+    processor reports it as "no value" (``missing``) and re-emits its clock.
+    """
+    max_clock = entity.max_clock[-1][1] if entity.max_clock else None
+    if len(entity.tpa) == 1 and len(entity.clock) == 1:  # a scrape: one TPA, one clock
+        (t, tpa_value), (clock_t, raw) = entity.tpa[0], entity.clock[0]
+        if abs(clock_t - t) <= tolerance_ns:
+            valid = clean_clock(raw)[0]
+            clock, count = (raw, 0) if valid is None else (valid, 1)
+            return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=entity.resource)]
+    tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
+    times = [t for t, _ in tpa]
+    windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
+    lone: list[tuple[int, object, list[object]]] = []  # clock readings near no TPA reading
+    for t, value in sorted(dict(entity.clock).items()):
+        if times:
+            i = bisect.bisect_left(times, t)
+            best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
+            if abs(times[best] - t) <= tolerance_ns:
+                windows[best][2].append(value)
+                continue
+        if lone and t - lone[-1][0] <= tolerance_ns:
+            lone[-1][2].append(value)
+        else:
+            lone.append((t, None, [value]))
+    windows += lone
+    if not windows and entity.max_clock:  # only the max clock: a window with neither reading
+        windows.append((entity.max_clock[-1][0], None, []))
+    out = []
+    for t, tpa_value, raw_clocks in windows:
+        valid = [v for v in (clean_clock(c)[0] for c in raw_clocks) if v is not None]
+        if valid:
+            clock, count = sum(valid) / len(valid), len(valid)
+        else:  # keep the raw reading (blank, 0, NaN) so the ofu processor names the reason
+            clock, count = (raw_clocks[0] if raw_clocks else None), 0
+        # Each sample gets its own resource dict (the entity's own when it makes only one).
+        resource = entity.resource if len(windows) == 1 else dict(entity.resource)
+        out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                             count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
+    return out
