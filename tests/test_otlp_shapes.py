@@ -16,6 +16,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.otlp import wire
+from otel_ofu.otlp.join import passthrough
 from otel_ofu.otlp.payload import metrics_payload
 from otel_ofu.receivers.otlp import DEFAULT_DECODE
 from tests.otlp_shapes import Gpu, dcgm_exporter_request
@@ -178,7 +179,7 @@ def test_shapes_are_bounded():
     store = wire.ShapeStore(max_shapes=4, per_size=2)
     bodies = [ExportMetricsServiceRequest(resource_metrics=[odd_request(T0, 0.5).resource_metrics[0]])]
     body = bodies[0].SerializeToString()
-    _, start, end = otlp_join._request_ranges(body, 1)[0]
+    _, start, end = passthrough.request_ranges(body, 1)[0]
     shape = wire.Shape.learn(body, start, end, DECODE, otlp_join.INPUT_METRICS)
     assert shape is not None and shape.matches(body, start)
     for _ in range(10):

@@ -30,7 +30,7 @@ one reading. Input points of no GPU pass through untouched: nothing a sender sen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -38,7 +38,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
 from otel_ofu.otlp import codec
-from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, varint, varint_at
+from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, varint_at
 from otel_ofu.otlp.join.inputs import (
     DCGMRECEIVER_INPUTS,
     DCGMRECEIVER_PIPE_ATTR,
@@ -50,6 +50,7 @@ from otel_ofu.otlp.join.inputs import (
     point_value,
     scale,
 )
+from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
 from otel_ofu.otlp.join.point_bytes import (
     ATTRIBUTES_TAG,
     TIME_DOUBLE,
@@ -62,7 +63,7 @@ from otel_ofu.otlp.join.point_bytes import (
 )
 from otel_ofu.otlp.join.series import NEW, Entity, ResourceView, int_or_str, remember, resource_of, series_of
 from otel_ofu.otlp.join.windows import samples_of
-from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
+from otel_ofu.otlp.wire import Shape, ShapeStore, WireError
 from otel_ofu.pipeline.caches import on_release
 
 
@@ -181,12 +182,12 @@ def _keep_only(points: Any, indices: list[int]) -> None:
             del points[p_index]
 
 
-def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: _Edits | None = None,
+def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: Edits | None = None,
                  decode: _Decoded | None = None) -> bool:
     """Feed rm's input points to the joiner; with keep_rest, delete them from rm in place.
 
     Returns whether anything is left in rm to pass through. ``edits``, when given, records
-    what was deleted or changed, by the original indices, for :func:`_trimmed_wire`, and
+    what was deleted or changed, by the original indices, for :func:`trimmed_wire`, and
     counts the data points left (while the metrics are at hand). ``decode``: metrics to turn
     into points (they are deleted like the inputs: each is forwarded once, as points).
     Metrics are read in the order they came (the wire path's order), then deleted.
@@ -258,76 +259,6 @@ def _dcgmreceiver_points(joiner: _Joiner, resource: ResourceView, points: Any, k
     return other_pipes
 
 
-# --- the pass-through in its wire form -------------------------------------------------------
-#
-# Re-serializing the metrics that pass through costs about as much as decoding them, for
-# nothing: they leave as they came. So the receiver keeps the request's bytes, and each
-# forwarded ResourceMetrics is cut from them, with the join's input metrics left out. The
-# request was parsed from these bytes just before, so they are well-formed; anything this
-# reader does not expect (a group, a count that does not match the parsed message) makes
-# it fall back to serializing the message.
-
-
-@dataclass(slots=True)
-class _Edits:
-    """What _take_inputs changed in one ResourceMetrics, by original index."""
-
-    scopes: set[int] = field(default_factory=set)  # scope_metrics deleted (left empty)
-    metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
-    points: int = 0  # data points left, as otlp.count_data_points counts them
-    inputs: bool = False  # it held join inputs (gauges or sums named as one)
-
-    def changed(self) -> bool:
-        return bool(self.scopes or self.metrics)
-
-
-def _trimmed_scope(data: bytes, start: int, end: int, changed: dict[int, bytes | None]) -> bytes:
-    """A ScopeMetrics' bytes with the metrics in ``changed`` left out (None) or replaced."""
-    parts = []
-    run = start  # the kept bytes not yet copied begin here
-    m_index = -1
-    for tag, f_start, _p_start, f_end in fields(data, start, end):
-        if tag >> 3 != 2:  # ScopeMetrics.metrics
-            continue
-        m_index += 1
-        if m_index in changed:
-            parts.append(data[run:f_start])
-            replacement = changed[m_index]
-            if replacement is not None:
-                parts.append(b"\x12" + varint(len(replacement)) + replacement)
-            run = f_end
-    parts.append(data[run:end])
-    return b"".join(parts)
-
-
-def _trimmed_wire(data: bytes, start: int, end: int, edits: _Edits) -> bytes:
-    """A ResourceMetrics' bytes (data[start:end]) with the changes of ``edits`` applied."""
-    parts = []
-    s_index = -1
-    for tag, f_start, p_start, f_end in fields(data, start, end):
-        if tag >> 3 == 2:  # ResourceMetrics.scope_metrics
-            s_index += 1
-            if s_index in edits.scopes:
-                continue
-            changed = edits.metrics.get(s_index)
-            if changed:
-                scope = _trimmed_scope(data, p_start, f_end, changed)
-                parts.append(b"\x12" + varint(len(scope)) + scope)
-                continue
-        parts.append(data[f_start:f_end])
-    return b"".join(parts)
-
-
-def _request_ranges(wire: bytes, total: int) -> list[tuple[int, int, int]]:
-    """(field start, payload start, field end) of each ResourceMetrics in a request's bytes; [] if they do not fit."""
-    try:
-        ranges = [(f_start, p_start, f_end) for tag, f_start, p_start, f_end in fields(wire, 0, len(wire))
-                  if tag == 0x0A]  # ExportMetricsServiceRequest.resource_metrics
-    except (WireError, IndexError):
-        return []
-    return ranges if len(ranges) == total else []  # else: not the bytes this request was parsed from
-
-
 # --- the wire path: ResourceMetrics recognized by their shape ---------------------------------
 #
 # With the received bytes at hand, a ResourceMetrics that holds no join input (what a node
@@ -369,7 +300,7 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
             if taken.forward is not None:
                 rest.append(WireResourceMetrics.of(taken.forward, taken.forward_points))
             continue
-        edits = _Edits()
+        edits = Edits()
         forwarded = _message_path(request.resource_metrics[index], wire, (f_start, p_start, f_end), joiner, decoded,
                                   edits)
         if forwarded is not None:
@@ -382,7 +313,7 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
 
 
 def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], joiner: _Joiner,
-                  decoded: _Decoded | None, edits: _Edits) -> WireResourceMetrics | None:
+                  decoded: _Decoded | None, edits: Edits) -> WireResourceMetrics | None:
     """One ResourceMetrics through protobuf objects, the pass-through cut from its bytes as far as they fit."""
     if not _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
         return None
@@ -391,33 +322,10 @@ def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], 
         if not edits.changed():
             field_bytes = wire[f_start:f_end]
         else:
-            field_bytes = _len_field(b"\x0a", _trimmed_wire(wire, p_start, f_end, edits))
+            field_bytes = _len_field(b"\x0a", trimmed_wire(wire, p_start, f_end, edits))
     except (WireError, IndexError):  # unexpected layout: serialize the message instead
         field_bytes = _len_field(b"\x0a", rm.SerializeToString())
     return WireResourceMetrics(rm, field_bytes, edits.points)
-
-
-def _wire_passthrough(wire: bytes, total: int, kept: list[tuple[int, ResourceMetrics, _Edits]]) -> list[Any]:
-    """The forwarded ResourceMetrics with their bytes cut from the received request (``total`` in it)."""
-    ranges = _request_ranges(wire, total)
-    out: list[Any] = []
-    for index, rm, edits in kept:
-        field_bytes = None
-        if index < len(ranges):
-            f_start, p_start, f_end = ranges[index]
-            try:
-                if not edits.changed():
-                    field_bytes = wire[f_start:f_end]
-                else:
-                    payload = _trimmed_wire(wire, p_start, f_end, edits)
-                    field_bytes = b"\x0a" + varint(len(payload)) + payload
-            except (WireError, IndexError):
-                field_bytes = None
-        if field_bytes is None:  # unexpected layout: serialize the message instead
-            payload = rm.SerializeToString()
-            field_bytes = b"\x0a" + varint(len(payload)) + payload
-        out.append(WireResourceMetrics(rm, field_bytes, edits.points))
-    return out
 
 
 class _Decoded:
@@ -469,11 +377,11 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
     joiner = _Joiner()
     decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
-    ranges = _request_ranges(wire, len(request.resource_metrics)) if wire is not None and passthrough else []
+    ranges = request_ranges(wire, len(request.resource_metrics)) if wire is not None and passthrough else []
     if ranges:
         rest = _split_wire(request, wire, ranges, joiner, decoded)  # type: ignore[arg-type]
     else:
-        kept: list[tuple[int, ResourceMetrics, _Edits]] = []
+        kept: list[tuple[int, ResourceMetrics, Edits]] = []
         for index, rm in enumerate(request.resource_metrics):
             if not passthrough:
                 _take_inputs(rm, joiner, keep_rest=False, decode=decoded)
@@ -481,11 +389,11 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
                 if _take_inputs(rm, joiner, keep_rest=True, decode=decoded):
                     rest.append(rm)
             else:
-                edits = _Edits()
+                edits = Edits()
                 if _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
                     kept.append((index, rm, edits))
-        if kept:  # the bytes do not fit the request: serialized (see _wire_passthrough)
-            rest = _wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
+        if kept:  # the bytes do not fit the request: serialized (see wire_passthrough)
+            rest = wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     tolerance_ns = int(tolerance_s * 1e9)
     samples = [s for entity in joiner.entities.values() if entity is not None
                for s in samples_of(entity, window_s, tolerance_ns)]
