@@ -16,7 +16,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
-from otel_ofu.otlp.join import point_bytes
+from otel_ofu.otlp.join import point_bytes, points
 from otel_ofu.otlp.payload import metrics_payload
 from otel_ofu.pipeline import caches
 from tests.otlp_shapes import Gpu, dcgm_exporter_request, dcgmreceiver_request
@@ -118,8 +118,8 @@ def test_wire_path_equals_message_path(index):
 def test_odd_request_exercises_the_fallbacks(monkeypatch):
     caches.release_all()  # label sets and shapes seen by earlier tests are remembered
     through_protobuf = []
-    original = otlp_join._Joiner._prometheus_point
-    monkeypatch.setattr(otlp_join._Joiner, "_prometheus_point",
+    original = points.Joiner._prometheus_point
+    monkeypatch.setattr(points.Joiner, "_prometheus_point",
                         lambda self, *args: through_protobuf.append(args[1]) or original(self, *args))
     samples, rest = otlp_join.split_request(odd_request())
     # Clocks without a TPA of the same series are windows without TPA: GPU-cccc's TPA was a

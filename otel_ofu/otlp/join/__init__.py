@@ -14,164 +14,40 @@ benchmark call. Its hot path touches only the TPA and clock data points in Pytho
 their serialized bytes; every other metric is passed through without per-point work, as the
 bytes it arrived in when the caller hands those over (``wire``).
 
-Join rule: a GPU entity (host, index, UUID, MIG instance, pod) gives one sample per TPA data
-point, at the TPA point's time. The clock points of the same entity whose timestamps lie
-within ``tolerance_s`` of it (nearest TPA wins) are averaged into the sample's SM clock.
-A scrape stamps all its points with one time, so that is an exact match; dcgmreceiver's
-per-field timestamps differ by milliseconds. TPA and clock of one window must arrive in the
+The join rule in time is :mod:`.windows`'s. TPA and clock of one window must arrive in the
 same request (a Collector sends each scrape as one request unless a batch processor splits
-it with ``send_batch_max_size``). A TPA point without a clock, and a clock point with no TPA
-near it, still make a sample; the ``ofu`` processor then reports it as a dropped window
-(``missing``), never as 0, and re-emits the clock. Duplicate points of one entity and time are
-one reading. Input points of no GPU pass through untouched: nothing a sender sent disappears
-(docs/otlp-receiver.md).
+it with ``send_batch_max_size``). Input points of no GPU pass through untouched: nothing a
+sender sent disappears (docs/otlp-receiver.md).
+
+This module walks a request (the message path, and ResourceMetrics recognized by their
+shape); one concern per module beside it:
+
+- :mod:`.inputs`: which metrics are read, what each feeds, in which unit;
+- :mod:`.point_bytes`: a serialized data point's layout and its attributes as label pairs;
+- :mod:`.series`: which GPU a point belongs to (resource and series identity, cached);
+- :mod:`.points`: input points -> each GPU's readings;
+- :mod:`.windows`: a GPU's readings -> its windows (GPU samples), pure;
+- :mod:`.passthrough`: the forwarded ResourceMetrics cut from the received bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
-from otel_ofu.core.model import HOST_NAME, GpuSample, MetricPoint
+from otel_ofu.core.model import GpuSample, MetricPoint
 from otel_ofu.otlp import codec
-from otel_ofu.otlp.codec import WireResourceMetrics, _len_field, varint_at
-from otel_ofu.otlp.join.inputs import (
-    DCGMRECEIVER_INPUTS,
-    DCGMRECEIVER_PIPE_ATTR,
-    DCGMRECEIVER_RESOURCE,
-    FLAG_NO_RECORDED_VALUE,
-    INPUT_METRICS,
-    PROMETHEUS_INPUTS,
-    TPA,
-    point_value,
-    scale,
-)
+from otel_ofu.otlp.codec import WireResourceMetrics, _len_field
+from otel_ofu.otlp.join.inputs import DCGMRECEIVER_INPUTS, INPUT_METRICS, PROMETHEUS_INPUTS
 from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
-from otel_ofu.otlp.join.point_bytes import (
-    ATTRIBUTES_TAG,
-    TIME_DOUBLE,
-    TIME_INT,
-    VALUE_TAGS,
-    any_text,
-    attributes_part,
-    label_text,
-    string_attributes,
-)
-from otel_ofu.otlp.join.series import NEW, Entity, ResourceView, int_or_str, remember, resource_of, series_of
+from otel_ofu.otlp.join.points import Joiner, dcgmreceiver_points
+from otel_ofu.otlp.join.series import ResourceView, resource_of
 from otel_ofu.otlp.join.windows import samples_of
 from otel_ofu.otlp.wire import Shape, ShapeStore, WireError
 from otel_ofu.pipeline.caches import on_release
-
-
-class _Joiner:
-    """Collects input points by GPU entity while walking a request."""
-
-    def __init__(self) -> None:
-        self.entities: dict[tuple, Entity | None] = {}
-
-    def _entity(self, series: tuple[tuple, Entity]) -> Entity:
-        """This request's entity of a series: its readings start empty in every request."""
-        key, identity = series
-        entity = self.entities.get(key)
-        if entity is None:
-            entity = self.entities[key] = Entity(identity.host, identity.gpu_index, identity.uuid, identity.model,
-                                                  identity.job_id, dict(identity.resource))
-        return entity
-
-    def prometheus_points(self, resource: ResourceView, wire: bytes, start: int, end: int,
-                          data_points: Callable[[], Any], kind: str, unit: str) -> list[int]:
-        """One input metric's data points, each to its GPU entity.
-
-        ``wire[start:end]``: the metric's serialized Gauge or Sum; ``data_points()``: its points
-        as protobuf objects, for the points the byte reader leaves to protobuf. Returns the
-        indices of the points that are no GPU's (no ``gpu`` or ``UUID`` label): nothing joins
-        them, so they must pass through as they came.
-
-        Why from bytes: protobuf objects cost about a microsecond per field read and per
-        label. Each point is read from the bytes: time, value and the bytes of its
-        attributes, which identify its GPU (the TPA and clock points of one GPU carry
-        identical attributes); labels are decoded once per distinct attribute set and
-        resource, and kept across requests. A point not laid out as protobuf writes a plain
-        one (start time, exemplars, no time or value) is read through protobuf instead.
-        """
-        seen = resource.by_attribute_bytes
-        left: list[int] = []
-        i, index = start, 0
-        while i < end and wire[i] == 0x0A:  # data_points come first; a Sum's settings follow
-            size = wire[i + 1]
-            p_start = i + 2
-            if size >= 0x80:  # a point of 128 bytes to 16 KiB (most): two bytes
-                second = wire[i + 2]
-                size, p_start = (size & 0x7F) | (second << 7), i + 3
-                if second >= 0x80:
-                    size, p_start = varint_at(wire, i + 1)
-            p_end = p_start + size
-            i, index = p_end, index + 1
-            if p_end - p_start < 18 or wire[p_start] != 0x19 or wire[p_start + 9] not in VALUE_TAGS or (
-                    p_end > p_start + 18 and wire[p_start + 18] != ATTRIBUTES_TAG):
-                if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
-                    left.append(index - 1)
-                continue
-            _, t, value_tag, value = (TIME_DOUBLE if wire[p_start + 9] == 0x21 else TIME_INT).unpack_from(
-                wire, p_start)
-            attribute_bytes = wire[p_start + 18:p_end]
-            series = seen.get(attribute_bytes, NEW)
-            if series is NEW:
-                pairs = string_attributes(attribute_bytes)
-                if pairs is None:  # other shapes (or a flags field): the protobuf path decides
-                    if not self._prometheus_point(resource, data_points()[index - 1], kind, unit):
-                        left.append(index - 1)
-                    continue
-                series = series_of(resource, pairs)
-                remember(resource, attribute_bytes, series)
-            if series is not None:
-                getattr(self._entity(series), kind).append((t, scale(value, unit, kind)))
-            else:  # not a GPU series (e.g. a per-host field): nothing to join, it passes through
-                left.append(index - 1)
-        if i < end:  # anything the loop above did not reach (other fields first)
-            points = data_points()
-            for rest_index in range(index, len(points)):
-                if not self._prometheus_point(resource, points[rest_index], kind, unit):
-                    left.append(rest_index)
-        return left
-
-    def _prometheus_point(self, resource: ResourceView, dp: Any, kind: str, unit: str) -> bool:
-        """One data point read through protobuf; False when it is no GPU's (it passes through).
-
-        A staleness marker (the series went away; no reading) is taken and dropped: the
-        metric it ends is re-emitted by the ``ofu`` processor under its own name.
-        """
-        if dp.flags & FLAG_NO_RECORDED_VALUE:
-            return True
-        attribute_bytes = attributes_part(dp.SerializeToString())
-        series = resource.by_attribute_bytes.get(attribute_bytes, NEW)
-        if series is NEW:
-            pairs = string_attributes(attribute_bytes)
-            if pairs is None:
-                pairs = [(kv.key, any_text(kv.value)) for kv in dp.attributes]
-            series = series_of(resource, pairs)
-            remember(resource, attribute_bytes, series)
-        if series is None:
-            return False
-        getattr(self._entity(series), kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
-        return True
-
-    def dcgmreceiver_point(self, context: ResourceView, dp: Any, kind: str, unit: str) -> None:
-        resource = context.attributes
-        uuid = label_text(resource.get("gpu.uuid"))
-        index = label_text(resource.get("gpu.number"))
-        host = label_text(resource.get(HOST_NAME))
-        key = (host, index, uuid, ())
-        entity = self.entities.get(key)
-        if entity is None:
-            extra = {k: v for k, v in resource.items() if k not in DCGMRECEIVER_RESOURCE and k != HOST_NAME}
-            entity = self.entities[key] = Entity(host, int_or_str(index), uuid, label_text(resource.get("gpu.model")),
-                                                  None, extra)
-        getattr(entity, kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
 
 
 def _keep_only(points: Any, indices: list[int]) -> None:
@@ -182,7 +58,7 @@ def _keep_only(points: Any, indices: list[int]) -> None:
             del points[p_index]
 
 
-def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: Edits | None = None,
+def _take_inputs(rm: ResourceMetrics, joiner: Joiner, keep_rest: bool, edits: Edits | None = None,
                  decode: _Decoded | None = None) -> bool:
     """Feed rm's input points to the joiner; with keep_rest, delete them from rm in place.
 
@@ -223,7 +99,7 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: E
                 left = joiner.prometheus_points(resource, data_bytes, 0, len(data_bytes), lambda p=points: p,
                                                 PROMETHEUS_INPUTS[name], metric.unit)
             else:
-                left = _dcgmreceiver_points(joiner, resource, points, DCGMRECEIVER_INPUTS[name], metric.unit)
+                left = dcgmreceiver_points(joiner, resource, points, DCGMRECEIVER_INPUTS[name], metric.unit)
             if not left:  # every point joined: the metric goes
                 deleted.append((s_index, m_index))
             elif keep_rest:  # points of no GPU, or pipes not ours: they stay, the joined ones go
@@ -243,20 +119,6 @@ def _take_inputs(rm: ResourceMetrics, joiner: _Joiner, keep_rest: bool, edits: E
             if edits is not None:
                 edits.scopes.add(s_index)
     return len(rm.scope_metrics) > 0
-
-
-def _dcgmreceiver_points(joiner: _Joiner, resource: ResourceView, points: Any, kind: str, unit: str) -> list[int]:
-    """A dcgmreceiver input metric's points to the joiner; returns the indices of the pipes not ours."""
-    other_pipes = []
-    for p_index, dp in enumerate(points):
-        if kind == TPA:
-            pipe = next((any_text(kv.value) for kv in dp.attributes if kv.key == DCGMRECEIVER_PIPE_ATTR), "")
-            if pipe != "tensor":
-                other_pipes.append(p_index)  # fp64/fp32/fp16 pipes are not ours: pass them on
-                continue
-        if not dp.flags & FLAG_NO_RECORDED_VALUE:
-            joiner.dcgmreceiver_point(resource, dp, kind, unit)
-    return other_pipes
 
 
 # --- the wire path: ResourceMetrics recognized by their shape ---------------------------------
@@ -285,7 +147,7 @@ def _shapes(decode: frozenset[str]) -> ShapeStore:
 
 
 def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[tuple[int, int, int]],
-                joiner: _Joiner, decoded: _Decoded | None) -> list[Any]:
+                joiner: Joiner, decoded: _Decoded | None) -> list[Any]:
     """The request's ResourceMetrics (``ranges`` in ``wire``), each by its shape or through protobuf objects."""
     names = decoded.names if decoded is not None else frozenset()
     shapes = _shapes(names)
@@ -312,7 +174,7 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
     return rest
 
 
-def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], joiner: _Joiner,
+def _message_path(rm: ResourceMetrics, wire: bytes, span: tuple[int, int, int], joiner: Joiner,
                   decoded: _Decoded | None, edits: Edits) -> WireResourceMetrics | None:
     """One ResourceMetrics through protobuf objects, the pass-through cut from its bytes as far as they fit."""
     if not _take_inputs(rm, joiner, keep_rest=True, edits=edits, decode=decoded):
@@ -374,7 +236,7 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
     Decoded points keep their resource and point attributes, times and values; they leave
     as points, so each is forwarded once.
     """
-    joiner = _Joiner()
+    joiner = Joiner()
     decoded = _Decoded(decode) if decode else None
     rest: list[Any] = []
     ranges = request_ranges(wire, len(request.resource_metrics)) if wire is not None and passthrough else []
