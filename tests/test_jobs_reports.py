@@ -6,7 +6,8 @@ from otel_ofu.core import specs
 from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch, MetricPoint, attrs
 from otel_ofu.jobs.findings import MFU_GAP, OPEN
 from otel_ofu.jobs.state import JobState
-from otel_ofu.jobs.tracker import JobBook, JobsConfig, flops_per_unit
+from otel_ofu.jobs.tracker import JobBook, JobsConfig
+from otel_ofu.jobs.units import flops_per_unit
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.processors.jobs import JobsProcessor, state_fingerprint

@@ -46,6 +46,7 @@ from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHisto
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
+from otel_ofu.jobs.units import reported_mfu
 from otel_ofu.pipeline.caches import Cache
 from otel_ofu.pipeline.config import Duration, require
 
@@ -461,25 +462,6 @@ def _source_of(resource: Attributes, gpu: Attributes) -> Any:
 
 MFU_WITHOUT_JOB = "mfu_without_job"
 TFLOPS_WITHOUT_PEAK = "tflops_without_peak"
-# A TFLOP/s report's unit, lower-cased without braces -> FLOP/s per unit; anything else (no unit,
-# "1") is the metric's definition: TFLOP/s.
-_FLOPS_UNITS = {"flop/s": 1.0, "flops": 1.0, "gflop/s": 1e9, "tflop/s": 1e12, "tflops": 1e12, "pflop/s": 1e15}
-
-
-def flops_per_unit(unit: str) -> float:
-    """How many FLOP/s one unit of a reported throughput is (TFLOP/s unless the unit says otherwise)."""
-    return _FLOPS_UNITS.get(unit.replace("{", "").replace("}", "").strip().lower(), 1e12)
-
-
-def reported_mfu(point: MetricPoint, mfu_metric: str, peak_flops_per_gpu: float | None) -> float | None:
-    """A report as MFU: the fraction itself (``%`` divided by 100), or TFLOP/s over the GPU's peak."""
-    if point.name == mfu_metric:
-        return point.value / 100.0 if point.unit == "%" else point.value
-    if peak_flops_per_gpu is None or peak_flops_per_gpu <= 0:
-        return None
-    return point.value * flops_per_unit(point.unit) / peak_flops_per_gpu
-
-
 class JobBook:
     """All jobs of one pipeline (or one recording).
 
