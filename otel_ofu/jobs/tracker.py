@@ -382,7 +382,7 @@ class _GpuFacts:
     share: float | None  # the part of the GPU the point stands for (a MIG instance's slices), None if unknown
 
     def flops(self, ofu: float) -> float | None:
-        """:func:`peak_flops` of this GPU at ``ofu``, computed the same way."""
+        """The FLOP/s this GPU did at ``ofu``: OFU x the dense peak at the precision x its share (a MIG instance's)."""
         return ofu * self.peak * self.share if self.peak is not None and self.share is not None else None
 
 
@@ -420,19 +420,6 @@ def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
         return (point.time_unix_nano - start) / 1e9
     return None
-
-
-def peak_flops(model: str | None, precision: str | None, ofu: float,
-               attributes: dict[str, Any] | None = None) -> float | None:
-    """OFU x the dense peak at the precision x the GPU's share (a MIG instance's slices), when all are known.
-
-    For points without ``gpu.flops.achieved`` (recordings, peers): the same figure the ``ofu``
-    processor would have made.
-    """
-    spec = specs.find_spec(model)
-    peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    share = specs.instance_share(model, attributes) if attributes else 1.0
-    return ofu * peak.flops * share if peak and share is not None else None
 
 
 @dataclass(slots=True)
