@@ -31,7 +31,6 @@ from typing import Any
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import (
-    HOST_NAME,
     HW_ID,
     HW_MODEL,
     JOB_ID,
@@ -44,6 +43,7 @@ from otel_ofu.core.model import (
 )
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
+from otel_ofu.jobs.clocks import HostClock, source_of
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
 from otel_ofu.jobs.units import reported_mfu
@@ -372,7 +372,7 @@ class _GpuFacts:
     """
 
     gpu: Attributes  # the resource without job identity: the same GPU across its jobs
-    source: Any  # whose clock stamped the point (see _source_of)
+    source: Any  # whose clock stamped the point (see clocks.source_of)
     job: str | None
     attributes: dict[str, Any]  # resource and point attributes in one dict (see _job_of); never changed
     shared: bool  # ofu.job.shared is set
@@ -407,7 +407,7 @@ def _gpu_facts(point: MetricPoint) -> _GpuFacts:
     model = merged.get(HW_MODEL)
     spec = specs.find_spec(model)
     peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    facts = _GpuFacts(gpu, _source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
+    facts = _GpuFacts(gpu, source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
                       specs.normalize_precision(precision), peak.flops if peak else None,
                       specs.instance_share(model, merged) if merged else 1.0)
     _gpu_facts_cache.put(key, (resource, attributes, facts))
@@ -420,31 +420,6 @@ def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
         return (point.time_unix_nano - start) / 1e9
     return None
-
-
-@dataclass(slots=True)
-class _Source:
-    """One host's clock, as its points show it.
-
-    ``data``: the newest data time it sent (its own clock); ``arrived``: when its newest
-    point arrived (the caller's clock); ``lead``: how far its data has run ahead of the
-    caller's clock at most (its skew, or a simulation's acceleration), None until a point
-    is accepted; ``pending``: a jump ahead not yet confirmed (lead, batch number).
-    """
-
-    data: float
-    arrived: float
-    lead: float | None = None
-    pending: tuple[float, int] | None = None
-    gpus: set[tuple] = field(default_factory=set)  # its (GPU, job) keys in JobBook._gpu_last
-
-
-def _source_of(resource: Attributes, gpu: Attributes) -> Any:
-    """The clock a GPU point was stamped by: its host; the GPU itself when it names no host."""
-    for key, value in resource:
-        if key == HOST_NAME and value not in (None, ""):
-            return str(value)
-    return gpu
 
 
 MFU_WITHOUT_JOB = "mfu_without_job"
@@ -462,7 +437,7 @@ class JobBook:
         self.jobs: dict[str, JobTracker] = {}
         self.ended: list[JobSummary] = []  # only with history
         self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
-        self._sources: dict[Any, _Source] = {}
+        self._sources: dict[Any, HostClock] = {}
         self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
         # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
         self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
@@ -566,7 +541,7 @@ class JobBook:
         self.newest = max(self.newest, t)
         clock = self._sources.get(source)
         if clock is None:
-            clock = self._sources[source] = _Source(t, arrival)
+            clock = self._sources[source] = HostClock(t, arrival)
         clock.data, clock.arrived = max(clock.data, t), max(clock.arrived, arrival)
         clock.lead = t - arrival if clock.lead is None else max(clock.lead, t - arrival)
         if clock.pending is not None and clock.pending[1] < self._batch:
@@ -585,7 +560,7 @@ class JobBook:
         tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source)
         tracker.peak_flops_per_gpu = facts.flops(1.0)
 
-    def _ahead(self, source: Any, clock: _Source | None, lead: float, arrival: float) -> bool:
+    def _ahead(self, source: Any, clock: HostClock | None, lead: float, arrival: float) -> bool:
         """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
 
         Too far: more than ``max_future`` beyond its host's lead so far (a new host: the fleet's
@@ -598,7 +573,7 @@ class JobBook:
         if usual is None or lead - usual <= limit:
             return False
         if clock is None:
-            clock = self._sources[source] = _Source(-math.inf, arrival)
+            clock = self._sources[source] = HostClock(-math.inf, arrival)
         pending = clock.pending
         if pending is not None and pending[1] < self._batch and abs(lead - pending[0]) <= limit:
             return False  # the second request in a row this far ahead: the host's clock moved
