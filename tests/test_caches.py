@@ -7,7 +7,7 @@ import gc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu.core.model import MetricPoint, attrs
-from otel_ofu.jobs.tracker import _gpu_facts_cache
+from otel_ofu.jobs.facts import gpu_facts_cache
 from otel_ofu.otlp import codec
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.otlp.join import point_bytes, series
@@ -101,7 +101,7 @@ def test_the_memory_limiter_empties_the_caches_before_it_refuses():
 def test_the_hot_paths_keep_their_entries_in_registered_caches():
     """Each cache named in docs/state.md is a registered Cache, so release_all reaches it."""
     for cache in (codec._templates, codec._resource_fields, codec._decoded_attributes, series.resources,
-                  point_bytes.key_values, _gpu_facts_cache):
+                  point_bytes.key_values, gpu_facts_cache):
         assert isinstance(cache, Cache) and cache.max_entries > 0
     caches.release_all()
-    assert all(len(c) == 0 for c in (codec._templates, series.resources, _gpu_facts_cache))
+    assert all(len(c) == 0 for c in (codec._templates, series.resources, gpu_facts_cache))

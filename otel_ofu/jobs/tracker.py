@@ -32,22 +32,19 @@ from otel_ofu.core import specs
 from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import (
     HW_ID,
-    HW_MODEL,
     JOB_ID,
-    JOB_SHARED,
     NO_JOB,
-    PRECISION,
     Attributes,
     MetricPoint,
     gpu_identity,
 )
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.audit import AuditConfig, MfuAudit
-from otel_ofu.jobs.clocks import HostClock, source_of
+from otel_ofu.jobs.clocks import HostClock
+from otel_ofu.jobs.facts import gpu_facts, job_of
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionConfig, RegressionDetector
 from otel_ofu.jobs.units import reported_mfu
-from otel_ofu.pipeline.caches import Cache
 from otel_ofu.pipeline.config import Duration, require
 
 OFU_METRIC = "gpu.ofu"
@@ -349,71 +346,6 @@ class Update:
         self.unmatched[key] = self.unmatched.get(key, 0) + 1
 
 
-def _job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
-    """The point's job id and its attributes, resource and point attributes in one dict.
-
-    Job identity is on the resource; point attributes win for other keys and are read for
-    recordings made before job identity moved to the resource.
-    """
-    merged = {**dict(point.resource), **dict(point.attributes)}
-    for key, value in point.resource:
-        if key == JOB_ID or key == PRECISION or key == JOB_SHARED:
-            merged[key] = value
-    job = merged.get(JOB_ID)
-    return (None if job is None else str(job)), merged
-
-
-@dataclass(frozen=True, slots=True)
-class _GpuFacts:
-    """What a gpu.ofu point's resource and point attributes say about its GPU and job.
-
-    Worked out once per pair of attribute tuples (:func:`_gpu_facts`): a GPU sends the same
-    resource every interval, and the receivers keep it as the same tuple object.
-    """
-
-    gpu: Attributes  # the resource without job identity: the same GPU across its jobs
-    source: Any  # whose clock stamped the point (see clocks.source_of)
-    job: str | None
-    attributes: dict[str, Any]  # resource and point attributes in one dict (see _job_of); never changed
-    shared: bool  # ofu.job.shared is set
-    precision: Any  # as given
-    normalized_precision: str
-    peak: float | None  # the dense peak FLOP/s of the GPU's model at the precision
-    share: float | None  # the part of the GPU the point stands for (a MIG instance's slices), None if unknown
-
-    def flops(self, ofu: float) -> float | None:
-        """The FLOP/s this GPU did at ``ofu``: OFU x the dense peak at the precision x its share (a MIG instance's)."""
-        return ofu * self.peak * self.share if self.peak is not None and self.share is not None else None
-
-
-_GPU_FACTS_SIZE = 1 << 17  # (resource, attributes) pairs kept: a 100,000-GPU instance's GPUs
-_gpu_facts_cache: Cache = Cache("jobs GPU facts", _GPU_FACTS_SIZE)  # ids -> (resource, attributes, facts)
-
-
-def _gpu_facts(point: MetricPoint) -> _GpuFacts:
-    """The :class:`_GpuFacts` of a point, kept by the identity of its two tuples (bounded).
-
-    By identity, not equality: (("k", 1),) and (("k", True),) are equal but name different jobs.
-    Holding the tuples keeps their ids from being reused.
-    """
-    resource, attributes = point.resource, point.attributes
-    key = (id(resource), id(attributes))
-    found = _gpu_facts_cache.get(key)
-    if found is not None and found[0] is resource and found[1] is attributes:
-        return found[2]
-    gpu = gpu_identity(resource)
-    job, merged = _job_of(point)
-    precision = merged.get(PRECISION)
-    model = merged.get(HW_MODEL)
-    spec = specs.find_spec(model)
-    peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    facts = _GpuFacts(gpu, source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
-                      specs.normalize_precision(precision), peak.flops if peak else None,
-                      specs.instance_share(model, merged) if merged else 1.0)
-    _gpu_facts_cache.put(key, (resource, attributes, facts))
-    return facts
-
-
 def _own_window(point: MetricPoint, max_gap: float) -> float | None:
     """The window a point says it covers (its start time, when set), for a series' first window."""
     start = point.start_time_unix_nano
@@ -521,7 +453,7 @@ class JobBook:
         if not math.isfinite(point.value):
             update.skip("not_finite")
             return
-        facts = _gpu_facts(point)
+        facts = gpu_facts(point)
         gpu, source = facts.gpu, facts.source
         arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
         clock = self._sources.get(source)
@@ -596,7 +528,7 @@ class JobBook:
         point attributes) is its own series of windows; the job's reported MFU over an interval
         is the time-weighted mean over all of them (docs/audit.md says why the mean).
         """
-        job, _ = _job_of(point)
+        job, _ = job_of(point)
         if job is None or job in self._ignored:
             update.no_job(job)
             return
