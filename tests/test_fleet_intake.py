@@ -159,6 +159,6 @@ def test_a_jobs_tier_over_grpc_gets_the_same_jobs_as_the_node_agents_own_pipelin
 
 
 def _jobs_config():
-    from otel_ofu.jobs.tracker import JobsConfig
+    from otel_ofu.jobs.config import JobsConfig
 
     return build_config(JobsConfig, {})

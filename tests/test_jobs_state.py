@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from otel_ofu.core.model import JOB_ID, Batch
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.state import JobState
-from otel_ofu.jobs.tracker import JobsConfig
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.processors.jobs import JobsProcessor

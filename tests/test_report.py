@@ -9,7 +9,7 @@ import yaml
 
 from otel_ofu.cli.main import main
 from otel_ofu.exporters.file import FileExporter, FileExporterConfig
-from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import build_config

@@ -15,7 +15,7 @@ import zstandard
 from otel_ofu.cli.main import main
 from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.exporters.file import FACTORY, FileExporter, FileExporterConfig
-from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
     EVENT_FINDING_CLOSE,
@@ -42,7 +43,6 @@ from otel_ofu.jobs.tracker import (
     FLOPS_METRIC,
     OFU_METRIC,
     JobBook,
-    JobsConfig,
     JobSummary,
     JobTracker,
     Snapshot,

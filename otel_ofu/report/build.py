@@ -49,8 +49,9 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP
-from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobsConfig, JobSummary, Update
+from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobSummary, Update
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
 from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths

@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from otel_ofu.jobs.tracker import JobsConfig
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.report import plots
 from otel_ofu.report.build import ReadOptions, ReportError, build_report, render_table, report_json, write_csv
 
