@@ -4,10 +4,10 @@ import pytest
 
 from otel_ofu.core import specs
 from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, Batch, MetricPoint, attrs
+from otel_ofu.jobs.book import JobBook
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP, OPEN
 from otel_ofu.jobs.state import JobState
-from otel_ofu.jobs.tracker import JobBook
 from otel_ofu.jobs.units import flops_per_unit
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config

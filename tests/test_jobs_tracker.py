@@ -4,9 +4,9 @@ import pytest
 
 from otel_ofu.core import specs
 from otel_ofu.core.model import HOST_NAME, HW_ID, HW_MODEL, JOB_ID, PRECISION, MetricPoint, attrs
+from otel_ofu.jobs.book import JobBook
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import CLOSE, MFU_GAP, OPEN
-from otel_ofu.jobs.tracker import JobBook
 from otel_ofu.pipeline.config import FieldError, build_config
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
@@ -39,15 +40,7 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     Transition,
 )
 from otel_ofu.jobs.state import JobState, layout_fingerprint
-from otel_ofu.jobs.tracker import (
-    FLOPS_METRIC,
-    OFU_METRIC,
-    JobBook,
-    JobSummary,
-    JobTracker,
-    Snapshot,
-    Update,
-)
+from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 for _info in (

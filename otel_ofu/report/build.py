@@ -9,7 +9,7 @@ order. The points are held compactly (about 30 bytes per point of the metrics th
 reads) while they are sorted.
 
 The table is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``, the
-reported-MFU metric) with the same :class:`otel_ofu.jobs.tracker.JobBook` the ``jobs``
+reported-MFU metric) with the same :class:`otel_ofu.jobs.book.JobBook` the ``jobs``
 processor runs, so a recording made without that processor still gets a full report.
 Findings come from the recording's own ``ofu.finding.*`` events when the jobs processor
 ran (what operators were told at the time, with the thresholds in force then), and are
@@ -49,9 +49,10 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
+from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP
-from otel_ofu.jobs.tracker import FLOPS_METRIC, OFU_METRIC, JobBook, JobSummary, Update
+from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
 from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths

@@ -1,0 +1,387 @@
+"""Per-job state from metric points: windows, life totals, bins, audit and regression.
+
+:class:`JobBook` routes ``gpu.ofu`` (with ``gpu.flops.achieved``) and reported-MFU points to
+one :class:`~otel_ofu.jobs.tracker.JobTracker` per ``ofu.job.id``. Each GPU point covers the
+window since that GPU's previous point. Jobs are evaluated once per ``resolution`` bin of data time, when the
+job's data has passed the bin's end.
+
+When a job has ended is judged per source (the host that stamped the points, ``host.name``),
+each in its own clock: a job has ended when every host that ran it has sent data
+``job_timeout`` newer than the job's last point there, or has gone silent. Why per source:
+nodes' clocks disagree, and a Collector replays a node's backlog after a partition; one
+process-wide "newest data time" ended everyone's jobs whenever one node ran ahead, and a
+single point stamped a day in the future ended them all. Silence is judged on the caller's
+clock (``now``: the processor's wall clock; a recording's newest data time in the report),
+and a point stamped more than ``max_future`` beyond its host's usual lead over ``now`` is not
+counted at all.
+
+Pure: no I/O, no wall clock of its own; the processor and the report both drive it. Every
+per-key structure is bounded or expires (docs/jobs.md, "State").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ofu.core.model import HW_ID, JOB_ID, Attributes, MetricPoint, gpu_identity
+from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
+from otel_ofu.jobs.clocks import HostClock
+from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.facts import gpu_facts, job_of
+from otel_ofu.jobs.findings import Transition
+from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
+from otel_ofu.jobs.units import reported_mfu
+
+OFU_METRIC = "gpu.ofu"
+FLOPS_METRIC = "gpu.flops.achieved"
+
+
+@dataclass
+class Update:
+    """What one batch of points changed."""
+
+    started: list[JobTracker] = field(default_factory=list)
+    snapshots: list[tuple[JobTracker, Snapshot]] = field(default_factory=list)
+    transitions: list[tuple[JobTracker, Transition]] = field(default_factory=list)
+    ended: list[JobSummary] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> points
+    ahead: tuple[str, float] | None = None  # the host furthest ahead of the caller's clock, and by how much (s)
+    # Reports dropped because no GPU ever reported for their job, by job id ("" for no job id).
+    unmatched: dict[str, int] = field(default_factory=dict)
+    # Reports in TFLOP/s that could not be converted (the job's GPU model or precision unknown), by job id.
+    unconverted: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def no_job(self, job: str | None) -> None:
+        self.skip(MFU_WITHOUT_JOB)
+        key = job or ""
+        self.unmatched[key] = self.unmatched.get(key, 0) + 1
+
+
+def _own_window(point: MetricPoint, max_gap: float) -> float | None:
+    """The window a point says it covers (its start time, when set), for a series' first window."""
+    start = point.start_time_unix_nano
+    if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
+        return (point.time_unix_nano - start) / 1e9
+    return None
+
+
+MFU_WITHOUT_JOB = "mfu_without_job"
+TFLOPS_WITHOUT_PEAK = "tflops_without_peak"
+
+
+class JobBook:
+    """All jobs of one pipeline (or one recording).
+
+    ``history``: keep every ended job's summary (``ended``) and count every GPU ever seen
+    (``gpu_count``), for a recording the report reads to its end. A long-running processor
+    leaves it off: then nothing here grows with the number of jobs, pods or GPUs ever seen.
+    """
+
+    def __init__(self, config: JobsConfig, history: bool = False):
+        self.config = config
+        self.jobs: dict[str, JobTracker] = {}
+        self.ended: list[JobSummary] = []  # only with history
+        self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
+        self._sources: dict[Any, HostClock] = {}
+        self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
+        # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
+        self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
+        self._report_names = frozenset({config.mfu_metric, *config.tflops_metrics})
+        # job -> reports before its first GPU window, as plain tuples (a book can be saved as plain data)
+        self._pending: dict[str, deque[tuple]] = {}
+        self._pending_count = 0
+        self._gpus_seen: set[Attributes] | None = set() if history else None
+        self._ignored = set(config.ignore_jobs)
+        self._next_sweep = -math.inf
+        self._batch = 0  # observe() calls so far: a jump ahead is confirmed by a later one
+        self._fleet_lead_batch = -1
+        self._fleet_lead_value: float | None = None
+        self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
+        self.unattributed_histogram = WeightedHistogram()
+
+    @property
+    def history(self) -> bool:
+        return self._gpus_seen is not None
+
+    @property
+    def gpu_count(self) -> int:
+        """Distinct GPUs (resources) that sent OFU, with or without a job: ever (history), else recently."""
+        if self._gpus_seen is not None:
+            return len(self._gpus_seen)
+        return len({gpu for gpu, _ in self._gpu_last})
+
+    def observe(self, points: Iterable[MetricPoint], now: float | None = None) -> Update:
+        """Take one batch of points. ``now``: the caller's clock, seconds (the processor's wall clock).
+
+        Without ``now`` (a recording), the newest data time seen stands in for it.
+        """
+        points = list(points)
+        self._batch += 1
+        update = Update()
+        flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
+        touched: dict[str, JobTracker] = {}
+        for point in points:
+            if point.name == OFU_METRIC:
+                self._gpu_point(point, flops, update, touched, now)
+        for tracker in update.started:  # reports that came before the job's first GPU window
+            for held in self._pending.pop(tracker.job_id, ()):
+                self._pending_count -= 1
+                self._mfu_point(MetricPoint(*held), update, touched)
+        for point in points:  # after the GPU points: a job exists once a GPU has reported for it
+            if point.name in self._report_names:
+                self._mfu_point(point, update, touched)
+        self._expire_pending(update, now)
+        for tracker in touched.values():
+            snapshots, transitions = tracker.advance()
+            update.snapshots += [(tracker, s) for s in snapshots]
+            update.transitions += [(tracker, t) for t in transitions]
+        self.expire(update, now)
+        return update
+
+    def _interval(self, table: dict[Any, tuple[float, float]], key: Any, t: float,
+                  first_interval: float | None = None) -> float | None:
+        """Where the window ending at t began; a series' first window is ``first_interval`` when known."""
+        previous = table.get(key)
+        start = segment_start(t, previous[0] if previous else None, previous[1] if previous else first_interval,
+                              float(self.config.default_interval), float(self.config.max_gap))
+        if start is None:
+            return None
+        table[key] = (t, t - start)
+        return start
+
+    def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
+                 touched: dict[str, JobTracker]) -> JobTracker:
+        tracker = self.jobs.get(job)
+        if tracker is None:
+            extra = {k: attributes.get(k) for k in self.config.copy_attributes}
+            job_resource = tuple(sorted((k, v) for k, v in {**extra, JOB_ID: job}.items() if v is not None))
+            tracker = self.jobs[job] = JobTracker(job, self.config, job_resource)
+            update.started.append(tracker)
+        touched[job] = tracker
+        return tracker
+
+    def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
+                   now: float | None) -> None:
+        t = point.time_unix_nano / 1e9
+        if not math.isfinite(point.value):
+            update.skip("not_finite")
+            return
+        facts = gpu_facts(point)
+        gpu, source = facts.gpu, facts.source
+        arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
+        clock = self._sources.get(source)
+        if self._ahead(source, clock, t - arrival, arrival):
+            update.skip("future")
+            if update.ahead is None or t - arrival > update.ahead[1]:
+                name = source if isinstance(source, str) else dict(source).get(HW_ID, "?")
+                update.ahead = (str(name), t - arrival)
+            return
+        job = facts.job
+        # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
+        # its next job (or of no job) before the last ones of its job, through another gateway lane.
+        start = self._interval(self._gpu_last, (gpu, job), t, _own_window(point, float(self.config.max_gap)))
+        if start is None:
+            update.skip("out_of_order")
+            return
+        self.newest = max(self.newest, t)
+        clock = self._sources.get(source)
+        if clock is None:
+            clock = self._sources[source] = HostClock(t, arrival)
+        clock.data, clock.arrived = max(clock.data, t), max(clock.arrived, arrival)
+        clock.lead = t - arrival if clock.lead is None else max(clock.lead, t - arrival)
+        if clock.pending is not None and clock.pending[1] < self._batch:
+            clock.pending = None
+        clock.gpus.add((gpu, job))
+        if self._gpus_seen is not None:
+            self._gpus_seen.add(gpu)
+        if job is None or job in self._ignored or (facts.shared and not self.config.include_shared):
+            self.unattributed.add(t - start, point.value)
+            self.unattributed_histogram.add(point.value, t - start)
+            return
+        rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
+        if rate is None:
+            rate = facts.flops(point.value)
+        tracker = self._tracker(job, facts.attributes, update, touched)
+        tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source)
+        tracker.peak_flops_per_gpu = facts.flops(1.0)
+
+    def _ahead(self, source: Any, clock: HostClock | None, lead: float, arrival: float) -> bool:
+        """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
+
+        Too far: more than ``max_future`` beyond its host's lead so far (a new host: the fleet's
+        median lead). A host that keeps its clock steadily ahead, or a simulation running
+        faster than real time, is measured against itself; a lone point a day ahead is not
+        counted. A jump that the host's next request confirms (its clock really moved) is.
+        """
+        limit = float(self.config.max_future)
+        usual = clock.lead if clock is not None and clock.lead is not None else self._fleet_lead()
+        if usual is None or lead - usual <= limit:
+            return False
+        if clock is None:
+            clock = self._sources[source] = HostClock(-math.inf, arrival)
+        pending = clock.pending
+        if pending is not None and pending[1] < self._batch and abs(lead - pending[0]) <= limit:
+            return False  # the second request in a row this far ahead: the host's clock moved
+        if pending is None or pending[1] < self._batch:
+            clock.pending = (lead, self._batch)
+        return True
+
+    def _fleet_lead(self) -> float | None:
+        """The median lead of the hosts seen (computed once per batch): a new host's yardstick."""
+        if self._fleet_lead_batch != self._batch:
+            leads = sorted(c.lead for c in self._sources.values() if c.lead is not None)
+            self._fleet_lead_value = leads[(len(leads) - 1) // 2] if leads else None
+            self._fleet_lead_batch = self._batch
+        return self._fleet_lead_value
+
+    def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
+        """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.
+
+        Each reporter (a rank: its resource without the job identity attribution added, and its
+        point attributes) is its own series of windows; the job's reported MFU over an interval
+        is the time-weighted mean over all of them (docs/audit.md says why the mean).
+        """
+        job, _ = job_of(point)
+        if job is None or job in self._ignored:
+            update.no_job(job)
+            return
+        if not math.isfinite(point.value):
+            update.skip("not_finite")
+            return
+        tracker = self.jobs.get(job)
+        if tracker is None:
+            self._hold(job, point, update)
+            return
+        value = reported_mfu(point, self.config.mfu_metric, tracker.peak_flops_per_gpu)
+        if value is None:
+            update.skip(TFLOPS_WITHOUT_PEAK)
+            update.unconverted[job] = update.unconverted.get(job, 0) + 1
+            return
+        t = point.time_unix_nano / 1e9
+        reporter = (point.name, gpu_identity(point.resource), point.attributes)
+        start = self._interval(self._mfu_last.setdefault(job, {}), reporter, t)
+        if start is None:
+            update.skip("out_of_order")
+            return
+        touched[tracker.job_id] = tracker
+        tracker.add_mfu(start, t, value)
+
+    def _hold(self, job: str, point: MetricPoint, update: Update) -> None:
+        """Keep a report until its job's first GPU window; the oldest goes when the store is full."""
+        if self.config.max_pending_reports == 0:
+            update.no_job(job)
+            return
+        self._pending.setdefault(job, deque()).append(
+            (point.name, point.value, point.time_unix_nano, point.resource, point.attributes, point.unit))
+        self._pending_count += 1
+        while self._pending_count > self.config.max_pending_reports:
+            oldest = next(iter(self._pending))  # the job waiting longest
+            self._drop_pending(oldest, update, 1)
+
+    def _drop_pending(self, job: str, update: Update, count: int | None = None) -> None:
+        queue = self._pending[job]
+        for _ in range(len(queue) if count is None else count):
+            queue.popleft()
+            self._pending_count -= 1
+            update.no_job(job)
+        if not queue:
+            del self._pending[job]
+
+    def _expire_pending(self, update: Update, now: float | None) -> None:
+        """Reports older than job_timeout whose job never appeared match no job.
+
+        Older by the caller's clock (``now``), or by the newest data time for a recording.
+        """
+        if not self._pending:
+            return
+        reference = self.newest if now is None else now
+        cutoff = (reference - float(self.config.job_timeout)) * 1e9
+        for job in list(self._pending):
+            queue = self._pending[job]
+            stale = 0
+            for held in queue:
+                if held[2] >= cutoff:  # its time_unix_nano
+                    break
+                stale += 1
+            if stale:
+                self._drop_pending(job, update, stale)
+
+    @property
+    def pending_reports(self) -> int:
+        """Reports held for jobs no GPU has reported for yet."""
+        return self._pending_count
+
+    def expire(self, update: Update, now: float | None = None) -> None:
+        """End jobs that have ended by their hosts' clocks, or whose hosts all went silent; forget old keys."""
+        reference = self.newest if now is None else now
+        for job, tracker in list(self.jobs.items()):
+            reason = self._end_reason(tracker, reference)
+            if reason is not None:
+                self._end(job, reason, update)
+        if reference >= self._next_sweep:
+            self._sweep(reference)
+            self._next_sweep = reference + float(self.config.resolution)
+
+    def _end_reason(self, tracker: JobTracker, reference: float) -> str | None:
+        """``timeout`` when a host moved on past the job and none still runs it; ``silent``; else None."""
+        timeout = float(self.config.job_timeout)
+        moved_on = False
+        quiet = math.inf  # the shortest silence among its hosts
+        for source, last in tracker.sources.items():
+            clock = self._sources.get(source)
+            if clock is None:  # forgotten: silent for longer than silence_timeout
+                continue
+            if clock.data - last > timeout:
+                moved_on = True
+            elif reference - clock.arrived > timeout:
+                quiet = min(quiet, reference - clock.arrived)
+            else:
+                return None  # this host still runs the job (or its data is still within the timeout)
+        if moved_on:
+            return "timeout"
+        if quiet > float(self.config.silence_timeout):
+            return "silent"
+        return None
+
+    def _sweep(self, reference: float) -> None:
+        """Forget hosts silent past silence_timeout, and GPUs their host's clock has left behind.
+
+        A GPU's last point only matters for the window its next point covers and to refuse
+        points out of order; past ``max_gap`` its next point starts a new window anyway.
+        """
+        keep_gpu = float(self.config.max_gap) + float(self.config.job_timeout)
+        silence = float(self.config.silence_timeout)
+        for key, clock in list(self._sources.items()):
+            if reference - clock.arrived > silence:
+                del self._sources[key]
+                for gpu in clock.gpus:
+                    self._gpu_last.pop(gpu, None)
+                continue
+            for gpu in list(clock.gpus):
+                last = self._gpu_last.get(gpu)
+                if last is None or clock.data - last[0] > keep_gpu:
+                    clock.gpus.discard(gpu)
+                    self._gpu_last.pop(gpu, None)
+
+    def close_all(self, reason: str = "shutdown") -> Update:
+        """End every job (at shutdown, or at the end of a recording)."""
+        update = Update()
+        for job in list(self.jobs):
+            self._end(job, reason, update)
+        return update
+
+    def _end(self, job: str, reason: str, update: Update) -> None:
+        tracker = self.jobs.pop(job)
+        self._mfu_last.pop(job, None)
+        summary, transitions = tracker.end(reason)
+        update.transitions += [(tracker, t) for t in transitions]
+        update.ended.append(summary)
+        if self.history:
+            self.ended.append(summary)
