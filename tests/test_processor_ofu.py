@@ -152,3 +152,20 @@ def test_drop_counters_of_gone_pods_are_forgotten_and_restart_as_a_reset():
     assert len(proc._dropped) == 1  # only pod-0's series, started again
     (again,) = out["gpu.ofu.dropped"]
     assert again.value == 1 and again.start_time_unix_nano == int(clock.now * 1e9) - 10 * 10**9
+
+
+def test_a_mig_instance_says_which_share_of_its_gpu_it_is():
+    """gpu.mig.share weighs an instance in the recording rules: a 3g + 4g pair is 3/7 + 4/7 of one GPU."""
+    mig = {"gpu.mig.instance_id": "1", "gpu.mig.profile": "3g.40gb"}
+    out = points_by_name(processor().process(Batch(samples=[sample(resource=mig)])))
+    (share,) = out["gpu.mig.share"]
+    assert share.value == pytest.approx(3 / 7)
+    assert share.resource == out["gpu.ofu"][0].resource  # the same series labels as its gpu_ofu
+    whole = points_by_name(processor().process(Batch(samples=[sample()])))
+    assert "gpu.mig.share" not in whole  # a whole GPU counts 1 without a series of its own
+
+
+def test_a_mig_instance_of_unknown_size_has_no_share():
+    """A MIG instance without profile or slices: its size is unknown, said by no share rather than a guess."""
+    out = points_by_name(processor().process(Batch(samples=[sample(resource={"gpu.mig.instance_id": "4"})])))
+    assert "gpu.ofu" in out and "gpu.mig.share" not in out

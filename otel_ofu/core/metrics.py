@@ -30,6 +30,10 @@ _METRICS = (
     MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
                "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7); "
                "only when the precision and the share are known."),
+    MetricInfo("gpu.mig.share", "1", "gauge",
+               "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
+               "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
+               "recording rules weigh an instance's GPU time by it, so a GPU split into instances counts once."),
     MetricInfo("gpu.tensor.activity", "1", "gauge",
                "Input: tensor pipe activity (DCGM 1004 / GPM ANY_TENSOR_UTIL), average over the window."),
     MetricInfo("gpu.sm.clock.frequency", "Hz", "gauge",
@@ -77,7 +81,7 @@ GPU_METRICS: tuple[str, ...] = (
 )
 # The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
 OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
-    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.dropped"})
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share", "gpu.ofu.dropped"})
 
 
 def register(info: MetricInfo) -> MetricInfo:
@@ -109,7 +113,8 @@ register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
 
 # Which components emit the metrics defined here (the generated reference lists them on each
 # component's page; metrics defined in a component's own module are found there).
-_OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.tensor.activity",
+_OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share",
+                "gpu.tensor.activity",
                 "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons",
                 "gpu.sm.activity", "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
 _EMITTED_BY: dict[str, tuple[str, ...]] = {

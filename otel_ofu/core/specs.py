@@ -305,14 +305,19 @@ def _share(model: str | None, instance: bool, profile: str, slices: str) -> floa
     return min(count, spec.mig_slices) / spec.mig_slices
 
 
+def is_mig_instance(attributes: Mapping[str, Any]) -> bool:
+    """Whether ``attributes`` (a resource) name a MIG instance rather than a whole GPU."""
+    return any(attributes.get(key) is not None for key in (GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GPU_MIG_SLICES))
+
+
 def instance_share(model: str | None, attributes: Mapping[str, Any]) -> float | None:
     """The fraction of the GPU's peak a sample or point stands for: 1 for a whole GPU.
 
     A MIG instance (``gpu.mig.instance_id``, ``gpu.mig.profile`` or ``gpu.mig.slices`` in
     ``attributes``) stands for its slices over the GPU's; None when its size is unknown.
     """
+    if not is_mig_instance(attributes):
+        return 1.0
     instance, profile, slices = (attributes.get(GPU_MIG_INSTANCE), attributes.get(GPU_MIG_PROFILE),
                                  attributes.get(GPU_MIG_SLICES))
-    if instance is None and profile is None and slices is None:
-        return 1.0
     return _share(model, instance is not None, str(profile or ""), str(slices or ""))

@@ -234,11 +234,12 @@ class OfuProcessor(Processor):
         t = sample.time_unix_nano
         out: list[MetricPoint] = []
 
+        share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
         result = compute_ofu(
             sample.tensor_active, sample.sm_clock_mhz, sample.model, precision, sample.max_sm_clock_mhz,
             tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
             correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
-            share=specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0,
+            share=share,
         )
         point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):
@@ -261,6 +262,9 @@ class OfuProcessor(Processor):
             if result.achieved_flops is not None:
                 out.append(MetricPoint("gpu.flops.achieved", result.achieved_flops, t, resource, ofu_attrs,
                                        "{flop}/s"))
+            if share is not None and sample.resource and specs.is_mig_instance(sample.resource):
+                # What the recording rules weigh the instance by: its fraction of the physical GPU.
+                out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs))
         else:
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
