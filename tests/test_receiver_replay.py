@@ -142,6 +142,34 @@ def test_csv_unix_timestamps_window_column_and_defaults():
     assert (sample.model, sample.host, sample.tensor_active, sample.sm_clock_mhz) == ("NVIDIA B200", "h9", 0.5, 1500)
 
 
+@pytest.mark.parametrize("clock_column", ["DCGM_FI_DEV_SM_CLOCK_HERTZ", "1603"])
+def test_csv_reads_the_base_unit_sm_clock_by_name_and_by_id(clock_column):
+    """DCGM 4.6.1's SM clock in Hz (field 1603) is the clock in MHz the OFU needs: 1.83e9 Hz = 1830 MHz."""
+    body = f"timestamp,gpu,1004,{clock_column},DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ\n1772445600,0,0.5,1.83e9,1965000000\n"
+    (frame,) = parse_csv(lines(body), "x", model="NVIDIA H100 80GB HBM3", host="h1")
+    (sample,) = frame.batch.samples
+    assert (sample.sm_clock_mhz, sample.max_sm_clock_mhz) == (1830.0, 1965.0)
+    (ofu,) = [p for p in OfuProcessor(OfuProcessorConfig(), Context("ofu")).process(frame.batch).points
+              if p.name == "gpu.ofu.raw"]
+    assert ofu.value == pytest.approx(0.5 * 1830 / 1830)  # TPA x f_SM / f_ref (H100 SXM: 1830 MHz)
+
+
+def test_csv_with_both_clock_fields_uses_the_base_unit_one_never_both():
+    body = "timestamp,gpu,1004,100,1603\n1772445600,0,0.5,1755,1740000000\n"
+    (frame,) = parse_csv(lines(body), "x", model="NVIDIA H100 80GB HBM3")
+    (sample,) = frame.batch.samples
+    assert (sample.sm_clock_mhz, sample.sm_clock_samples) == (1740.0, 1)
+
+
+def test_csv_base_unit_blank_stays_a_blank_not_a_tiny_clock():
+    blank = "9223372036854775794"  # DCGM_INT64_BLANK + 2 (not supported), in a Hz column
+    body = f"timestamp,gpu,1004,1603\n1772445600,0,0.5,{blank}\n"
+    (frame,) = parse_csv(lines(body), "x", model="NVIDIA H100 80GB HBM3")
+    (dropped,) = [p for p in OfuProcessor(OfuProcessorConfig(), Context("ofu")).process(frame.batch).points
+                  if p.name == "gpu.ofu.dropped"]
+    assert dict(dropped.attributes)["ofu.drop.reason"] == "not_supported"
+
+
 @pytest.mark.parametrize(("body", "line", "words"), [
     ("time,gpu,1004\n2026-03-02T10:00:00Z,0,0.5\n", 1, "lacks 'timestamp'"),
     ("timestamp,gpu,1004,1004\n", 1, "repeats '1004'"),

@@ -3,7 +3,18 @@
 Used by every receiver that sees DCGM-shaped data (the ``dcgm`` receiver, a dcgm-exporter
 scrape, ``dcgmi dmon`` / CSV replay, OTLP from a Collector's Prometheus receiver), so the
 same field or label means the same thing wherever it arrives. IDs are stable; DCGM 4.6
-renamed several macros, so both names are accepted (REFERENCE.md sections 2 and 6).
+renamed several macros, so both names are accepted (REFERENCE.md sections 2 and 6), and so
+are the lowercase names of dcgm-exporter's ``etc/1.x-compatibility-metrics.csv``.
+
+DCGM 4.6.1 added base-unit fields beside the old ones (go-dcgm ``pkg/dcgm/dcgm_fields.h``,
+1600-1612): the SM clock in Hz (1603) for field 100 in MHz, and so on. They are read by
+name and by id everywhere, and converted in one place, :func:`in_legacy_units`, to the units
+of the field they replace, which is what samples carry. When a source carries both (a
+counters CSV listing 100 and 1603), the base-unit field is used and the old one ignored,
+never both: DCGM marks the old fields deprecated in its favour, so a source that adds it
+means it, and the reading does not change the day the old field leaves a default list.
+The ``dcgm`` receiver watches the old ids: DCGM retains them "for backward compatibility"
+(dcgm_fields.h), and a watch of 1603 fails on every DCGM before 4.6.1.
 """
 
 from __future__ import annotations
@@ -11,12 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
+from otel_ofu.core.values import clean
 
 SM_CLOCK = 100
 APP_SM_CLOCK = 110
 CLOCKS_EVENT_REASONS = 112
 MAX_SM_CLOCK = 113
 POWER_USAGE = 155
+TOTAL_ENERGY_CONSUMPTION = 156
 GR_ENGINE_ACTIVE = 1001
 SM_ACTIVE = 1002
 PIPE_TENSOR_ACTIVE = 1004
@@ -24,27 +37,74 @@ DRAM_ACTIVE = 1005
 PIPE_TENSOR_HMMA_ACTIVE = 1014
 SM_CYCLES_ELAPSED_TOTAL = 1084
 MMA_CYCLES_ACTIVE_TOTAL = 1086
+# Base-unit fields (DCGM 4.6.1; go-dcgm pkg/dcgm/dcgm_fields.h and base_unit_fields_test.go).
+SM_CLOCK_HERTZ = 1603
+SM_APP_CLOCK_HERTZ = 1606
+SM_MAX_CLOCK_HERTZ = 1608
+GPU_ENERGY_JOULES_TOTAL = 1611
 
-# Field id -> every name it has had (the first is the dcgm-exporter / pre-4.6 name).
+# Field id -> every name it has had (the first is the dcgm-exporter / pre-4.6 name; the
+# lowercase ones are dcgm-exporter's 1.x compatibility names, go-dcgm pkg/dcgm/legacy_fields.csv).
 FIELD_NAMES: dict[int, tuple[str, ...]] = {
-    SM_CLOCK: ("DCGM_FI_DEV_SM_CLOCK",),
+    SM_CLOCK: ("DCGM_FI_DEV_SM_CLOCK", "dcgm_sm_clock"),
     APP_SM_CLOCK: ("DCGM_FI_DEV_APP_SM_CLOCK",),
     CLOCKS_EVENT_REASONS: ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
     MAX_SM_CLOCK: ("DCGM_FI_DEV_MAX_SM_CLOCK",),
-    POWER_USAGE: ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS"),
-    GR_ENGINE_ACTIVE: ("DCGM_FI_PROF_GR_ENGINE_ACTIVE",),
-    SM_ACTIVE: ("DCGM_FI_PROF_SM_ACTIVE",),
-    PIPE_TENSOR_ACTIVE: ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO"),
-    DRAM_ACTIVE: ("DCGM_FI_PROF_DRAM_ACTIVE",),
+    POWER_USAGE: ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "dcgm_power_usage"),
+    TOTAL_ENERGY_CONSUMPTION: ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm_total_energy_consumption"),
+    GR_ENGINE_ACTIVE: ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "dcgm_fi_prof_gr_engine_active"),
+    SM_ACTIVE: ("DCGM_FI_PROF_SM_ACTIVE", "dcgm_fi_prof_sm_active"),
+    PIPE_TENSOR_ACTIVE: ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+                         "dcgm_fi_prof_pipe_tensor_active"),
+    DRAM_ACTIVE: ("DCGM_FI_PROF_DRAM_ACTIVE", "dcgm_fi_prof_dram_active"),
     PIPE_TENSOR_HMMA_ACTIVE: ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",),
     SM_CYCLES_ELAPSED_TOTAL: ("DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL",),
     MMA_CYCLES_ACTIVE_TOTAL: ("DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL",),
+    SM_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_CLOCK_HERTZ",),
+    SM_APP_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_APP_CLOCK_HERTZ",),
+    SM_MAX_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ",),
+    GPU_ENERGY_JOULES_TOTAL: ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",),
 }
 FIELD_IDS_BY_NAME: dict[str, int] = {name: fid for fid, names in FIELD_NAMES.items() for name in names}
 
 # DCGM field types, for the blank rule (values.clean(field_type=...)).
 FIELD_TYPES: dict[int, str] = {SM_CYCLES_ELAPSED_TOTAL: "int64", MMA_CYCLES_ACTIVE_TOTAL: "int64",
                                CLOCKS_EVENT_REASONS: "int64"}
+
+# The unit table: base-unit field -> (the field it replaces, factor from its unit to that one's).
+BASE_UNIT_FIELDS: dict[int, tuple[int, float]] = {
+    SM_CLOCK_HERTZ: (SM_CLOCK, 1e-6),  # Hz -> MHz
+    SM_APP_CLOCK_HERTZ: (APP_SM_CLOCK, 1e-6),  # Hz -> MHz
+    SM_MAX_CLOCK_HERTZ: (MAX_SM_CLOCK, 1e-6),  # Hz -> MHz
+    GPU_ENERGY_JOULES_TOTAL: (TOTAL_ENERGY_CONSUMPTION, 1e3),  # J -> mJ
+}
+REPLACED_BY: dict[int, int] = {legacy: base for base, (legacy, _) in BASE_UNIT_FIELDS.items()}
+
+
+def legacy_value(base_field: int, value: object) -> object:
+    """A base-unit field's reading in the units of the field it replaces; no value left as read.
+
+    Judged as a possible blank before scaling (a blank scaled is no longer a blank), against
+    the FP64 sentinel (2**47), which no clock in Hz or energy in J reaches, where the INT32
+    one (2.1e9) is below a 2.2 GHz clock in Hz.
+    """
+    number, _ = clean(value, "fp64")
+    return value if number is None else number * BASE_UNIT_FIELDS[base_field][1]
+
+
+def in_legacy_units(fields: dict[int, object]) -> dict[int, object]:
+    """``{field id: value}`` with every base-unit field as the field it replaces, in that unit.
+
+    A base-unit field present replaces the old one (module docstring); the others are kept.
+    """
+    if not fields.keys() & BASE_UNIT_FIELDS.keys():
+        return fields
+    out = dict(fields)
+    for base, (legacy, _) in BASE_UNIT_FIELDS.items():
+        if base in out:
+            out[legacy] = legacy_value(base, out.pop(base))
+    return out
+
 
 # `dcgmi dmon` column headers are the fields' short names (dcgmlib/src/dcgm_fields.cpp,
 # DcgmFieldsPopulateOneFieldWithFormatting): a recorded dmon table names its columns only so.
@@ -116,7 +176,11 @@ def identity_from_labels(labels: dict[str, str]) -> dict[str, Any]:
 def sample_from_fields(fields: dict[int, object], *, time_unix_nano: int, window_s: float, host: str,
                        gpu_index: int | str, uuid: str, model: str, source: str, sm_clock_samples: int = 1,
                        **extra: Any) -> GpuSample:
-    """A GpuSample from ``{field_id: raw value}``; absent fields stay None (no value)."""
+    """A GpuSample from ``{field_id: raw value}``; absent fields stay None (no value).
+
+    Base-unit fields count as the fields they replace (:func:`in_legacy_units`).
+    """
+    fields = in_legacy_units(fields)
     return GpuSample(
         time_unix_nano=time_unix_nano, window_s=window_s, host=host, gpu_index=gpu_index, uuid=uuid, model=model,
         tensor_active=fields.get(PIPE_TENSOR_ACTIVE), sm_clock_mhz=fields.get(SM_CLOCK),

@@ -18,12 +18,17 @@ DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"
 DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
 DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
 
-# Which input each metric name feeds. Only these metrics are read point by point.
+# Which input each metric name feeds. Only these metrics are read point by point. The
+# base-unit fields (DCGM 4.6.1: clocks in Hz) feed readings of their own, converted by
+# dcgm_fields and preferred to the old field's when a GPU has both (windows.samples_of).
 TPA, CLOCK, MAX_CLOCK = "tpa", "clock", "max_clock"
+CLOCK_BASE_UNIT, MAX_CLOCK_BASE_UNIT = "clock_base_unit", "max_clock_base_unit"
+_FIELD_OF_KIND = {CLOCK_BASE_UNIT: dcgm_fields.SM_CLOCK_HERTZ, MAX_CLOCK_BASE_UNIT: dcgm_fields.SM_MAX_CLOCK_HERTZ}
 PROMETHEUS_INPUTS: dict[str, str] = {
     **{name: TPA for name in dcgm_fields.FIELD_NAMES[dcgm_fields.PIPE_TENSOR_ACTIVE]},
     **{name: CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_CLOCK]},
     **{name: MAX_CLOCK for name in dcgm_fields.FIELD_NAMES[dcgm_fields.MAX_SM_CLOCK]},
+    **{name: kind for kind, fid in _FIELD_OF_KIND.items() for name in dcgm_fields.FIELD_NAMES[fid]},
 }
 DCGMRECEIVER_INPUTS = {DCGMRECEIVER_PIPE: TPA, DCGMRECEIVER_CLOCK: CLOCK}
 INPUT_METRICS: frozenset[str] = frozenset(PROMETHEUS_INPUTS) | frozenset(DCGMRECEIVER_INPUTS)
@@ -41,6 +46,8 @@ def scale(value: object, unit: str, kind: str) -> object:
     """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
     if not isinstance(value, (int, float)):
         return value
+    if kind in _FIELD_OF_KIND:  # a DCGM base-unit field: its unit is its name's (dcgm_fields' table)
+        return dcgm_fields.legacy_value(_FIELD_OF_KIND[kind], value)
     if kind == TPA:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
         return rescale(value, 0.01) if unit == "%" else value
     # dcgmreceiver reports Hz. A clock in Hz may exceed the INT32 blank sentinel (2.2 GHz),

@@ -39,6 +39,9 @@ class Entity:
     tpa: list[tuple[int, object]] = field(default_factory=list)
     clock: list[tuple[int, object]] = field(default_factory=list)
     max_clock: list[tuple[int, object]] = field(default_factory=list)
+    # Readings of the base-unit fields (DCGM 4.6.1), already in MHz; used instead of the above when present.
+    clock_base_unit: list[tuple[int, object]] = field(default_factory=list)
+    max_clock_base_unit: list[tuple[int, object]] = field(default_factory=list)
 
 
 def int_or_str(index: object) -> int | str:

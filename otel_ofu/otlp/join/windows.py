@@ -29,9 +29,11 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
     off, the field not exported, Nsight holding the counters) is still a window: the ``ofu``
     processor reports it as "no value" (``missing``) and re-emits its clock.
     """
-    max_clock = entity.max_clock[-1][1] if entity.max_clock else None
-    if len(entity.tpa) == 1 and len(entity.clock) == 1:  # a scrape: one TPA, one clock
-        (t, tpa_value), (clock_t, raw) = entity.tpa[0], entity.clock[0]
+    clocks = entity.clock_base_unit or entity.clock  # one clock field, never both (core.dcgm_fields)
+    max_clocks = entity.max_clock_base_unit or entity.max_clock
+    max_clock = max_clocks[-1][1] if max_clocks else None
+    if len(entity.tpa) == 1 and len(clocks) == 1:  # a scrape: one TPA, one clock
+        (t, tpa_value), (clock_t, raw) = entity.tpa[0], clocks[0]
         if abs(clock_t - t) <= tolerance_ns:
             valid = clean_clock(raw)[0]
             clock, count = (raw, 0) if valid is None else (valid, 1)
@@ -41,7 +43,7 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
     times = [t for t, _ in tpa]
     windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
     lone: list[tuple[int, object, list[object]]] = []  # clock readings near no TPA reading
-    for t, value in sorted(dict(entity.clock).items()):
+    for t, value in sorted(dict(clocks).items()):
         if times:
             i = bisect.bisect_left(times, t)
             best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
@@ -53,8 +55,8 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
         else:
             lone.append((t, None, [value]))
     windows += lone
-    if not windows and entity.max_clock:  # only the max clock: a window with neither reading
-        windows.append((entity.max_clock[-1][0], None, []))
+    if not windows and max_clocks:  # only the max clock: a window with neither reading
+        windows.append((max_clocks[-1][0], None, []))
     out = []
     for t, tpa_value, raw_clocks in windows:
         valid = [v for v in (clean_clock(c)[0] for c in raw_clocks) if v is not None]

@@ -1,0 +1,107 @@
+"""Every receiver that reads DCGM-shaped input, against the whole corpus in tests/data/real/.
+
+Each capture has its expected OFU and identity beside it (``<capture>.expected.json``), worked
+out by hand: OFU_raw = TPA x f_SM / f_ref (f_ref from the spec table, docs/gpus.md), OFU =
+OFU_raw x the tile factor (0.973 for an unknown precision on every architecture in
+otel_ofu/core/tiles.py's table). The tests below check first that each file's own arithmetic
+holds, then that the receiver, through the ``ofu`` processor, gives the same numbers for the
+same GPU. tests/data/real/README.md says where each capture comes from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from otel_ofu.core.model import Batch, GpuSample, MetricPoint
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+from otel_ofu.pipeline.telemetry import Telemetry
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
+from otel_ofu.receivers.replay import ReplayReceiver, ReplayReceiverConfig
+from tests.e2e_util import PageServer
+
+REAL = Path(__file__).parent / "data" / "real"
+PAGES = sorted((REAL / "dcgm-exporter").glob("*.prom"))
+DMON = sorted((REAL / "dcgmi-dmon").glob("*.txt"))
+TOLERANCE = 2e-6  # the expected files carry six decimals
+
+
+def expected_of(capture: Path) -> dict:
+    return json.loads(capture.with_name(capture.stem + ".expected.json").read_text())
+
+
+def expected_gpus(expected: dict) -> list[dict]:
+    return expected.get("gpus") or [g for frame in expected["frames"] for g in frame["gpus"]]
+
+
+def ofu_points(samples: list[GpuSample]) -> list[MetricPoint]:
+    return OfuProcessor(OfuProcessorConfig(), Context("ofu", Telemetry())).process(Batch(samples=samples)).points
+
+
+def matching(points: list[MetricPoint], name: str, identity: dict[str, str]) -> list[MetricPoint]:
+    return [p for p in points if p.name == name and all(dict(p.resource).get(k) == v for k, v in identity.items())]
+
+
+def assert_gpus(points: list[MetricPoint], gpus: list[dict], where: str) -> None:
+    """Each expected GPU has exactly its OFU (or its drop reason), found by its identity."""
+    for gpu in gpus:
+        identity = gpu["identity"]
+        if "dropped" in gpu:
+            assert matching(points, "gpu.ofu", identity) == [], (where, identity)
+            (dropped,) = matching(points, "gpu.ofu.dropped", identity)
+            assert dict(dropped.attributes)["ofu.drop.reason"] == gpu["dropped"], (where, identity)
+        else:
+            (ofu,) = matching(points, "gpu.ofu", identity)
+            (raw,) = matching(points, "gpu.ofu.raw", identity)
+            assert raw.value == pytest.approx(gpu["ofu_raw"], abs=TOLERANCE), (where, identity)
+            assert ofu.value == pytest.approx(gpu["ofu"], abs=TOLERANCE), (where, identity)
+        (clock,) = matching(points, "gpu.sm.clock.frequency", identity)
+        assert clock.value == pytest.approx(gpu["sm_clock_mhz"] * 1e6), (where, identity)
+
+
+@pytest.mark.parametrize("capture", PAGES + DMON, ids=lambda p: p.name)
+def test_the_expected_values_are_the_hand_arithmetic(capture):
+    """A typo in an expected file would test nothing: its numbers must follow from its inputs."""
+    expected = expected_of(capture)
+    assert expected["capture"] == capture.name and expected["source"] and expected["covers"]
+    for gpu in expected_gpus(expected):
+        if "dropped" in gpu:
+            continue
+        assert gpu["tpa"] * gpu["sm_clock_mhz"] / gpu["f_ref_mhz"] == pytest.approx(gpu["ofu_raw"], abs=1e-6)
+        assert gpu["ofu_raw"] * gpu["tile_factor"] == pytest.approx(gpu["ofu"], abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_dcgm_exporter_receiver_reads_every_page(page):
+    """A served page, scraped as in production: the OFU and identity of every GPU entity."""
+    expected = expected_of(page)
+    with PageServer({"/metrics": page.read_bytes()}) as server:
+        config = build_config(DcgmExporterReceiverConfig, {"endpoint": f"{server.url}/metrics"})
+        receiver = DcgmExporterReceiver(config, Context("dcgm_exporter", Telemetry()), lambda batch: None)
+        try:
+            batch = receiver.poll() or Batch()
+        finally:
+            receiver.shutdown()
+    assert len(batch.samples) == len(expected["gpus"]), page.name  # one sample per GPU entity, none twice
+    assert_gpus(ofu_points(batch.samples), expected["gpus"], page.name)
+
+
+@pytest.mark.parametrize("capture", DMON, ids=lambda p: p.name)
+def test_replay_reads_every_dmon_capture(capture):
+    expected = expected_of(capture)
+    got: list[Batch] = []
+    config = build_config(ReplayReceiverConfig, {**expected["replay"], "path": str(capture), "speed": "max"})
+    receiver = ReplayReceiver(config, Context("replay", Telemetry()), got.append)
+    while not receiver.is_finished():
+        batch = receiver.poll()
+        if batch is not None:
+            got.append(batch)
+    frames = [b for b in got if b.samples]
+    assert len(frames) == len(expected["frames"])
+    for number, (batch, frame) in enumerate(zip(frames, expected["frames"], strict=True)):
+        assert len(batch.samples) == len(frame["gpus"])
+        assert_gpus(ofu_points(batch.samples), frame["gpus"], f"{capture.name} frame {number}")
