@@ -11,6 +11,8 @@ same GPU. tests/data/real/README.md says where each capture comes from.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,30 @@ def test_replay_reads_every_dmon_capture(capture):
     for number, (batch, frame) in enumerate(zip(frames, expected["frames"], strict=True)):
         assert len(batch.samples) == len(frame["gpus"])
         assert_gpus(ofu_points(batch.samples), frame["gpus"], f"{capture.name} frame {number}")
+
+
+def test_a_page_without_tensor_activity_warns_once_naming_the_field_endpoint_and_fix(caplog):
+    """Issue 23 item 3: ten scrapes of a page without profiling fields say once, at WARNING, what is
+    missing where, and how to turn it on in dcgm-exporter."""
+    page = REAL / "dcgm-exporter" / "4.5.3-4.8.2_h100-pcie_no-profiling.prom"
+    with PageServer({"/metrics": page.read_bytes()}) as server:
+        url = f"{server.url}/metrics"
+        receiver = DcgmExporterReceiver(build_config(DcgmExporterReceiverConfig, {"endpoint": url}),
+                                        Context("dcgm_exporter", Telemetry()), lambda batch: None)
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(10):
+                batch = receiver.poll() or Batch()
+            ofu_points(batch.samples)
+        receiver.shutdown()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in
+                r.getMessage()]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert url in message
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge" in message  # the counters CSV line to add
+    assert "customMetrics" in message and "dcp-metrics-included.csv" in message  # the Helm chart's ways
+    assert receiver.missing_fields() == {url: ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]}
+    # The ofu processor's line per dropped window names the input and a time people read.
+    (debug,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no OFU for pcie-node-5")]
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in debug and "missing" in debug
+    assert re.search(r"ending \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", debug)

@@ -142,3 +142,25 @@ def test_the_built_in_pipeline_validates_for_each_source():
         config = parse_service_config(doctor.auto_document(report), "<auto>", registry.factories())
         assert config.pipelines[0].receivers == [receiver]
         assert config.pipelines[0].processors == ["ofu"] and config.pipelines[0].exporters == ["console"]
+
+
+def test_doctor_checks_a_dcgm_exporter_page_for_the_inputs_ofu_needs(capsys):
+    """Issue 23 item 3: a served page without profiling fields fails the check, naming the field and the fix;
+    a page with them passes."""
+    from pathlib import Path
+
+    from tests.e2e_util import PageServer
+
+    real = Path(__file__).parent / "data" / "real" / "dcgm-exporter"
+    pages = {"/bad/metrics": (real / "4.5.3-4.8.2_h100-pcie_no-profiling.prom").read_bytes(),
+             "/good/metrics": (real / "4.5.3-4.8.2_h100_kubernetes.prom").read_bytes()}
+    with PageServer(pages) as server:
+        bad, good = f"{server.url}/bad/metrics", f"{server.url}/good/metrics"
+        assert cli.main(["doctor", "--dcgm-exporter", bad, "--dcgm-exporter", good]) == 1
+        text = capsys.readouterr().out
+        assert cli.main(["doctor", "--json", "--dcgm-exporter", good]) == 0
+        checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert f"[FAIL] dcgm-exporter {bad}: 1 GPU entities, but no DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in text
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge" in text and "dcp-metrics-included.csv" in text
+    assert f"[OK  ] dcgm-exporter {good}: 3 GPU entities" in text
+    assert checks[f"dcgm-exporter {good}"]["status"] == "ok"

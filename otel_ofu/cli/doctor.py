@@ -197,12 +197,51 @@ def _check_gpu(report: Report, api: Any, index: int) -> None:
     report.add(name, OK, f"{label}: NVML GPM works (tensor activity without the DCGM profiling lock)")
 
 
+# --- dcgm-exporter ---------------------------------------------------------------------------
+
+
+def check_dcgm_exporter(report: Report, endpoint: str) -> None:
+    """Scrape one dcgm-exporter page and say whether it carries every input OFU needs, and how to fix it."""
+    from otel_ofu.receivers.dcgm_exporter import (
+        DcgmExporterReceiverConfig,
+        how_to_enable,
+        missing_inputs,
+        parse_metrics,
+    )
+    from otel_ofu.scrape.client import ScrapeError, Scraper
+
+    config = DcgmExporterReceiverConfig(endpoint=endpoint)
+    (url,) = config.urls()
+    name = f"dcgm-exporter {url}"
+    try:
+        samples = parse_metrics(Scraper(config).fetch(url, None), time_unix_nano=0, window_s=30.0)
+    except ScrapeError as exc:
+        report.add(name, FAIL, f"cannot scrape it: {exc.message} [{exc.reason}]",
+                   "check the address and that dcgm-exporter runs (its default port is 9400)")
+        return
+    except ValueError as exc:
+        report.add(name, FAIL, f"not a Prometheus page: {exc}", "point it at dcgm-exporter's /metrics")
+        return
+    if not samples:
+        report.add(name, FAIL, "the page has no GPU series (no gpu or UUID label on any DCGM field)",
+                   "point it at dcgm-exporter's /metrics on a node with GPUs")
+        return
+    missing = missing_inputs(samples)
+    if missing:
+        report.add(name, FAIL, f"{len(samples)} GPU entities, but no {' and no '.join(missing)}: no OFU",
+                   "; ".join(how_to_enable(field) for field in missing))
+    else:
+        report.add(name, OK, f"{len(samples)} GPU entities with tensor activity and SM clock")
+
+
 def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader: nvml_api.NvmlLoader | None = None,
-             bindings_path: str | None = None, address: str = "") -> Report:
+             bindings_path: str | None = None, address: str = "", dcgm_exporters: list[str] | None = None) -> Report:
     """Every check, in order; the loaders default to the installed providers (fakes in tests)."""
     report = Report(socket.gethostname())
     _check_dcgm(report, dcgm_loader or dcgm_api.get_loader(), bindings_path, address)
     _check_nvml(report, nvml_loader or nvml_api.get_loader())
+    for endpoint in dcgm_exporters or []:
+        check_dcgm_exporter(report, endpoint)
     return report
 
 
@@ -210,8 +249,12 @@ def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = diagnose(bindings_path=args.dcgm_bindings_path or None, address=args.dcgm_address or "")
+    exporters = getattr(args, "dcgm_exporter", None) or []
+    report = diagnose(bindings_path=args.dcgm_bindings_path or None, address=args.dcgm_address or "",
+                      dcgm_exporters=exporters)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
+    if exporters:  # asked about dcgm-exporter: its pages decide
+        return 0 if all(c.status == OK for c in report.checks if c.name.startswith("dcgm-exporter ")) else 1
     return 0 if report.best else 1
 
 
@@ -255,4 +298,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dcgm-address", default="", help="nv-hostengine host:port to check (default: localhost, "
                         "then an embedded host engine)")
     parser.add_argument("--dcgm-bindings-path", default="", help="directory holding pydcgm.py")
+    parser.add_argument("--dcgm-exporter", action="append", default=[], metavar="URL",
+                        help="a dcgm-exporter endpoint to scrape and check for the inputs OFU needs (repeatable; "
+                        "then the exit code says whether every such page has them)")
     parser.set_defaults(func=cmd_doctor)

@@ -17,9 +17,11 @@ and OFU is computed here from the inputs they came with (``gpu.tensor.activity``
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
@@ -52,6 +54,20 @@ _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 _RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
 _SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
+
+
+def _iso(time_unix_nano: int) -> str:
+    """A point's time as people read it (UTC, ISO 8601), for log lines."""
+    return datetime.fromtimestamp(time_unix_nano / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def _input_without_value(sample: GpuSample, reason: NoValue) -> str:
+    """Which input a dropped window lacks, by its DCGM name, for the log line."""
+    if reason is NoValue.NO_REFERENCE_CLOCK:
+        return f"f_ref of model {sample.model!r}:"
+    if clean_ratio(sample.tensor_active)[1] is not None:
+        return "tensor activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, field 1004):"
+    return "SM clock (DCGM_FI_DEV_SM_CLOCK, field 100, or DCGM_FI_DEV_SM_CLOCK_HERTZ, 1603):"
 
 
 @dataclass(slots=True)
@@ -352,7 +368,10 @@ class OfuProcessor(Processor):
             counter.count += 1
             counter.last_ns = t
             self.context.telemetry.add("otel_ofu.ofu.dropped", 1, reason=reason.value)
-            self.log.debug("no OFU for %s GPU %s at %d: %s", sample.host, sample.gpu_index, t, reason.value)
+            if self.log.isEnabledFor(logging.DEBUG):
+                self.log.debug("no OFU for %s GPU %s (from %s) in the window ending %s: %s %s", sample.host,
+                               sample.gpu_index, sample.source or "?", _iso(t), _input_without_value(sample, reason),
+                               reason.value)
         counter.seen = now
         return MetricPoint("gpu.ofu.dropped", counter.count, t, resource, attrs({DROP_REASON: reason.value}),
                            "{window}", monotonic=True, start_time_unix_nano=counter.start_ns)
