@@ -34,7 +34,7 @@ class PageServer:
     training job's /metrics. ``url`` is the base URL; use it as a context manager, or close()."""
 
     def __init__(self, pages: dict[str, bytes]):
-        pages = dict(pages)
+        self.pages = pages = dict(pages)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -54,6 +54,10 @@ class PageServer:
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def set(self, path: str, body: bytes) -> None:
+        """Serve ``body`` at ``path`` from the next request on (a page that changes between scrapes)."""
+        self.pages[path] = body
 
     def close(self) -> None:
         self.server.shutdown()

@@ -4,11 +4,16 @@ pipeline: attribution, ofu, jobs, the exporters and the report."""
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from otel_ofu.cli.main import main
 from otel_ofu.core.model import gpu_key, precision_of
-from tests.e2e_util import read_points
+from otel_ofu.pipeline import registry
+from otel_ofu.pipeline.config import parse_service_config
+from otel_ofu.pipeline.service import Service
+from tests.e2e_util import PageServer, free_ports, read_points, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,3 +63,71 @@ service:
     assert data["fleet"]["gpus"] == 4
     assert [(j["job_id"], j["gpus"]) for j in data["jobs"]] == [("capture-job", 4)]
     assert data["jobs"][0]["flops"] > 0
+
+
+# A dcgm-exporter 4.x page with pod labels from the corpus (tests/data/real/README.md): the pod
+# llama3-70b-worker-0 holds GPUs 0 and 2, GPU 1 is idle.
+K8S_PAGE = ROOT / "tests" / "data" / "real" / "dcgm-exporter" / "4.5.3-4.8.2_h100_kubernetes.prom"
+FIRST_POD = 'container="pytorch",namespace="training",pod="llama3-70b-worker-0"'
+NEXT_POD = 'container="pytorch",namespace="training",pod="job-b-worker-0"'  # the next job's pod, same GPUs
+
+
+def served_gpu_ofu(port: int) -> list[dict[str, str]]:
+    """The label sets of the gpu_ofu series a scrape of the prometheus exporter returns."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return [dict(s.labels) for family in text_string_to_metric_families(text) if family.name == "gpu_ofu"
+            for s in family.samples]
+
+
+def test_a_gpu_that_moves_to_another_pod_is_one_gpu_ofu_series_end_to_end():
+    """dcgm-exporter page (served) -> dcgm_exporter receiver -> attribution -> ofu -> prometheus exporter
+    (scraped over HTTP): after its GPUs move to the next job's pod, each GPU is one gpu_ofu series, not two."""
+    page = K8S_PAGE.read_bytes()
+    assert page.count(FIRST_POD.encode()) == 20  # every series of GPUs 0 and 2 (ten metrics) names the pod
+    moved = page.replace(FIRST_POD.encode(), NEXT_POD.encode())
+    [port] = free_ports(1)
+    with PageServer({"/metrics": page}) as node:
+        doc = {
+            "receivers": {"dcgm_exporter": {"endpoint": f"{node.url}/metrics", "collection_interval": "200ms",
+                                            "exporter_collect_interval": "1s"}},
+            "processors": {"attribution": {}, "ofu": {}},
+            "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{port}"}},
+            "service": {"pipelines": {"metrics": {"receivers": ["dcgm_exporter"],
+                                                  "processors": ["attribution", "ofu"],
+                                                  "exporters": ["prometheus"]}}},
+        }
+        service = Service(parse_service_config(doc, "pod-change.yaml", registry.factories()))
+        service.start()
+        try:
+            before = wait_for("gpu_ofu of the three GPUs", lambda: (s if len(s := served_gpu_ofu(port)) == 3 else None),
+                              timeout=60)
+            node.set("/metrics", moved)
+            wait_for("gpu_ofu of the GPUs in the next pod", lambda: any(
+                s.get("k8s_pod_name") == "job-b-worker-0" for s in served_gpu_ofu(port)), timeout=60)
+            time.sleep(1.0)  # several more scrapes of the moved page
+            after = served_gpu_ofu(port)
+        finally:
+            service.shutdown()
+    pods = {s["gpu_index"]: s.get("k8s_pod_name") for s in after}
+    assert len(after) == 3 and pods == {"0": "job-b-worker-0", "1": None, "2": "job-b-worker-0"}, after
+    jobs_before = {s["gpu_index"]: s.get("ofu_job_id") for s in before}
+    jobs_after = {s["gpu_index"]: s.get("ofu_job_id") for s in after}
+    assert jobs_after["0"] != jobs_before["0"] and jobs_after["0"] == jobs_after["2"]  # a new job, same GPUs
+
+
+def test_only_the_core_says_which_gpu_a_resource_is_about():
+    """One notion of "the same GPU" (core.model.gpu_key): no other module defines its own GPU key."""
+    import ast
+
+    own = []
+    for path in sorted((ROOT / "otel_ofu").rglob("*.py")):
+        if path == ROOT / "otel_ofu" / "core" / "model.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                    "gpu_key" in node.name or "gpu_identity" in node.name):
+                own.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert own == []

@@ -309,8 +309,25 @@ def test_a_thousand_short_jobs_and_pods_leave_bounded_state():
     assert ended >= 997
     assert book.ended == []  # no history kept in a long-running processor
     assert len(book.jobs) <= 3 and len(book._mfu_last) <= 3
-    assert book.gpu_count <= 4  # the pods of the last few minutes, not every pod ever seen
+    assert book.gpu_count == 1  # one GPU, whichever pods held it
     assert len(book._sources) == 1
+
+
+def test_pod_rollouts_of_one_job_on_the_same_gpus_are_those_gpus_not_more():
+    """A Deployment rolled out 300 times on the same 8 GPUs holds 8 GPUs, not 2,400 (issue 22):
+    the pod is an attribute of a GPU's time, not part of which GPU it is."""
+    book = JobBook(JobsConfig())
+    t = 0
+    for rollout in range(300):
+        for _ in range(3):  # 30 s per rollout
+            t += 10
+            book.observe([on_host("node-a", t, gpu=f"GPU-{g}", job="k8s:ml/serve",
+                                  **{"k8s.pod.name": f"serve-{rollout}-{g}", "k8s.pod.uid": f"uid-{rollout}-{g}"})
+                          for g in range(8)], now=T0 + t)
+    assert len(book.jobs["k8s:ml/serve"].gpus) == 8 and book.gpu_count == 8
+    [summary] = book.close_all().ended
+    assert summary.gpus == 8 and summary.peak_gpus == 8
+    assert summary.totals.gpu_seconds == 8 * t  # every rollout's GPU time, once
 
 
 def test_hosts_and_their_gpus_are_forgotten_after_the_silence_timeout():

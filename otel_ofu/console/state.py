@@ -27,15 +27,14 @@ from dataclasses import dataclass, field
 from otel_ofu.core.model import (
     DROP_REASON,
     GPU_INDEX,
-    GPU_MIG_INSTANCE,
     GPU_MIG_PROFILE,
-    HOST_NAME,
-    HW_ID,
     HW_MODEL,
     NO_JOB,
     Batch,
     Event,
+    GpuKey,
     MetricPoint,
+    gpu_key,
     job_id_of,
     precision_of,
 )
@@ -60,16 +59,6 @@ OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu
                                              "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.ofu.dropped")
 _GPU_METRICS = frozenset({OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED})
 JOB_OFU, JOB_MFU, JOB_GPUS = "job.ofu", "job.mfu.reported", "job.gpus"
-
-GpuKey = tuple[str, str, str]  # (host, UUID or "#<index>", MIG instance or "")
-
-
-def gpu_key(resource: dict) -> GpuKey:
-    """Host + UUID (else the index) + MIG instance: one key per physical GPU or MIG instance."""
-    host = str(resource.get(HOST_NAME) or "?")
-    ident = str(resource.get(HW_ID) or f"#{resource.get(GPU_INDEX, '?')}")
-    return host, ident, str(resource.get(GPU_MIG_INSTANCE) or "")
-
 
 @dataclass
 class GpuState:
@@ -215,7 +204,7 @@ class FleetState:
         key = gpu_key(resource)
         gpu = self.gpus.get(key)
         if gpu is None:
-            gpu = self.gpus[key] = GpuState(key, key[0], str(resource.get(GPU_INDEX, "?")))
+            gpu = self.gpus[key] = GpuState(key, key[0] or "?", str(resource.get(GPU_INDEX, "?")))
         if key not in arrived:  # one arrival per GPU per batch
             arrived.add(key)
             if gpu.arrived:

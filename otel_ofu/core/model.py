@@ -34,8 +34,8 @@ NO_JOB = "none"
 
 Attributes = tuple[tuple[str, Any], ...]
 
-# A GPU's job identity: resource attributes of every point of that GPU, next to the GPU's own
-# identity (host, hw.id, index, MIG instance). A job change on a GPU is a new resource.
+# The job identity attribution adds to a resource, next to what the resource already said (a
+# GPU's host, hw.id, index, MIG instance, its pod; a training process's pod or pid).
 JOB_RESOURCE_KEYS = frozenset({JOB_ID, PRECISION, JOB_SHARED, JOB_SOURCE})
 
 
@@ -43,16 +43,28 @@ GpuKey = tuple[str, str, str]  # (host, UUID or "#<index>", MIG instance or "")
 
 
 def gpu_key(resource: Attributes | dict[str, Any]) -> GpuKey:
-    """One key per physical GPU or MIG instance: host + UUID (else the index) + MIG instance.
+    """Which GPU a resource is about: host + UUID (else the index) + MIG instance. The one notion
+    of "the same GPU": the exporters, the jobs tier, the ofu processor, the console and the report
+    all use it.
 
     Why not the UUID alone: dmon and CSV recordings have none (every GPU would be one), and
     MIG instances share their parent's UUID. Why not the index alone: two hosts both have a
-    GPU 0. Accepts a resource as attribute tuples or as a dict.
+    GPU 0. Why nothing else: everything that changes when the GPU moves to another job (the
+    job id, its pod, container, Slurm job, precision) is an attribute of the GPU's time, not
+    part of which GPU it is. Accepts a resource as attribute tuples or as a dict.
     """
     r = resource if isinstance(resource, dict) else dict(resource)
     uuid = str(r.get(HW_ID) or "").strip()
     ident = uuid.lower() if uuid else f"#{r.get(GPU_INDEX, '')}"
     return str(r.get(HOST_NAME) or ""), ident, str(r.get(GPU_MIG_INSTANCE) or "")
+
+
+def names_a_gpu(resource: Attributes) -> bool:
+    """Whether a resource is a GPU's (it has a UUID or an index), not a job's or a process's."""
+    for key, _ in resource:
+        if key == HW_ID or key == GPU_INDEX:
+            return True
+    return False
 
 
 def gpu_label(key: GpuKey) -> str:
@@ -173,6 +185,8 @@ def precision_of(point: MetricPoint | Event) -> str | None:
     return None if precision is None else str(precision)
 
 
-def gpu_identity(resource: Attributes) -> Attributes:
-    """A GPU point's resource without its job identity: the same GPU across jobs."""
+def without_job_identity(resource: Attributes) -> Attributes:
+    """A resource without the job identity attribution added (:data:`JOB_RESOURCE_KEYS`): the
+    same reporting process before and after its job was named. Not a GPU's identity: see
+    :func:`gpu_key`."""
     return tuple(item for item in resource if item[0] not in JOB_RESOURCE_KEYS)

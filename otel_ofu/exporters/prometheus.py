@@ -9,10 +9,11 @@ own resource: without it the series of two GPUs would collide). One deviation: a
 
 A series not updated for ``metric_expiration`` (default 5m, as in the Collector) is dropped,
 so a finished job's series disappear and Prometheus marks them stale at the next scrape. A
-GPU's job identity (``ofu.job.id``, ``ofu.precision``) is on its resource: when a GPU's points
-arrive under a new job, the series of its previous job are dropped at once (a GPU holds one
-job at a time; summing by job must not count it twice for 5 minutes). ``job_labels`` keeps
-the job identity as labels also with ``resource_to_telemetry_conversion`` off.
+GPU's job identity (``ofu.job.id``, ``ofu.precision``) and its pod are on its resource: when a
+GPU's points arrive under a new resource (another job, pod or container: the same GPU by
+:func:`~otel_ofu.core.model.gpu_key`), the series of its previous one are dropped at once (a GPU
+holds one job at a time; summing by job must not count it twice for 5 minutes). ``job_labels``
+keeps the job identity as labels also with ``resource_to_telemetry_conversion`` off.
 Points are served without timestamps by default (``send_timestamps``): a point's time is
 when its counter window ended, which under the simulator's time acceleration or a replay is
 not "now"; Prometheus would drop such samples as out of bounds or place them outside the
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.core.metrics import METRICS
-from otel_ofu.core.model import HW_ID, JOB_ID, PRECISION, Attributes, Batch, MetricPoint, gpu_identity
+from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, GpuKey, MetricPoint, gpu_key, names_a_gpu
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, FieldError, require
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
@@ -182,6 +183,14 @@ class _Series:
 
 
 @dataclass(slots=True)
+class _GpuResource:
+    """One resource of a GPU (the GPU in one job and pod) and the series its points feed."""
+
+    gpu: GpuKey
+    series: set[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=set)  # (family, labels)
+
+
+@dataclass(slots=True)
 class _Family:
     counter: bool
     help: str
@@ -195,10 +204,10 @@ class PrometheusExporter(Exporter):
         self._families: dict[str, _Family] = {}
         self._targets: dict[tuple[tuple[str, str], ...], float] = {}  # target_info label sets
         self._warned: set[str] = set()
-        # GPU -> (resource with its current job, time of its newest point); and the series each
-        # such resource feeds, so a job change can drop the previous job's series.
-        self._gpu_jobs: dict[Attributes, tuple[Attributes, int]] = {}
-        self._series_of: dict[Attributes, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
+        # GPU -> (its current resource: its job and pod, time of its newest point); and what each
+        # such resource is, so that a job or pod change drops the series of the previous one.
+        self._gpu_jobs: dict[GpuKey, tuple[Attributes, int]] = {}
+        self._series_of: dict[Attributes, _GpuResource] = {}
         self.clock: Callable[[], float] = time.monotonic  # a seam for expiration tests
         self._expired_at = -math.inf
         self._server: Any = None
@@ -248,40 +257,40 @@ class PrometheusExporter(Exporter):
         current = family.series.get(labels)
         if current is None or point.time_unix_nano >= current.time_unix_nano:
             family.series[labels] = _Series(float(point.value), point.time_unix_nano, now)
-            if point.resource in self._series_of:
-                self._series_of[point.resource].add((name, labels))
+            held = self._series_of.get(point.resource)
+            if held is not None:
+                held.series.add((name, labels))
 
     def _follow_job(self, point: MetricPoint) -> bool:
-        """Track which job each GPU holds; False for a point of a job the GPU has since left.
+        """Track which resource (job, pod) each GPU holds; False for a point of one it has since left.
 
-        On a job change, the previous job's series of this GPU are dropped.
+        When a GPU's points arrive under another resource, the series of its previous one are dropped.
         """
         resource = point.resource
-        if resource in self._series_of:
-            gpu = gpu_identity(resource)
+        known = self._series_of.get(resource)
+        if known is not None:
+            gpu = known.gpu
             held, newest = self._gpu_jobs[gpu]
             if held == resource:
                 self._gpu_jobs[gpu] = (resource, max(newest, point.time_unix_nano))
                 return True
-        has_gpu = has_job = False
-        for key, _ in resource:
-            has_gpu = has_gpu or key == HW_ID
-            has_job = has_job or key == JOB_ID
-        if not (has_gpu and has_job):
-            return True
-        gpu = gpu_identity(resource)
+        elif not names_a_gpu(resource):
+            return True  # a job's or a process's series: several live side by side
+        else:
+            gpu = gpu_key(resource)
         previous = self._gpu_jobs.get(gpu)
         if previous is not None and previous[0] != resource:
             if point.time_unix_nano < previous[1]:
-                return False  # a late point of a job this GPU no longer holds
-            for name, labels in self._series_of.pop(previous[0], ()):
+                return False  # a late point of a job or pod this GPU no longer holds
+            gone = self._series_of.pop(previous[0], None)
+            for name, labels in gone.series if gone is not None else ():
                 family = self._families.get(name)
                 if family is not None:
                     family.series.pop(labels, None)
                     if not family.series:
                         del self._families[name]
         if previous is None or previous[0] != resource:
-            self._series_of[resource] = set()
+            self._series_of[resource] = _GpuResource(gpu)
         self._gpu_jobs[gpu] = (resource, max(point.time_unix_nano, previous[1] if previous else 0))
         return True
 
@@ -311,16 +320,15 @@ class PrometheusExporter(Exporter):
                 del self._families[name]
         for labels in [k for k, t in self._targets.items() if t < limit]:
             del self._targets[labels]
-        for resource, series in list(self._series_of.items()):
-            live = {(n, labels) for n, labels in series
+        for resource, held in list(self._series_of.items()):
+            live = {(n, labels) for n, labels in held.series
                     if n in self._families and labels in self._families[n].series}
             if live:
-                self._series_of[resource] = live
+                held.series = live
             else:  # every series of this GPU's job expired: forget the GPU
                 del self._series_of[resource]
-                gpu = gpu_identity(resource)
-                if self._gpu_jobs.get(gpu, (None,))[0] == resource:
-                    del self._gpu_jobs[gpu]
+                if self._gpu_jobs.get(held.gpu, (None,))[0] == resource:
+                    del self._gpu_jobs[held.gpu]
 
     def snapshot(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         """Prometheus name -> labels -> value, as the next scrape would serve (after expiry)."""

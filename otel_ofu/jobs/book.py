@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.core.model import HW_ID, JOB_ID, Attributes, MetricPoint, gpu_identity
+from otel_ofu.core.model import JOB_ID, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
@@ -97,7 +97,7 @@ class JobBook:
         # job -> reports before its first GPU window, as plain tuples (a book can be saved as plain data)
         self._pending: dict[str, deque[tuple]] = {}
         self._pending_count = 0
-        self._gpus_seen: set[Attributes] | None = set() if history else None
+        self._gpus_seen: set[GpuKey] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
         self._next_sweep = -math.inf
         self._batch = 0  # observe() calls so far: a jump ahead is confirmed by a later one
@@ -112,7 +112,8 @@ class JobBook:
 
     @property
     def gpu_count(self) -> int:
-        """Distinct GPUs (resources) that sent OFU, with or without a job: ever (history), else recently."""
+        """Distinct GPUs (:func:`~otel_ofu.core.model.gpu_key`) that sent OFU, with or without a job: ever
+        (history), else recently."""
         if self._gpus_seen is not None:
             return len(self._gpus_seen)
         return len({gpu for gpu, _ in self._gpu_last})
@@ -180,8 +181,8 @@ class JobBook:
         if self._ahead(source, clock, t - arrival, arrival):
             update.skip("future")
             if update.ahead is None or t - arrival > update.ahead[1]:
-                name = source if isinstance(source, str) else dict(source).get(HW_ID, "?")
-                update.ahead = (str(name), t - arrival)
+                name = source if isinstance(source, str) else gpu_label(source)
+                update.ahead = (name, t - arrival)
             return
         job = facts.job
         # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
@@ -265,7 +266,7 @@ class JobBook:
             update.unconverted[job] = update.unconverted.get(job, 0) + 1
             return
         t = point.time_unix_nano / 1e9
-        reporter = (point.name, gpu_identity(point.resource), point.attributes)
+        reporter = (point.name, without_job_identity(point.resource), point.attributes)
         start = self._interval(self._mfu_last.setdefault(job, {}), reporter, t)
         if start is None:
             update.skip("out_of_order")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ofu.core.model import HOST_NAME, Attributes
+from otel_ofu.core.model import HOST_NAME, Attributes, GpuKey
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ class HostClock:
     gpus: set[tuple] = field(default_factory=set)  # its (GPU, job) keys in JobBook._gpu_last
 
 
-def source_of(resource: Attributes, gpu: Attributes) -> Any:
+def source_of(resource: Attributes, gpu: GpuKey) -> Any:
     """The clock a GPU point was stamped by: its host; the GPU itself when it names no host."""
     for key, value in resource:
         if key == HOST_NAME and value not in (None, ""):

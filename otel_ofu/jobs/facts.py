@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.core.model import HW_MODEL, JOB_ID, JOB_SHARED, PRECISION, Attributes, MetricPoint, gpu_identity
+from otel_ofu.core.model import HW_MODEL, JOB_ID, JOB_SHARED, PRECISION, GpuKey, MetricPoint, gpu_key
 from otel_ofu.jobs.clocks import source_of
 from otel_ofu.pipeline.caches import Cache
 
@@ -33,7 +33,7 @@ class GpuFacts:
     resource every interval, and the receivers keep it as the same tuple object.
     """
 
-    gpu: Attributes  # the resource without job identity: the same GPU across its jobs
+    gpu: GpuKey  # which GPU (host, UUID or index, MIG instance): the same GPU across its jobs and pods
     source: Any  # whose clock stamped the point (see clocks.source_of)
     job: str | None
     attributes: dict[str, Any]  # resource and point attributes in one dict (see job_of); never changed
@@ -63,7 +63,7 @@ def gpu_facts(point: MetricPoint) -> GpuFacts:
     found = gpu_facts_cache.get(key)
     if found is not None and found[0] is resource and found[1] is attributes:
         return found[2]
-    gpu = gpu_identity(resource)
+    gpu = gpu_key(resource)
     job, merged = job_of(point)
     precision = merged.get(PRECISION)
     model = merged.get(HW_MODEL)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.core.model import Attributes
+from otel_ofu.core.model import Attributes, GpuKey
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, window_label
 from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
@@ -75,7 +75,7 @@ class JobTracker:
         self.mfu_weighted = 0.0
         self.histogram = WeightedHistogram()
         self.precisions: dict[str, float] = {}
-        self.gpus: set[Any] = set()
+        self.gpus: set[GpuKey] = set()  # distinct GPUs over its life (core.model.gpu_key)
         self.sources: dict[Any, float] = {}  # host -> the end of the job's last window there (that host's clock)
         self.peak_gpus = 0
         # Dense peak FLOP/s of one of the job's GPUs at its precision, from its latest GPU window
@@ -85,12 +85,12 @@ class JobTracker:
         self.last_end = -math.inf
         self._res = float(config.resolution)
         self._next_bin: int | None = None
-        self._bin_gpus: dict[int, set[Any]] = {}
+        self._bin_gpus: dict[int, set[GpuKey]] = {}
         self.audit = MfuAudit(config.audit, self._res)
         self.regression = RegressionDetector(config.regression, self._res)
         self.findings: list[Finding] = []
 
-    def add_gpu_window(self, gpu: Any, start: float, end: float, ofu: float, flops_per_s: float | None = None,
+    def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
                        precision: str | None = None, source: Any = None) -> None:
         seconds = end - start
         if end > self.sources.get(source, -math.inf):

@@ -29,7 +29,6 @@ from otel_ofu.core.model import (
     DROP_REASON,
     FREF_SOURCE,
     GPU_INDEX,
-    GPU_MIG_INSTANCE,
     HOST_NAME,
     HW_ID,
     HW_MODEL,
@@ -38,9 +37,11 @@ from otel_ofu.core.model import (
     PRECISION,
     Attributes,
     Batch,
+    GpuKey,
     GpuSample,
     MetricPoint,
     attrs,
+    gpu_key,
 )
 from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, OfuResult, compute_ofu
 from otel_ofu.core.tiles import ARCH_TILES
@@ -153,7 +154,7 @@ class OfuProcessor(Processor):
         # extra attributes -> (the inputs' attributes, the OFU points' by f_ref source)
         self._attributes_cache = Cache("ofu point attributes", _ATTRIBUTES_CACHE_SIZE)
         self._resources = Cache("ofu resources", _RESOURCES_CACHE_SIZE)  # see _resource
-        self._arriving: dict[tuple, int] = {}  # GPU -> time of the last computed OFU that arrived for it
+        self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -170,18 +171,12 @@ class OfuProcessor(Processor):
 
     # --- OFU that arrives computed -----------------------------------------------------------
 
-    @staticmethod
-    def _gpu_key(resource: Attributes) -> tuple:
-        found = dict(resource)
-        return (str(found.get(HOST_NAME, "")), str(found.get(HW_ID, "")), str(found.get(GPU_INDEX, "")),
-                str(found.get(GPU_MIG_INSTANCE, "")))
-
     def _not_computed_elsewhere(self, points: list[MetricPoint], samples: list[GpuSample]) -> list[GpuSample]:
         """The samples of GPUs whose OFU does not arrive computed (see the module docstring)."""
         arriving = self._arriving
         for point in points:
             if point.name == "gpu.ofu":
-                key = self._gpu_key(point.resource)
+                key = gpu_key(point.resource)
                 arriving[key] = max(arriving.get(key, 0), point.time_unix_nano)
         if not arriving:
             return samples
@@ -191,8 +186,7 @@ class OfuProcessor(Processor):
         hold = int(ARRIVING_OFU_HOLD_S * 1e9)
         kept = []
         for sample in samples:
-            key = (sample.host, sample.uuid, str(sample.gpu_index), str(sample.resource.get(GPU_MIG_INSTANCE, "")))
-            last = arriving.get(key)
+            last = arriving.get(sample.gpu_key())
             if last is not None and sample.time_unix_nano <= last + hold:
                 self.context.telemetry.add(SKIPPED, 1, reason="already_computed")
                 continue
