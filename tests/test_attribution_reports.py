@@ -97,3 +97,34 @@ def test_a_report_naming_nothing_is_counted_and_logged_once(caplog):
     assert job_id_of(point) is None and outcome(proc, "no_identity") == 3
     warned = [r for r in caplog.records if "names no job" in r.getMessage()]
     assert len(warned) == 1 and "laptop" in warned[0].getMessage()
+
+
+def test_a_slurm_jobs_report_before_any_of_its_gpus_counts_for_that_job():
+    """The job's first report comes before the first scrape of its GPUs, which dcgm-exporter names
+    by its hpc_job label: attribution -> ofu -> jobs must still count the report for the job its
+    GPUs name (issue 22: it was held as slurm:4242 while the GPUs were 4242, never matched)."""
+    from otel_ofu.jobs.config import JobsConfig
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.pipeline.telemetry import Telemetry
+    from otel_ofu.processors.jobs import JobsProcessor
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+
+    t0 = 1_800_000_000
+    clock = [float(t0)]
+    attribution, ofu = make(), OfuProcessor(OfuProcessorConfig(), Context("ofu", Telemetry()))
+    jobs = JobsProcessor(build_config(JobsConfig, {"windows": ["5m"]}), Context("jobs", Telemetry()),
+                         clock=lambda: clock[0])
+
+    def step(t: int, points=(), samples=()) -> None:
+        clock[0] = float(t)
+        jobs.process(ofu.process(attribution.process(Batch(samples=list(samples), points=list(points)))))
+
+    first = MetricPoint("training.mfu", 0.3, (t0 + 5) * 10**9,
+                        attrs({"service.name": "megatron", "slurm.job.id": "4242", "host.name": "n1"}))
+    step(t0 + 5, points=[first])
+    for t in range(t0 + 10, t0 + 601, 10):
+        step(t, samples=[sample(GPU_A, t=t * 10**9, host="n1", resource={"hpc.job.id": "4242"})])
+    tracker = jobs.book.jobs["4242"]
+    assert tracker.mfu_seconds > 0 and tracker.mfu_life == 0.3
+    assert jobs.context.telemetry.counter("otel_ofu.jobs.skipped", reason="mfu_without_job") == 0

@@ -28,6 +28,15 @@ SLURM_JOB_NAME = "slurm.job.name"
 # dcgm-exporter's hpc_job label (set by otel_ofu.core.dcgm_fields.identity_from_labels).
 HPC_JOB_ID = "hpc.job.id"
 
+
+def slurm_job_id(job: str) -> str:
+    """The ofu.job.id of Slurm job ``job`` named by its processes or a report's slurm.job.id.
+
+    dcgm-exporter's hpc_job label names a job as given (``4242``): where a GPU knows its job
+    only that way, the same Slurm job's reports (``slurm:4242``) join it (the jobs tier too).
+    """
+    return f"slurm:{job}"
+
 # JOB_SHARED and JOB_SOURCE, set by this package next to ofu.job.id, live with it in the core model.
 
 # Attributes that name one job (not a bounded set such as a namespace or a partition): an

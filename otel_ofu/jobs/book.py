@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.core.model import JOB_ID, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClock
@@ -97,6 +98,9 @@ class JobBook:
         # job -> reports before its first GPU window, as plain tuples (a book can be saved as plain data)
         self._pending: dict[str, deque[tuple]] = {}
         self._pending_count = 0
+        # Another id a job's reports may carry -> the id its GPUs carry: a Slurm job its GPUs know
+        # only by dcgm-exporter's hpc_job (4242) is slurm:4242 to its reports. Kept while the job lives.
+        self._aliases: dict[str, str] = {}
         self._gpus_seen: set[GpuKey] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
         self._next_sweep = -math.inf
@@ -132,9 +136,10 @@ class JobBook:
             if point.name == OFU_METRIC:
                 self._gpu_point(point, flops, update, touched, now)
         for tracker in update.started:  # reports that came before the job's first GPU window
-            for held in self._pending.pop(tracker.job_id, ()):
-                self._pending_count -= 1
-                self._mfu_point(MetricPoint(*held), update, touched)
+            for name in (tracker.job_id, *tracker.aliases):
+                for held in self._pending.pop(name, ()):
+                    self._pending_count -= 1
+                    self._mfu_point(MetricPoint(*held), update, touched)
         for point in points:  # after the GPU points: a job exists once a GPU has reported for it
             if point.name in self._report_names:
                 self._mfu_point(point, update, touched)
@@ -164,6 +169,9 @@ class JobBook:
             extra = {k: attributes.get(k) for k in self.config.copy_attributes}
             job_resource = tuple(sorted((k, v) for k, v in {**extra, JOB_ID: job}.items() if v is not None))
             tracker = self.jobs[job] = JobTracker(job, self.config, job_resource)
+            if str(attributes.get(HPC_JOB_ID, "")) == job:
+                tracker.aliases = (slurm_job_id(job),)
+                self._aliases[tracker.aliases[0]] = job
             update.started.append(tracker)
         touched[job] = tracker
         return tracker
@@ -250,6 +258,7 @@ class JobBook:
         is the time-weighted mean over all of them (docs/audit.md says why the mean).
         """
         job, _ = job_of(point)
+        job = self._aliases.get(job, job) if job is not None else None
         if job is None or job in self._ignored:
             update.no_job(job)
             return
@@ -381,6 +390,8 @@ class JobBook:
     def _end(self, job: str, reason: str, update: Update) -> None:
         tracker = self.jobs.pop(job)
         self._mfu_last.pop(job, None)
+        for alias in tracker.aliases:
+            self._aliases.pop(alias, None)
         summary, transitions = tracker.end(reason)
         update.transitions += [(tracker, t) for t in transitions]
         update.ended.append(summary)

@@ -66,6 +66,7 @@ class JobTracker:
         self.job_id = job_id
         self.config = config
         self.resource = resource
+        self.aliases: tuple[str, ...] = ()  # other ids its reports may carry (JobBook._aliases)
         retention = config.retention_s
         self.ofu = TimeWeightedSeries(retention)
         self.flops = TimeWeightedSeries(retention)

@@ -35,6 +35,7 @@ from otel_ofu.attribution import (
     PER_JOB_ATTRIBUTES,
     PROCESS_PID,
     SLURM_JOB_ID,
+    slurm_job_id,
 )
 from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, k8s_key, merge
 from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
@@ -465,7 +466,7 @@ class AttributionProcessor(Processor):
             return claim.job_id
         kind = claim.key[0]
         if kind == "slurm":
-            return f"slurm:{claim.key[1]}"
+            return slurm_job_id(claim.key[1])
         if kind == "k8s-uid":
             return f"k8s-uid:{claim.key[1]}"
         namespace, pod = claim.key[1], claim.key[2]
