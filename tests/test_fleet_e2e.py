@@ -274,4 +274,5 @@ def test_the_backend_collector_keeps_job_identity_as_prometheus_labels(otelcol, 
     assert {s["metric"]["ofu_window"] for s in job} >= {"5m", "life"}
     gpus = promql(prom_port, 'gpu_ofu{ofu_job_id="llm-pretrain", ofu_precision="bf16"}')
     assert len(gpus) == 6 and all(s["metric"]["hw_id"] and s["metric"]["host_name"] for s in gpus)
-    assert promql(prom_port, 'job_gpu_seconds{ofu_job_id="llm-pretrain"}')
+    # With its unit suffix and _total, as the Job dashboard reads it (and the clock panels gpu_..._hertz).
+    assert promql(prom_port, 'job_gpu_seconds_total{ofu_job_id="llm-pretrain"}')

@@ -44,7 +44,7 @@ def make(config: dict) -> PrometheusReceiver:
 def test_reports_and_their_identity_from_target_info_and_labels(page):
     batch = make({"endpoint": page}).poll()
     mfu, tflops = sorted(batch.points, key=lambda p: p.name, reverse=True)
-    assert (mfu.name, mfu.value, mfu.unit) == ("training.mfu", 0.52, "1")
+    assert (mfu.name, mfu.value, mfu.unit) == ("training.mfu", 0.52, "{ratio}")  # the metric's declared unit
     assert dict(mfu.resource) == {"service.name": "training", "k8s.pod.name": "llama-1",
                                   "k8s.namespace.name": "llm", "process.pid": 4711}
     assert dict(mfu.attributes) == {"rank": "0"}  # the NaN rank is no value; rank keeps ranks apart

@@ -46,7 +46,7 @@ PODS_METRIC = register(MetricInfo(
     "Pods of this node the Kubernetes API source holds (job identity, precision, labels).",
     emitted_by=("processors/attribution",)))
 STALE_METRIC = register(MetricInfo(
-    "otel_ofu.attribution.kubernetes.stale", "1", "gauge",
+    "otel_ofu.attribution.kubernetes.stale", "{state}", "gauge",
     "1 while the pod watch has failed for longer than kubernetes_api.stale_after (the last known pods "
     "are still used), else 0.", emitted_by=("processors/attribution",)))
 LISTS_METRIC = register(MetricInfo(

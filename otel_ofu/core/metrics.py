@@ -21,35 +21,35 @@ class MetricInfo:
 
 
 _METRICS = (
-    MetricInfo("gpu.ofu", "1", "gauge",
+    MetricInfo("gpu.ofu", "{ratio}", "gauge",
                "Overall FLOP Utilization: TPA x f_SM / f_ref x c_tile, a fraction of the dense peak at the "
                "precision in use."),
-    MetricInfo("gpu.ofu.raw", "1", "gauge", "OFU before the tile-quantization correction: TPA x f_SM / f_ref."),
+    MetricInfo("gpu.ofu.raw", "{ratio}", "gauge", "OFU before the tile-quantization correction: TPA x f_SM / f_ref."),
     MetricInfo("gpu.ofu.reference_clock", "Hz", "gauge",
                "f_ref used for this point: the clock the GPU's tensor peak is quoted at."),
     MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
                "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7); "
                "only when the precision and the share are known."),
-    MetricInfo("gpu.mig.share", "1", "gauge",
+    MetricInfo("gpu.mig.share", "{ratio}", "gauge",
                "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
                "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
                "recording rules weigh an instance's GPU time by it, so a GPU split into instances counts once."),
-    MetricInfo("gpu.tensor.activity", "1", "gauge",
+    MetricInfo("gpu.tensor.activity", "{ratio}", "gauge",
                "Input: tensor pipe activity (DCGM 1004 / GPM ANY_TENSOR_UTIL), average over the window."),
     MetricInfo("gpu.sm.clock.frequency", "Hz", "gauge",
                "Input: SM clock, mean of the point samples in the window (DCGM 100)."),
     MetricInfo("gpu.sm.clock.max", "Hz", "gauge", "Input: maximum SM clock the device reports (DCGM 113)."),
     MetricInfo("gpu.power.usage", "W", "gauge", "Input: board power draw (DCGM 155)."),
-    MetricInfo("gpu.clock.event_reasons", "1", "gauge",
+    MetricInfo("gpu.clock.event_reasons", "{bitmask}", "gauge",
                "Input: clock event (throttle) reason bitmask (DCGM 112): 0x1 idle, 0x4 SW power cap, "
                "0x8 HW slowdown, 0x20/0x40 thermal, 0x80 power brake."),
-    MetricInfo("gpu.sm.activity", "1", "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
+    MetricInfo("gpu.sm.activity", "{ratio}", "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
     MetricInfo("gpu.ofu.dropped", "{window}", "sum",
                "GPU windows that produced no OFU, by reason (ofu.drop.reason): blank, not_supported, "
                "nan, out_of_range, zero_clock, ... Never reported as 0 OFU."),
-    MetricInfo("sim.gpu.mfu.true", "1", "gauge",
+    MetricInfo("sim.gpu.mfu.true", "{ratio}", "gauge",
                "Simulator only: the ground-truth MFU of the simulated job on this GPU over the window."),
-    MetricInfo("training.mfu", "1", "gauge",
+    MetricInfo("training.mfu", "{ratio}", "gauge",
                "MFU as the training job reports it about itself, a fraction (unit % is read as percent); "
                "the MFU audit compares it with OFU (docs/audit.md). The simulator emits it as a framework would."),
     MetricInfo("training.tflops_per_gpu", "T{flop}/s", "gauge",
@@ -97,10 +97,10 @@ RECEIVER_ACCEPTED = register(MetricInfo(
 
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
 # ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (docs/components/exporters/otlp.md).
-register(MetricInfo("otel_ofu.exporter.queue.size", "1", "gauge",
+register(MetricInfo("otel_ofu.exporter.queue.size", "{sizer_unit}", "gauge",
                     "What the export requests accepted and not yet sent or dropped take (waiting and in flight), "
                     "in sending_queue.sizer units: requests, items or bytes."))
-register(MetricInfo("otel_ofu.exporter.queue.capacity", "1", "gauge",
+register(MetricInfo("otel_ofu.exporter.queue.capacity", "{sizer_unit}", "gauge",
                     "sending_queue.queue_size, in sending_queue.sizer units: the most the queue holds."))
 register(MetricInfo("otel_ofu.exporter.sent", "{item}", "sum",
                     "Data points (signal=metrics) or log records (signal=logs) the backend accepted."))

@@ -5,7 +5,8 @@ Names and labels are converted as the Collector's prometheus exporter converts t
 ``gpu_sm_clock_frequency_hertz``, monotonic sums get ``_total``, resource attributes become
 labels (``resource_to_telemetry_conversion``, on by default here because every GPU is its
 own resource: without it the series of two GPUs would collide). One deviation: a unit of
-``1`` adds no ``_ratio`` (``gpu_ofu``, as dashboards query it) unless ``ratio_suffix``.
+``1`` adds no ``_ratio`` unless ``ratio_suffix`` (otel-ofu's own ratios are declared ``{ratio}``
+and get none on any road: ``gpu_ofu``).
 
 A series not updated for ``metric_expiration`` (default 5m, as in the Collector) is dropped,
 so a finished job's series disappear and Prometheus marks them stale at the next scrape. A

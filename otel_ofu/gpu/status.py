@@ -19,7 +19,7 @@ from otel_ofu.core.values import DCGM_FP64_BLANK
 from otel_ofu.pipeline.telemetry import Telemetry
 
 STATUS_METRIC = register(MetricInfo(
-    "otel_ofu.receiver.status", "1", "gauge",
+    "otel_ofu.receiver.status", "{state}", "gauge",
     "1 for the state a GPU receiver (dcgm, nvml) is in, by attributes receiver and state (ok, dcgm_missing, "
     "hostengine_unreachable, profiling_not_supported, profiling_no_permission, profiling_in_use, profiling_paused, "
     "nvml_missing, gpm_unsupported, gpu_lost, ...); per-GPU states carry the GPU's resource. See "

@@ -44,9 +44,9 @@ from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 for _info in (
-    MetricInfo("job.ofu", "1", "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
+    MetricInfo("job.ofu", "{ratio}", "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
                "(rolling windows such as 5m and 1h, or life)."),
-    MetricInfo("job.mfu.reported", "1", "gauge", "The MFU the job reports about itself, time-weighted over the "
+    MetricInfo("job.mfu.reported", "{ratio}", "gauge", "The MFU the job reports about itself, time-weighted over the "
                "window in ofu.window; the MFU audit compares it with job.ofu."),
     MetricInfo("job.gpus", "{gpu}", "gauge", "GPUs that reported for the job in the last bin."),
     MetricInfo("job.gpu_seconds", "s", "sum", "GPU time the job has held since it started."),
@@ -56,10 +56,10 @@ for _info in (
                "the window in ofu.window."),
     MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
                "job held but did not use."),
-    MetricInfo("job.ofu.baseline", "1", "gauge", "The regression detector's baseline: the median of the job's "
+    MetricInfo("job.ofu.baseline", "{ratio}", "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
-    MetricInfo("job.finding", "1", "gauge", "1 while a finding is open for the job (ofu.finding.kind: mfu_gap or "
-               "regression; ofu.finding.cause), 0 once when it closes."),
+    MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
+               "mfu_gap or regression; ofu.finding.cause), 0 once when it closes."),
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "

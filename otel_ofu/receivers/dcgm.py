@@ -38,7 +38,7 @@ from otel_ofu.pipeline.config import Duration, require
 SOURCE = "dcgm"
 
 HMMA_METRIC = register(MetricInfo(
-    "gpu.tensor.hmma.activity", "1", "gauge",
+    "gpu.tensor.hmma.activity", "{ratio}", "gauge",
     "Input: HMMA (FP16/BF16 tensor) pipe activity, DCGM 1014, average over the window; dcgm receiver only."))
 
 _ADDRESS = re.compile(r"^(unix://.+|[A-Za-z0-9_.\-]+(:\d{1,5})?|\[[0-9A-Fa-f:]+\](:\d{1,5})?)$")

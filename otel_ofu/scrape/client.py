@@ -39,7 +39,7 @@ SCRAPE_ERRORS = register(MetricInfo(
     "Failed scrapes of a Prometheus endpoint, by endpoint and reason (connection_refused, timeout, http_<code>, "
     "malformed, tls, auth_file, ...).", emitted_by=("receivers/dcgm_exporter", "receivers/prometheus")))
 SCRAPE_UP = register(MetricInfo(
-    "otel_ofu.scrape.up", "1", "gauge", "1 when the last scrape of the endpoint succeeded, 0 when it failed.",
+    "otel_ofu.scrape.up", "{state}", "gauge", "1 when the last scrape of the endpoint succeeded, 0 when it failed.",
     emitted_by=("receivers/dcgm_exporter", "receivers/prometheus")))
 
 

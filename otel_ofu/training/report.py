@@ -134,7 +134,7 @@ class MfuReporter:
         self._warned: set[str] = set()
         self._provider = MeterProvider(resource=resource, metric_readers=[reader])
         meter = self._provider.get_meter("otel_ofu.training")
-        meter.create_observable_gauge(MFU_REPORT_METRIC, [self._observe(self._mfu)], unit="1",
+        meter.create_observable_gauge(MFU_REPORT_METRIC, [self._observe(self._mfu)], unit="{ratio}",
                                       description="MFU the training job computes for itself, a fraction")
         meter.create_observable_gauge(TFLOPS_METRIC, [self._observe(self._tflops)], unit="T{flop}/s",
                                       description="Achieved model TFLOP/s per GPU the training job computes")
