@@ -12,8 +12,9 @@ from otel_ofu.receivers.prometheus import PrometheusReceiver, PrometheusReceiver
 from tests.e2e_util import PageServer
 from tests.test_attribution import make as make_attribution
 
-# What the OpenTelemetry Python Prometheus exporter serves for a process using the reporter's
-# names: the resource in target_info, unit 1 as the _ratio suffix; plus a page's own gauge.
+# A page with the reporter's resource in target_info (as the OpenTelemetry exporters write it),
+# unit 1 as the _ratio suffix (the Collector's and Prometheus 3's translation; the real
+# OpenTelemetry Python exporter is tested below), plus a page's own gauges.
 OTEL_PAGE = """# HELP target_info Target metadata
 # TYPE target_info gauge
 target_info{service_name="training",k8s_pod_name="llama-1",k8s_namespace_name="llm",process_pid="4711"} 1
@@ -87,3 +88,53 @@ def test_bad_config_names_the_key(config, key):
     with pytest.raises(FieldError) as err:
         build_config(PrometheusReceiverConfig, config)
     assert err.value.key == key
+
+
+def test_reports_as_the_opentelemetry_prometheus_exporter_names_them():
+    """The project's own reporter behind the real opentelemetry-exporter-prometheus, served by
+    prometheus_client's own HTTP server: T{flop}/s becomes training_tflops_per_gpu_T_per_second."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from otel_ofu.training.report import MfuReporter
+    from tools.ports import free_ports
+
+    registry = CollectorRegistry()
+    reporter = MfuReporter(PrometheusMetricReader(registry=registry),
+                           Resource.create({"service.name": "trainer", "k8s.pod.name": "llama-3",
+                                            "k8s.namespace.name": "llm"}))
+    (port,) = free_ports(1)
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        reporter.report(mfu=0.41, tflops_per_gpu=412.5)
+        batch = make({"endpoint": f"127.0.0.1:{port}"}).poll()
+    finally:
+        server.shutdown()
+        server.server_close()
+        reporter.shutdown()
+    values = {p.name: p.value for p in batch.points}
+    assert values == {"training.mfu": 0.41, "training.tflops_per_gpu": 412.5}
+    assert {dict(p.resource)["k8s.pod.name"] for p in batch.points} == {"llama-3"}  # from target_info
+
+
+@pytest.mark.parametrize(("name", "unit", "written"), [
+    # OpenTelemetry Python's exporter (opentelemetry/exporter/prometheus/_mapping.py map_unit): the
+    # {flop} annotation dropped, T kept, /s -> _per_second; unit 1 -> no suffix.
+    ("training.tflops_per_gpu", "T{flop}/s", "training_tflops_per_gpu_T_per_second"),
+    ("training.mfu", "1", "training_mfu"),
+    # Prometheus 3's OTLP translation and the Collector's prometheus exporter (prometheus/otlptranslator
+    # at 51da773, metric_namer.go buildUnitSuffixes: a main unit with {} is dropped whole; gauges of
+    # unit 1 get _ratio), with suffixes, escaped or UTF-8, and without suffixes.
+    ("training.tflops_per_gpu", "T{flop}/s", "training_tflops_per_gpu_per_second"),
+    ("training.tflops_per_gpu", "T{flop}/s", "training.tflops_per_gpu_per_second"),
+    ("training.tflops_per_gpu", "T{flop}/s", "training.tflops_per_gpu"),
+    ("training.mfu", "1", "training_mfu_ratio"),
+    ("training.mfu", "1", "training.mfu_ratio"),
+    ("training.mfu", "1", "training.mfu"),
+])
+def test_default_names_cover_every_translation(name, unit, written):
+    from otel_ofu.receivers.prometheus import prometheus_names
+
+    assert written in prometheus_names(name, unit)
+    assert PrometheusReceiverConfig().metrics[written] == name

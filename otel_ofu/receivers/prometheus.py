@@ -18,6 +18,7 @@ receiver's (otel_ofu.scrape): same auth, TLS, timeouts and failure telemetry.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +58,70 @@ IDENTITY_LABELS = {
 }
 
 
+# --- OpenTelemetry names as Prometheus pages write them ------------------------------------------
+#
+# Three translators write an OpenTelemetry gauge into Prometheus, each its own way:
+# - OpenTelemetry Python's Prometheus exporter (opentelemetry-exporter-prometheus, _mapping.py):
+#   invalid characters -> "_", then the unit with its {annotations} removed, "/" as "_per_"
+#   (T{flop}/s -> _T_per_second), unit 1 -> no suffix;
+# - Prometheus 3's OTLP receiver and the Collector's prometheus exporter (prometheus/otlptranslator,
+#   metric_namer.go): a main unit holding {} is dropped whole (T{flop}/s -> _per_second), a
+#   gauge of unit 1 gets _ratio; escaped to underscores, or kept UTF-8 (dots) under
+#   NoUTF8EscapingWithSuffixes, or without any suffix (UnderscoreEscapingWithoutSuffixes,
+#   NoTranslation).
+# Every one of them is accepted for the report metrics, since a job may sit behind any.
+
+_INVALID = re.compile(r"[^a-zA-Z0-9:]+")
+_ANNOTATION = re.compile(r"{.*}")
+_UNITS = {"d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
+          "ns": "nanoseconds", "By": "bytes", "W": "watts", "J": "joules", "Hz": "hertz", "%": "percent", "1": ""}
+_PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
+
+
+def _escaped(text: str) -> str:
+    return _INVALID.sub("_", text).strip("_")
+
+
+def _python_unit(unit: str) -> str:
+    """The unit suffix OpenTelemetry Python's Prometheus exporter writes (its map_unit)."""
+    unit = _ANNOTATION.sub("", unit)
+    if unit in _UNITS:
+        return _UNITS[unit]
+    top, slash, bottom = unit.partition("/")
+    if slash and _escaped(bottom):
+        top = _UNITS.get(_escaped(top), _escaped(top))
+        bottom = _PER_UNITS.get(_escaped(bottom), _escaped(bottom))
+        return f"{top}_per_{bottom}" if top else f"per_{bottom}"
+    return _escaped(unit)
+
+
+def _otlp_unit(unit: str) -> str:
+    """The unit suffix Prometheus' OTLP translation writes for a gauge (otlptranslator)."""
+    if unit == "1":
+        return "ratio"
+    main, _, per = unit.partition("/")
+    main = "" if not main.strip() or "{" in main or "}" in main else _UNITS.get(main.strip(), main.strip())
+    per = "" if not per.strip() or "{" in per or "}" in per else "per_" + _PER_UNITS.get(per.strip(), per.strip())
+    return "_".join(part for part in (_escaped(main), _escaped(per)) if part)
+
+
+def prometheus_names(name: str, unit: str) -> set[str]:
+    """Every name a Prometheus page may carry for OpenTelemetry gauge ``name`` of unit ``unit``."""
+    escaped, python, otlp = _escaped(name), _python_unit(unit), _otlp_unit(unit)
+    names = {escaped, name}  # no suffixes: escaped, or UTF-8 as the name is (NoTranslation)
+    if python:
+        names.add(f"{escaped}_{python}")
+    if otlp:
+        names |= {f"{escaped}_{otlp}", f"{name}_{otlp}"}  # UTF-8 names keep their dots (NoUTF8Escaping...)
+    return names
+
+
 def _default_metrics() -> dict[str, str]:
-    """The report metrics under their Prometheus names (OpenTelemetry's exporter adds _ratio to unit 1)."""
-    out = {MFU_REPORT_METRIC.replace(".", "_"): MFU_REPORT_METRIC,
-           MFU_REPORT_METRIC.replace(".", "_") + "_ratio": MFU_REPORT_METRIC}
-    out.update({name.replace(".", "_"): name for name in TFLOPS_REPORT_METRICS})
+    """The report metrics under every name a Prometheus translator gives them (see above)."""
+    out: dict[str, str] = {}
+    for name in (MFU_REPORT_METRIC, *TFLOPS_REPORT_METRICS):
+        info = METRICS.get(name)
+        out.update(dict.fromkeys(sorted(prometheus_names(name, info.unit if info else "")), name))
     return out
 
 
@@ -81,8 +141,10 @@ class PrometheusReceiverConfig:
     # A file holding the token, read at every scrape (a rotated Kubernetes token is picked up).
     bearer_token_file: str = ""
     # Prometheus metric name -> the name otel-ofu reads it as; nothing else on the page is kept.
-    # Default: training_mfu (and training_mfu_ratio) as training.mfu, training_tflops_per_gpu,
-    # megatron_training_throughput_tflops.
+    # Default: training.mfu, training.tflops_per_gpu and megatron.training.throughput_tflops under
+    # every name OpenTelemetry's Python exporter, the Collector's prometheus exporter and Prometheus
+    # 3's OTLP translation write (training_mfu, training_mfu_ratio, training_tflops_per_gpu_T_per_second,
+    # training_tflops_per_gpu_per_second, ...).
     metrics: dict[str, str] = field(default_factory=_default_metrics)
     # Resource attributes of every point scraped here (e.g. k8s.pod.name and k8s.namespace.name of
     # the pod the page belongs to), over what the page itself says.
