@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -230,3 +231,120 @@ def test_without_rotation_the_file_is_truncated_or_appended_as_in_the_collector(
     made.shutdown()
     assert path.read_text().startswith('{"resourceMetrics":[]}\n{"resourceMetrics":[{')
     assert os.listdir(tmp_path) == ["m.jsonl"]
+
+
+def _windows_read_back(path: Path) -> tuple[list[int], list[str]]:
+    """The windows (gpu.ofu times of one GPU) a reader gets from ``path``, and the reader's warnings."""
+    warnings: list[str] = []
+    times = []
+    for _, line in files.read_json_lines(path, warnings.append):
+        for point in otlp.from_request(otlp.from_json_line(line)):
+            if point.name == "gpu.ofu" and dict(point.resource)["gpu.index"] == "0":
+                times.append(point.time_unix_nano)
+    return times, warnings
+
+
+@pytest.mark.parametrize("compression", ["", "zstd", "gzip"])
+def test_a_full_file_system_leaves_the_file_readable_and_loses_no_batch(tmp_path, compression):
+    """A real `otel-ofu run` writes through a file size limit (RLIMIT_FSIZE: every write past it
+    fails with EFBIG, as a full disk's with ENOSPC), which is lifted later (space freed). Before
+    the fix the failed write left a partial zstd frame / gzip member / line behind and the next
+    writes were appended after it: readers stopped at the damage, so everything written after
+    the disk filled was lost to them."""
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "run.log"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
+processors:
+  ofu: {{}}
+exporters:
+  file: {{path: {out}, compression: "{compression}"}}
+service:
+  pipelines:
+    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
+""")
+    limit = 40_000  # a few batches (about 1 kB a batch compressed, 12 kB plain)
+
+    def limit_file_size():  # Python ignores SIGXFSZ, so a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    proc = subprocess.Popen([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"),  # noqa: SIM115
+                            preexec_fn=limit_file_size)
+    try:
+        assert wait_until(lambda: "File too large" in log.read_text() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        grown = 3 * limit if compression else 12 * limit  # some tens of batches more
+        assert wait_until(lambda: out.stat().st_size > grown, timeout=60), log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    times, warnings = _windows_read_back(out)
+    assert warnings == []  # no partial or damaged frame, no partial line: nothing skipped
+    assert len(times) > 10 and len(set(times)) == len(times)
+    steps = {b - a for a, b in zip(times, times[1:], strict=False)}
+    assert steps == {10 * 10**9}, sorted(steps)  # every window, from the first to the last: no batch lost
+    frames = list(read_frames(out, "otlp_json", start_unix_nano=0))  # the replay receiver's reader
+    assert len(frames) >= len(times)
+    report = subprocess.run([sys.executable, "-m", "otel_ofu", "report", "--json", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and "partly written" not in report.stderr and "damaged" not in report.stderr, \
+        report.stderr[-2000:]
+
+
+_WRITE_UNDER_A_LIMIT = """
+import json, resource, sys
+sys.path.insert(0, "tests")
+from test_exporter_file import batches
+from otel_ofu.exporters.file import FACTORY
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+path, compression, pending, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))  # every write past it: EFBIG
+context = Context("file")
+made = FACTORY.create(build_config(FACTORY.config_type, {"path": path, "compression": compression,
+                                                         "max_pending_megabytes": pending}), context)
+made.start()
+sent = 0
+for batch in batches(60, gpus=16):
+    made.export(batch)
+    sent += len(batch)
+made.shutdown()
+telemetry = context.telemetry
+print(json.dumps({"sent": sent, "lines": made.lines_written,
+                  "failed": sum(telemetry.counters("otel_ofu.exporter.write_failed").values()),
+                  "dropped": {dict(a)["reason"]: v for a, v in telemetry.counters("otel_ofu.exporter.dropped").items()},
+                  "pending": telemetry.gauge("otel_ofu.exporter.pending", exporter="file")}))
+"""
+
+
+@pytest.mark.parametrize("compression, pending", [("", 1), ("zstd", 0), ("gzip", 1)])
+def test_writes_that_keep_failing_are_counted_and_what_was_written_stays_readable(tmp_path, compression, pending):
+    """A file that can never grow again (RLIMIT_FSIZE kept): every batch is either read back or
+    counted as dropped (beyond max_pending_megabytes, or still unwritten at shutdown), and the file
+    holds only whole lines / frames."""
+    path = tmp_path / "m.jsonl"
+    limit = 100_000 if not compression else 8_000
+    done = subprocess.run([sys.executable, "-c", _WRITE_UNDER_A_LIMIT, str(path), compression, str(pending),
+                           str(limit)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    warnings: list[str] = []
+    read = sum(len(list(otlp.from_request(otlp.from_json_line(text))))
+               for _, text in files.read_json_lines(path, warnings.append))
+    assert warnings == [] and 0 < path.stat().st_size <= limit
+    assert result["lines"] == len(list(files.read_json_lines(path)))
+    assert result["failed"] > 0 and "File too large" in done.stderr
+    dropped = result["dropped"]
+    assert read + sum(dropped.values()) == result["sent"], (read, result)
+    if pending:  # kept up to 1 MiB (about 50 plain batches), the oldest dropped beyond; the rest lost at shutdown
+        assert dropped["shutdown"] > 0 and result["pending"] == 0
+        assert (dropped.get("write_error", 0) > 0) == (not compression)  # 60 compressed batches fit in 1 MiB
+        assert "never written" in done.stderr
+    else:
+        assert set(dropped) == {"write_error"}

@@ -35,11 +35,13 @@ _JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved")
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
-                   "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped", "otel_ofu.scrape.errors",
+                   "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped", "otel_ofu.exporter.write_failed",
+                   "otel_ofu.scrape.errors",
                    "otel_ofu.jobs.skipped", "otel_ofu.attribution.kubernetes.lists",
                    "otel_ofu.attribution.kubernetes.errors")
 _EXPORTER_METRICS = ("otel_ofu.exporter.queue.size", "otel_ofu.exporter.queue.capacity", "otel_ofu.exporter.sent",
-                     "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped")
+                     "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped", "otel_ofu.exporter.write_failed",
+                     "otel_ofu.exporter.pending")
 
 _ATTRIBUTES = (
     # --- the GPU (resource of every point about one GPU or MIG instance) ---

@@ -108,7 +108,8 @@ register(MetricInfo("otel_ofu.exporter.retried", "{request}", "sum",
                     "Send attempts that failed retryably and were retried, by reason (UNAVAILABLE, http_503, ...)."))
 register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
                     "Data points or log records given up on, by reason: queue_full, permanent_error, "
-                    "retries_exhausted, retry_disabled, rejected, shutdown, storage_error."))
+                    "retries_exhausted, retry_disabled, rejected, shutdown, storage_error; the file exporter's: "
+                    "write_error (writes kept failing beyond max_pending_megabytes), shutdown (never written)."))
 
 
 # Which components emit the metrics defined here (the generated reference lists them on each
@@ -123,6 +124,7 @@ _EMITTED_BY: dict[str, tuple[str, ...]] = {
     "training.mfu": ("receivers/sim", "receivers/prometheus"),
     "training.tflops_per_gpu": ("receivers/prometheus",),
     **{name: ("exporters/otlp", "exporters/otlphttp") for name in METRICS if name.startswith("otel_ofu.exporter.")},
+    "otel_ofu.exporter.dropped": ("exporters/otlp", "exporters/otlphttp", "exporters/file"),
 }
 for _name, _by in _EMITTED_BY.items():
     if _name in METRICS:

@@ -5,6 +5,12 @@ receiver) read the same format. Every write is one ``write(2)`` of whole lines (
 zstd frame / gzip member), flushed at once, so a crash leaves at most one partly written last
 line, which readers skip with a warning (:func:`otel_ofu.otlp.files.read_json_lines`).
 
+A write that fails (disk full: ENOSPC, EFBIG, EDQUOT, EIO) is undone: the file is cut back to
+where the write began, so it stays a file of whole lines / frames, and the batch is kept in
+memory (up to ``max_pending_megabytes``) and written, in order, before the next one. What a
+failure costs is counted (``otel_ofu.exporter.write_failed``, ``otel_ofu.exporter.dropped``)
+and logged, never silent.
+
 As the Collector's file exporter it can rotate (``rotation``: ``max_megabytes``, ``max_days``,
 ``max_backups``, ``localtime``; rotated files are named ``<name>-<UTC time>.<ext>``) and
 compress (``compression: zstd`` or ``gzip``). A metric's description is written the first
@@ -14,13 +20,16 @@ File layout and naming: docs/file-exporter.md.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import errno
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
@@ -28,6 +37,15 @@ from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import build_config, require
 
 MIB = 1024 * 1024
+
+WRITE_FAILED = register(MetricInfo(
+    "otel_ofu.exporter.write_failed", "{write}", "sum",
+    "Self-telemetry: writes of the file exporter that failed, by reason (the error: ENOSPC, EFBIG, EDQUOT, EIO); "
+    "the file is cut back to its last whole line or frame and the batch kept to retry.")).name
+PENDING = register(MetricInfo(
+    "otel_ofu.exporter.pending", "{item}", "gauge",
+    "Self-telemetry: items the file exporter keeps in memory after failed writes, to write with the next batch.")).name
+DROPPED = "otel_ofu.exporter.dropped"  # reason write_error: beyond max_pending_megabytes; shutdown: never written
 
 
 class _Unset:
@@ -66,11 +84,15 @@ class FileExporterConfig:
     compression: Literal["", "none", "zstd", "gzip"] = ""
     # true: every line carries every metric's description; false: only a metric's first line in a file.
     repeat_descriptions: bool = False
+    # After a failed write (disk full), batches are kept in memory up to this size and written before
+    # the next one; beyond it the oldest are dropped and counted. 0: a batch that fails is dropped at once.
+    max_pending_megabytes: int = 16
 
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the file to write OTLP JSON lines to")
         parent = Path(self.path).expanduser().parent
         require(parent.is_dir(), "path", f"directory {str(parent)!r} does not exist")
+        require(self.max_pending_megabytes >= 0, "max_pending_megabytes", "must be >= 0 (0: keep nothing to retry)")
         if self.rotation is not UNSET and not isinstance(self.rotation, RotationConfig):
             require(self.rotation is None or isinstance(self.rotation, dict), "rotation",
                     f"expected a mapping, got {self.rotation!r}")
@@ -128,7 +150,8 @@ class _OutputFile:
         assert self.rotation is not None
         self.close()
         target = self._rename_to_backup()
-        self._open(keep=False)
+        self.size = 0
+        self._open(keep=False)  # may fail (no inode left): write() opens it then
         self.log.debug("rotated %s to %s", self.path, target.name)
         self._clean_up()
 
@@ -150,12 +173,39 @@ class _OutputFile:
                 self.log.warning("cannot remove the rotated file %s: %s", path, exc.strerror)
 
     def write(self, data: bytes) -> None:
+        """Append ``data`` whole, or raise OSError with the file as it was before (nothing of ``data`` in it)."""
+        if self._fd is None:  # a failed write could not be undone, or a rotation could not open the new file
+            self._reopen()
         assert self._fd is not None
+        start = os.lseek(self._fd, 0, os.SEEK_END)  # where this write begins (the file may be appended to)
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        self.size += len(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self._undo(start)
+            raise
+        self.size = start + len(data)
+
+    def _undo(self, start: int) -> None:
+        """Cut a failed write's partial bytes off, so the next write does not follow a torn line or frame."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, start)
+            os.lseek(self._fd, start, os.SEEK_SET)  # without O_APPEND the next write would leave a hole
+            self.size = start
+        except OSError as exc:
+            self.log.warning("cannot cut %s back to %d bytes after a failed write (%s): it is repaired before "
+                             "the next write", self.path, start, exc.strerror or exc)
+            self.close()
+
+    def _reopen(self) -> None:
+        cut = files.repair_tail(self.path)
+        if cut:
+            self.log.warning("%s ended with a partly written line or frame: cut %d bytes before writing", self.path,
+                             cut)
+        self._open(keep=True)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -170,6 +220,11 @@ class FileExporter(Exporter):
         self._lock = threading.Lock()
         self._compress = files.compressor(config.compression if config.compression != "none" else "")
         self._described: set[str] = set()  # metrics whose description the current file already has
+        # Batches not written yet (a write failed), oldest first, with their encoded size when last tried.
+        self._pending: collections.deque[tuple[Batch, int]] = collections.deque()
+        self._pending_bytes = 0
+        self._failed_writes = 0  # since the last write that succeeded
+        self._bytes_per_item = 0.0  # of the last batch encoded: a kept batch's size before it is encoded
         self.lines_written = 0
 
     def start(self) -> None:
@@ -202,22 +257,84 @@ class FileExporter(Exporter):
         with self._lock:
             if self._file is None:
                 raise RuntimeError("file exporter used before start() or after shutdown()")
+            self._pending.append((batch, int(len(batch) * self._bytes_per_item)))
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Write the kept batches, oldest first, then stop at the first failure (each failure undone)."""
+        assert self._file is not None
+        recovered = self._failed_writes
+        while self._pending:
+            batch, _ = self._pending[0]
+            described = set(self._described)
             encoded = self._encode(batch)
-            if encoded is None:
+            if encoded is not None and len(batch):
+                self._bytes_per_item = len(encoded[0]) / len(batch)
+            try:
+                if encoded is not None and self._file.needs_rotation(len(encoded[0])):
+                    self._file.rotate()
+                    self._described = set()  # the new file gets the descriptions again
+                    encoded = self._encode(batch)
+                if encoded is not None:
+                    self._file.write(encoded[0])
+            except OSError as exc:
+                self._described = described  # what the file has
+                self._write_failed(exc, 0 if encoded is None else len(encoded[0]))
                 return
-            if self._file.needs_rotation(len(encoded[0])):
-                self._file.rotate()
-                self._described = set()  # the new file gets the descriptions again
-                encoded = self._encode(batch)
-                assert encoded is not None
-            self._file.write(encoded[0])
-            self.lines_written += encoded[1]
+            self._pending.popleft()
+            if encoded is not None:
+                self.lines_written += encoded[1]
+        self._pending_bytes = 0
+        self._set_pending_gauge()
+        if recovered:
+            self.log.info("wrote to %s again after %d failed writes; nothing kept is pending", self._file.path,
+                          recovered)
+            self._failed_writes = 0
+
+    def _write_failed(self, exc: OSError, size: int) -> None:
+        """Count and say a failed write; keep its batch (and those after it) within max_pending_megabytes."""
+        assert self._file is not None
+        reason = errno.errorcode.get(exc.errno or 0, "error")
+        self.context.telemetry.add(WRITE_FAILED, 1, exporter=self.context.component_id, reason=reason)
+        batch, _ = self._pending[0]
+        self._pending[0] = (batch, size)
+        self._pending_bytes = sum(kept for _, kept in self._pending)
+        limit = self.config.max_pending_megabytes * MIB
+        dropped = 0
+        while self._pending and (self._pending_bytes > limit or not limit):
+            old, old_size = self._pending.popleft()
+            self._pending_bytes -= old_size
+            dropped += len(old)
+        if dropped:
+            self.context.telemetry.add(DROPPED, dropped, exporter=self.context.component_id, reason="write_error")
+        self._set_pending_gauge()
+        self._failed_writes += 1
+        if self._failed_writes == 1 or dropped:
+            kept = sum(len(b) for b, _ in self._pending)
+            self.log.warning("cannot write to %s: %s; the file is kept whole (cut back to its last complete %s); "
+                             "%d items kept to write with the next batch%s", self._file.path, exc.strerror or exc,
+                             "frame" if self.config.compression not in ("", "none") else "line", kept,
+                             f", {dropped} dropped (more than max_pending_megabytes "
+                             f"{self.config.max_pending_megabytes} kept)" if dropped else "")
+
+    def _set_pending_gauge(self) -> None:
+        self.context.telemetry.set(PENDING, sum(len(b) for b, _ in self._pending), exporter=self.context.component_id)
 
     def shutdown(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._file is None:
+                return
+            if self._pending:
+                self._write_pending()  # a last try
+            if self._pending:
+                lost = sum(len(b) for b, _ in self._pending)
+                self.context.telemetry.add(DROPPED, lost, exporter=self.context.component_id, reason="shutdown")
+                self.log.error("shut down with %d items (%d batches) never written to %s: writes kept failing",
+                               lost, len(self._pending), self._file.path)
+                self._pending.clear()
+                self._set_pending_gauge()
+            self._file.close()
+            self._file = None
 
 
 FACTORY = Factory("file", FileExporterConfig, FileExporter,
