@@ -8,7 +8,9 @@ Also: a corrupt queue file must not stop the process from starting (no crash loo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -132,3 +134,68 @@ def test_a_corrupt_queue_file_is_moved_aside_and_a_fresh_queue_started(tmp_path,
     assert moved, sorted(p.name for p in storage.iterdir())
     assert f"sending queue file {queue_file} cannot be read" in text and str(moved[0]) in text
     assert sqlite3.connect(queue_file).execute("SELECT COUNT(*) FROM queue").fetchone()[0] == 0  # fresh, drained
+
+
+def test_a_healthy_queue_that_cannot_be_opened_is_kept_and_its_batches_sent_later(tmp_path):
+    """A queue file that is fine but cannot be opened now (here: writes fail with EFBIG under
+    RLIMIT_FSIZE, as on a full disk) is not "corrupt": before the fix it was moved aside as such and
+    its batches were never sent. Now the run refuses to start, says why, and a later run sends them."""
+    storage = tmp_path / "queue"
+    queue_file = storage / "otlp.sqlite3"
+    port = free_port()
+    exporter = f"""  otlp:
+    endpoint: 127.0.0.1:{port}
+    tls: {{insecure: true}}
+    retry_on_failure: {{initial_interval: 1s, max_interval: 1s, max_elapsed_time: 0s}}
+    sending_queue: {{storage: {storage}, drain_timeout: 1s}}"""
+    config = _config(tmp_path, port, exporter)
+    log = tmp_path / "run.log"
+    # 1. The backend is down: batches wait in the queue file, and stay there after a clean stop.
+    proc = _start(config, log)
+    try:
+        assert wait_until(lambda: queue_file.exists() and _queued(queue_file) >= 3 or proc.poll() is not None,
+                          timeout=60), log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    queued = _queued(queue_file)
+    assert queued >= 3
+
+    # 2. The file cannot be written now (WAL and shared-memory files cannot grow).
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    done = subprocess.run([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size)
+    assert not list(storage.glob("*.corrupt-*")), done.stderr[-3000:]  # before the fix: moved aside
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"sending queue file {queue_file} cannot be opened" in done.stderr and "disk I/O error" in done.stderr, \
+        done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert _queued(queue_file) == queued
+
+    # 3. Once it can be opened again, the batches of the first run are sent.
+    backend = GrpcBackend(port=port).start()
+    proc = _start(config, log)
+    try:
+        assert wait_until(lambda: len(backend.metrics) >= queued or proc.poll() is not None, timeout=60), \
+            log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        backend.stop()
+    assert f"batches from a previous run are queued in {queue_file}" in log.read_text()
+
+
+def _queued(queue_file: Path) -> int:
+    """Batches in a queue file, read as another process would (a snapshot; the writer may be running)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{queue_file}?mode=ro", uri=True, timeout=5)) as db:
+            return db.execute("SELECT COUNT(*) FROM queue").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0

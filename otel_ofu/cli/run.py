@@ -11,6 +11,7 @@ import sys
 
 from otel_ofu.console.logs import route_logging
 from otel_ofu.exporters.console import live_console
+from otel_ofu.pipeline.component import StartError
 from otel_ofu.pipeline.config import ConfigError
 from otel_ofu.pipeline.service import Service
 
@@ -36,7 +37,8 @@ def tune_garbage_collection() -> None:
 def run_service(service: Service, duration: float | None) -> int:
     """Exit code: 0 when it stopped as asked, 130 after a second Ctrl-C, 1 for a config problem
     found when a component starts (e.g. an environment variable it needs is unset) or for a
-    finite receiver that sent nothing (a replay that refused its file)."""
+    finite receiver that sent nothing (a replay that refused its file) or a component that could not
+    start (:class:`StartError`)."""
     tune_garbage_collection()
     with route_logging(live_console(service)):
         try:
@@ -45,6 +47,9 @@ def run_service(service: Service, duration: float | None) -> int:
             return 130
         except ConfigError as exc:
             print(f"invalid config: {exc}", file=sys.stderr)
+            return 1
+        except StartError as exc:
+            print(f"otel-ofu: cannot start: {exc}", file=sys.stderr)
             return 1
     failures = service.failures()
     for receiver_id, why in failures.items():

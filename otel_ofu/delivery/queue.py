@@ -21,9 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from otel_ofu.pipeline.component import StartError
+
 log = logging.getLogger("otel_ofu.delivery")
 
 WAL_SIZE_LIMIT = 4 * 1024 * 1024
+# Opening a queue file that is not corrupt but fails now (disk full, read-only, locked, I/O error):
+# this many tries, waiting 1 s, 2 s, ... between them, before the exporter refuses to start.
+OPEN_ATTEMPTS = 3
 Sizer = Literal["requests", "items", "bytes"]
 SIZERS: tuple[str, ...] = ("requests", "items", "bytes")
 
@@ -48,6 +53,17 @@ class QueueStorageError(Exception):
     def __init__(self, message: str, lost: list[tuple[str, int]] | None = None):
         super().__init__(message)
         self.lost = lost or []
+
+
+class QueueOpenError(StartError):
+    """A queue file that is not corrupt cannot be opened now: it is kept as it is, with its batches."""
+
+
+def is_corruption(error: sqlite3.Error) -> bool:
+    """SQLite says the file is damaged or not a database (SQLITE_CORRUPT*, SQLITE_NOTADB), not that it
+    cannot be used now (SQLITE_FULL, SQLITE_IOERR*, SQLITE_READONLY*, SQLITE_BUSY, SQLITE_CANTOPEN, ...)."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    return name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB"
 
 
 class Store(Protocol):
@@ -91,8 +107,10 @@ class SqliteStore:
     WAL with ``synchronous=NORMAL`` survives a process crash (kill -9) without an fsync per
     batch; a power loss may lose the last few commits. An exclusive lock file stops a second
     process from sending the same batches (the kernel releases it when the holder dies). A
-    file SQLite cannot read (a torn disk, a file that is not a database) is moved aside and a
-    fresh queue started, so a corrupt file never keeps the process from starting.
+    file SQLite says is corrupt (a torn disk, a file that is not a database) is moved aside and a
+    fresh queue started, so a corrupt file never keeps the process from starting. Any other
+    failure to open it (disk full, read-only, locked, I/O error) leaves it where it is, with its
+    batches: it is tried again, and then :class:`QueueOpenError` says why.
     """
 
     persistent = True
@@ -110,10 +128,30 @@ class SqliteStore:
             self._lock_file.close()
             raise RuntimeError(f"sending queue {self.path} is in use by another process") from None
         try:
-            self._db, self._entries = self._open()
-        except sqlite3.DatabaseError as exc:
+            self._db, self._entries = self._open_retrying()
+        except sqlite3.Error as exc:
+            if not is_corruption(exc):
+                self._lock_file.close()
+                raise QueueOpenError(
+                    f"sending queue file {self.path} cannot be opened ({exc}; {_error_name(exc)}) after "
+                    f"{OPEN_ATTEMPTS} tries: it is not corrupt, so it is kept as it is, with the batches it holds; "
+                    "free disk space, or make it writable or unlocked, and start again") from None
             self.moved_aside = self._move_aside(exc)
             self._db, self._entries = self._open()
+
+    def _open_retrying(self) -> tuple[sqlite3.Connection, list[tuple[int, str, int, int]]]:
+        """:meth:`_open`, tried again after an error that is not corruption (it may pass: space freed)."""
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                return self._open()
+            except sqlite3.Error as exc:
+                # A locked file was already waited for (the connection's 30 s busy timeout).
+                if is_corruption(exc) or attempt == OPEN_ATTEMPTS or _error_name(exc).startswith("SQLITE_BUSY"):
+                    raise
+                log.warning("sending queue file %s cannot be opened (%s; %s): trying again in %d s", self.path, exc,
+                            _error_name(exc), attempt)
+                time.sleep(attempt)
+        raise AssertionError("unreachable")
 
     def _open(self) -> tuple[sqlite3.Connection, list[tuple[int, str, int, int]]]:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
@@ -131,7 +169,7 @@ class SqliteStore:
             # Reads every row's header: a damaged table fails here, at start, not on the first send.
             entries = [tuple(row) for row in db.execute(
                 "SELECT id, signal, items, length(payload) FROM queue ORDER BY id")]
-        except sqlite3.DatabaseError:
+        except sqlite3.Error:
             db.close()
             raise
         return db, entries  # type: ignore[return-value]
@@ -167,6 +205,10 @@ class SqliteStore:
     def close(self) -> None:
         self._db.close()
         self._lock_file.close()
+
+
+def _error_name(error: sqlite3.Error) -> str:
+    return getattr(error, "sqlite_errorname", "") or type(error).__name__
 
 
 class BoundedQueue:

@@ -22,6 +22,11 @@ from otel_ofu.pipeline.telemetry import Telemetry
 Consumer = Callable[[Batch], None]
 
 
+class StartError(Exception):
+    """A component cannot start for a reason outside its config (a file it needs cannot be opened
+    now); the message names what and says what to do. ``otel-ofu run`` prints it and exits 1."""
+
+
 @dataclass
 class Context:
     """What the service gives every component besides its config."""
