@@ -121,7 +121,11 @@ def _default_metrics() -> dict[str, str]:
     out: dict[str, str] = {}
     for name in (MFU_REPORT_METRIC, *TFLOPS_REPORT_METRICS):
         info = METRICS.get(name)
-        out.update(dict.fromkeys(sorted(prometheus_names(name, info.unit if info else "")), name))
+        units = {info.unit if info else ""}
+        if name == MFU_REPORT_METRIC:  # a fraction: {ratio} now, 1 by convention and in older reporters
+            units.add("1")
+        for unit in sorted(units):
+            out.update(dict.fromkeys(sorted(prometheus_names(name, unit)), name))
     return out
 
 
