@@ -25,6 +25,12 @@ FREF_CONFIG = "config"  # an override in the ofu processor's config
 FREF_MAX_CLOCK = "max_sm_clock"  # unknown model: the device's reported max SM clock
 ANY_MODEL = "*"  # reference_clocks key for GPUs whose model is missing from the spec table or unnamed
 
+# No window's OFU can exceed this: TPA is at most 1 and the SM clock at most the GPU's max, at
+# most 1.16 x f_ref across the spec table (H100/H200 NVL: 1785 / 1545 MHz). Above it, a clock
+# is in the wrong unit (Hz read as MHz), f_ref is wrong, or the data is bad: the window is
+# dropped as out_of_range, never reported as a number.
+OFU_LIMIT = 1.2
+
 
 @dataclass(frozen=True, slots=True)
 class ReferenceClock:
@@ -115,6 +121,8 @@ def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision:
     raw = ofu_raw(tpa_value, clock_value, ref.mhz)
     factor = tiles.correction_factor(arch, precision, correction_overrides) if apply_correction else 1.0
     corrected = raw * factor
+    if raw > OFU_LIMIT or corrected > OFU_LIMIT:
+        return NoValue.OUT_OF_RANGE
     peak = ref.spec.peak(precision) if ref.spec else None
     return OfuResult(
         tpa=tpa_value, sm_clock_mhz=clock_value, raw=raw, corrected=corrected, fref_mhz=ref.mhz,

@@ -1,0 +1,154 @@
+"""Makes the corpus' OTLP captures with the real programs (tests/data/real/README.md, "made").
+
+    python -m tests.corpus_captures collector   # needs $OTELCOL or collector/build.sh
+    python -m tests.corpus_captures sdk
+
+``collector``: the OpenTelemetry Collector (otelcol-ofu) with its prometheus receiver scrapes
+each dcgm-exporter page of the corpus, served over HTTP, one scrape job per page (named after
+it), and its file exporter writes what it would forward; the first batch of each job is kept.
+``sdk``: the project's training reporter (the OpenTelemetry SDK's OTLP/HTTP protobuf metric
+exporter) sends one export to a local HTTP server; the request body is kept as it arrived.
+The tests read the kept files, and remake the Collector's when it is at hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from tests.e2e_util import PageServer, Process, collector_binary
+from tools.ports import free_ports
+
+REAL = Path(__file__).parent / "data" / "real"
+PAGES = sorted((REAL / "dcgm-exporter").glob("*.prom"))
+COLLECTOR_CAPTURE = REAL / "otlp" / "collector-prometheus-receiver.json"
+SDK_CAPTURE = REAL / "otlp" / "sdk-training-reporter.http-protobuf.bin"
+
+COLLECTOR_CONFIG = """
+receivers:
+  prometheus:
+    config:
+      scrape_configs:
+{jobs}
+exporters:
+  file:
+    path: {out}
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    metrics:
+      receivers: [prometheus]
+      exporters: [file]
+"""
+
+JOB = """        - job_name: "{name}"
+          scrape_interval: 1s
+          metrics_path: /{name}/metrics
+          static_configs:
+            - targets: ["127.0.0.1:{port}"]
+"""
+
+
+def collector_capture(otelcol: str, pages: list[Path], workdir: Path, timeout_s: float = 60.0) -> list[str]:
+    """One OTLP JSON request per page: the first batch the Collector wrote for its scrape job."""
+    out = workdir / "out.json"
+    with PageServer({f"/{page.stem}/metrics": page.read_bytes() for page in pages}) as server:
+        jobs = "".join(JOB.format(name=page.stem, port=server.port) for page in pages)
+        config = workdir / "otelcol.yaml"
+        config.write_text(COLLECTOR_CONFIG.format(jobs=jobs, out=out))
+        proc = Process("otelcol", [otelcol, f"--config=file:{config}"], workdir / "otelcol.log")
+        try:
+            found: dict[str, str] = {}
+            deadline = time.monotonic() + timeout_s
+            while len(found) < len(pages) and time.monotonic() < deadline and proc.alive():
+                time.sleep(0.5)
+                found = _first_batch_by_job(out)
+        finally:
+            proc.stop()
+    if len(found) < len(pages):
+        raise RuntimeError(f"the Collector forwarded {sorted(found)} of {len(pages)} pages\n{proc.tail()}")
+    return [found[page.stem] for page in pages]
+
+
+def _first_batch_by_job(out: Path) -> dict[str, str]:
+    """Each scrape job's first request in the file exporter's output, as one JSON line."""
+    found: dict[str, str] = {}
+    if not out.exists():
+        return found
+    for line in out.read_text().splitlines():
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        for rm in request.get("resourceMetrics", []):
+            job = next((a["value"].get("stringValue") for a in rm.get("resource", {}).get("attributes", [])
+                        if a["key"] == "service.name"), None)
+            if job and job not in found:
+                found[job] = json.dumps({"resourceMetrics": [rm]}, separators=(",", ":"))
+    return found
+
+
+def sdk_capture() -> bytes:
+    """The body of one OTLP/HTTP export by the training reporter (the SDK's own exporter)."""
+    from otel_ofu.training.report import start_mfu_reporter
+
+    bodies: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    (port,) = free_ports(1)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reporter = start_mfu_reporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics", protocol="http/protobuf",
+                                      export_interval_s=3600, environ={
+                                          "K8S_POD_NAME": "llama3-70b-worker-0", "K8S_NAMESPACE": "training"},
+                                      resource={"host.name": "dgx-h100-017", "process.pid": 4242,
+                                                "service.instance.id": "corpus-trainer-0"})
+        reporter.report(mfu=0.41, tflops_per_gpu=405.7)
+        reporter.flush()
+        reporter.shutdown()
+    finally:
+        server.shutdown()
+        server.server_close()
+    if not bodies:
+        raise RuntimeError("the reporter sent nothing")
+    return bodies[0]
+
+
+def main(argv: list[str]) -> int:
+    what = argv[1] if len(argv) > 1 else ""
+    if what == "collector":
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = collector_capture(collector_binary(), PAGES, Path(tmp))
+        COLLECTOR_CAPTURE.parent.mkdir(parents=True, exist_ok=True)
+        COLLECTOR_CAPTURE.write_text("\n".join(lines) + "\n")
+        print(COLLECTOR_CAPTURE)
+    elif what == "sdk":
+        SDK_CAPTURE.parent.mkdir(parents=True, exist_ok=True)
+        SDK_CAPTURE.write_bytes(sdk_capture())
+        print(SDK_CAPTURE)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
