@@ -16,19 +16,24 @@ import re
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu.core.model import Batch, GpuSample, MetricPoint
+from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import build_config
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
 from otel_ofu.receivers.replay import ReplayReceiver, ReplayReceiverConfig
+from tests import corpus_captures
 from tests.e2e_util import PageServer
 
 REAL = Path(__file__).parent / "data" / "real"
 PAGES = sorted((REAL / "dcgm-exporter").glob("*.prom"))
 DMON = sorted((REAL / "dcgmi-dmon").glob("*.txt"))
+COLLECTOR_CAPTURE = corpus_captures.COLLECTOR_CAPTURE
 TOLERANCE = 2e-6  # the expected files carry six decimals
 
 
@@ -107,6 +112,44 @@ def test_replay_reads_every_dmon_capture(capture):
     for number, (batch, frame) in enumerate(zip(frames, expected["frames"], strict=True)):
         assert len(batch.samples) == len(frame["gpus"])
         assert_gpus(ofu_points(batch.samples), frame["gpus"], f"{capture.name} frame {number}")
+
+
+def collector_requests(lines: list[str]) -> dict[str, ExportMetricsServiceRequest]:
+    """The Collector's output, one request per scrape job (named after its page)."""
+    by_job: dict[str, ExportMetricsServiceRequest] = {}
+    for line in lines:
+        request = json_format.Parse(line, ExportMetricsServiceRequest())
+        for rm in request.resource_metrics:
+            job = next(kv.value.string_value for kv in rm.resource.attributes if kv.key == "service.name")
+            by_job.setdefault(job, ExportMetricsServiceRequest()).resource_metrics.append(rm)
+    return by_job
+
+
+def assert_joined(request: ExportMetricsServiceRequest, page: Path) -> None:
+    """The join of a page's OTLP, read through protobuf objects and from its bytes, gives the page's GPUs."""
+    expected = expected_of(page)
+    for wire in (None, request.SerializeToString()):
+        copy = ExportMetricsServiceRequest.FromString(request.SerializeToString())
+        found = otlp_join.split(copy, wire=wire)
+        assert len(found.samples) == len(expected["gpus"]), page.name
+        assert_gpus(ofu_points(found.samples), expected["gpus"], page.name)
+
+
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_otlp_join_reads_every_page_as_the_collector_forwards_it(page):
+    """The Collector's prometheus receiver scraped each page (kept in the corpus, README "made"); its
+    OTLP, joined, gives the same OFU and identity as the page scraped directly."""
+    assert_joined(collector_requests(COLLECTOR_CAPTURE.read_text().splitlines())[page.stem], page)
+
+
+def test_otlp_join_reads_what_the_collector_forwards_now(otelcol, tmp_path):
+    """The same, remade: this Collector scrapes every page now (tests/corpus_captures.py)."""
+    requests = collector_requests(corpus_captures.collector_capture(otelcol, PAGES, tmp_path))
+    assert sorted(requests) == sorted(page.stem for page in PAGES)
+    for page in PAGES:
+        assert_joined(requests[page.stem], page)
 
 
 def test_a_page_without_tensor_activity_warns_once_naming_the_field_endpoint_and_fix(caplog):
