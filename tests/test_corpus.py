@@ -26,6 +26,7 @@ from otel_ofu.pipeline.config import build_config
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
+from otel_ofu.receivers.prometheus import PrometheusReceiver, PrometheusReceiverConfig
 from otel_ofu.receivers.replay import ReplayReceiver, ReplayReceiverConfig
 from tests import corpus_captures
 from tests.e2e_util import PageServer
@@ -34,6 +35,7 @@ REAL = Path(__file__).parent / "data" / "real"
 PAGES = sorted((REAL / "dcgm-exporter").glob("*.prom"))
 DMON = sorted((REAL / "dcgmi-dmon").glob("*.txt"))
 COLLECTOR_CAPTURE = corpus_captures.COLLECTOR_CAPTURE
+PROMETHEUS_PAGES = sorted((REAL / "prometheus").glob("*.prom"))
 TOLERANCE = 2e-6  # the expected files carry six decimals
 
 
@@ -150,6 +152,25 @@ def test_otlp_join_reads_what_the_collector_forwards_now(otelcol, tmp_path):
     assert sorted(requests) == sorted(page.stem for page in PAGES)
     for page in PAGES:
         assert_joined(requests[page.stem], page)
+
+
+@pytest.mark.parametrize("page", PROMETHEUS_PAGES, ids=lambda p: p.name)
+def test_prometheus_receiver_reads_every_translators_page(page):
+    """A training job's report as each translator writes it (the real programs' pages), served and scraped."""
+    expected = expected_of(page)
+    with PageServer({"/metrics": page.read_bytes()}) as server:
+        receiver = PrometheusReceiver(build_config(PrometheusReceiverConfig, {"endpoint": f"{server.url}/metrics"}),
+                                      Context("prometheus", Telemetry()), lambda batch: None)
+        try:
+            batch = receiver.poll() or Batch()
+        finally:
+            receiver.shutdown()
+    assert {p.name: p.value for p in batch.points} == expected["points"]
+    for point in batch.points:
+        resource = dict(point.resource)
+        assert {k: resource.get(k) for k in expected["identity"]} == expected["identity"], point.name
+        if not expected["identity"]:
+            assert not set(resource) & {"k8s.pod.name", "host.name", "process.pid"}
 
 
 def test_a_page_without_tensor_activity_warns_once_naming_the_field_endpoint_and_fix(caplog):
