@@ -310,7 +310,7 @@ def test_a_thousand_short_jobs_and_pods_leave_bounded_state():
     assert book.ended == []  # no history kept in a long-running processor
     assert len(book.jobs) <= 3 and len(book._mfu_last) <= 3
     assert book.gpu_count == 1  # one GPU, whichever pods held it
-    assert len(book._sources) == 1
+    assert len(book.clocks.hosts) == 1
 
 
 def test_pod_rollouts_of_one_job_on_the_same_gpus_are_those_gpus_not_more():
@@ -336,7 +336,7 @@ def test_hosts_and_their_gpus_are_forgotten_after_the_silence_timeout():
         book.observe([on_host(f"node-{host}", 10, job="none")], now=T0 + 10)
     for t in range(20, 1200, 10):
         book.observe([on_host("node-keep", t, job="none")], now=T0 + t)
-    assert set(book._sources) == {"node-keep"} and book.gpu_count == 1
+    assert set(book.clocks.hosts) == {"node-keep"} and book.gpu_count == 1
 
 
 def test_history_keeps_every_summary_and_gpu_for_the_report():

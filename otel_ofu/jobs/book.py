@@ -30,7 +30,7 @@ from typing import Any
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.core.model import JOB_ID, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
-from otel_ofu.jobs.clocks import HostClock
+from otel_ofu.jobs.clocks import HostClocks
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import gpu_facts, job_of
 from otel_ofu.jobs.findings import Transition
@@ -90,7 +90,7 @@ class JobBook:
         self.jobs: dict[str, JobTracker] = {}
         self.ended: list[JobSummary] = []  # only with history
         self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
-        self._sources: dict[Any, HostClock] = {}
+        self.clocks = HostClocks(float(config.max_future))
         self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
         # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
         self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
@@ -104,9 +104,6 @@ class JobBook:
         self._gpus_seen: set[GpuKey] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
         self._next_sweep = -math.inf
-        self._batch = 0  # observe() calls so far: a jump ahead is confirmed by a later one
-        self._fleet_lead_batch = -1
-        self._fleet_lead_value: float | None = None
         self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
         self.unattributed_histogram = WeightedHistogram()
 
@@ -128,7 +125,7 @@ class JobBook:
         Without ``now`` (a recording), the newest data time seen stands in for it.
         """
         points = list(points)
-        self._batch += 1
+        self.clocks.next_batch()
         update = Update()
         flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
         touched: dict[str, JobTracker] = {}
@@ -185,8 +182,7 @@ class JobBook:
         facts = gpu_facts(point)
         gpu, source = facts.gpu, facts.source
         arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
-        clock = self._sources.get(source)
-        if self._ahead(source, clock, t - arrival, arrival):
+        if self.clocks.too_far_ahead(source, t - arrival, arrival):
             update.skip("future")
             if update.ahead is None or t - arrival > update.ahead[1]:
                 name = source if isinstance(source, str) else gpu_label(source)
@@ -200,14 +196,7 @@ class JobBook:
             update.skip("out_of_order")
             return
         self.newest = max(self.newest, t)
-        clock = self._sources.get(source)
-        if clock is None:
-            clock = self._sources[source] = HostClock(t, arrival)
-        clock.data, clock.arrived = max(clock.data, t), max(clock.arrived, arrival)
-        clock.lead = t - arrival if clock.lead is None else max(clock.lead, t - arrival)
-        if clock.pending is not None and clock.pending[1] < self._batch:
-            clock.pending = None
-        clock.gpus.add((gpu, job))
+        self.clocks.accepted(source, t, arrival).gpus.add((gpu, job))
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
         if job is None or job in self._ignored or (facts.shared and not self.config.include_shared):
@@ -220,35 +209,6 @@ class JobBook:
         tracker = self._tracker(job, facts.attributes, update, touched)
         tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source)
         tracker.peak_flops_per_gpu = facts.flops(1.0)
-
-    def _ahead(self, source: Any, clock: HostClock | None, lead: float, arrival: float) -> bool:
-        """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
-
-        Too far: more than ``max_future`` beyond its host's lead so far (a new host: the fleet's
-        median lead). A host that keeps its clock steadily ahead, or a simulation running
-        faster than real time, is measured against itself; a lone point a day ahead is not
-        counted. A jump that the host's next request confirms (its clock really moved) is.
-        """
-        limit = float(self.config.max_future)
-        usual = clock.lead if clock is not None and clock.lead is not None else self._fleet_lead()
-        if usual is None or lead - usual <= limit:
-            return False
-        if clock is None:
-            clock = self._sources[source] = HostClock(-math.inf, arrival)
-        pending = clock.pending
-        if pending is not None and pending[1] < self._batch and abs(lead - pending[0]) <= limit:
-            return False  # the second request in a row this far ahead: the host's clock moved
-        if pending is None or pending[1] < self._batch:
-            clock.pending = (lead, self._batch)
-        return True
-
-    def _fleet_lead(self) -> float | None:
-        """The median lead of the hosts seen (computed once per batch): a new host's yardstick."""
-        if self._fleet_lead_batch != self._batch:
-            leads = sorted(c.lead for c in self._sources.values() if c.lead is not None)
-            self._fleet_lead_value = leads[(len(leads) - 1) // 2] if leads else None
-            self._fleet_lead_batch = self._batch
-        return self._fleet_lead_value
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
         """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.
@@ -345,7 +305,7 @@ class JobBook:
         moved_on = False
         quiet = math.inf  # the shortest silence among its hosts
         for source, last in tracker.sources.items():
-            clock = self._sources.get(source)
+            clock = self.clocks.hosts.get(source)
             if clock is None:  # forgotten: silent for longer than silence_timeout
                 continue
             if clock.data - last > timeout:
@@ -368,9 +328,9 @@ class JobBook:
         """
         keep_gpu = float(self.config.max_gap) + float(self.config.job_timeout)
         silence = float(self.config.silence_timeout)
-        for key, clock in list(self._sources.items()):
+        for key, clock in list(self.clocks.hosts.items()):
             if reference - clock.arrived > silence:
-                del self._sources[key]
+                del self.clocks.hosts[key]
                 for gpu in clock.gpus:
                     self._gpu_last.pop(gpu, None)
                 continue

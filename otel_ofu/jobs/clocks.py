@@ -1,7 +1,9 @@
-"""Hosts' clocks as their points show them: each host's data time, arrival and usual lead."""
+"""Hosts' clocks as their points show them: each host's data time, arrival and usual lead, and
+the rules that judge a point's time against them (how far ahead is too far)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,3 +33,62 @@ def source_of(resource: Attributes, gpu: GpuKey) -> Any:
         if key == HOST_NAME and value not in (None, ""):
             return str(value)
     return gpu
+
+
+class HostClocks:
+    """Every host's :class:`HostClock`, by source (:func:`source_of`), for one :class:`JobBook`.
+
+    ``batch`` counts the book's batches (``observe`` calls): a jump of a host's clock is
+    confirmed by a later batch, never by the one it came in.
+    """
+
+    def __init__(self, max_future: float):
+        self.max_future = max_future
+        self.hosts: dict[Any, HostClock] = {}
+        self.batch = 0
+        self._fleet_lead_batch = -1
+        self._fleet_lead_value: float | None = None
+
+    def next_batch(self) -> None:
+        self.batch += 1
+
+    def too_far_ahead(self, source: Any, lead: float, arrival: float) -> bool:
+        """Whether a point ``lead`` seconds ahead of the caller's clock is too far in the future.
+
+        Too far: more than ``max_future`` beyond its host's lead so far (a new host: the fleet's
+        median lead). A host that keeps its clock steadily ahead, or a simulation running
+        faster than real time, is measured against itself; a lone point a day ahead is not
+        counted. A jump that the host's next request confirms (its clock really moved) is.
+        """
+        limit = self.max_future
+        clock = self.hosts.get(source)
+        usual = clock.lead if clock is not None and clock.lead is not None else self.fleet_lead()
+        if usual is None or lead - usual <= limit:
+            return False
+        if clock is None:
+            clock = self.hosts[source] = HostClock(-math.inf, arrival)
+        pending = clock.pending
+        if pending is not None and pending[1] < self.batch and abs(lead - pending[0]) <= limit:
+            return False  # the second request in a row this far ahead: the host's clock moved
+        if pending is None or pending[1] < self.batch:
+            clock.pending = (lead, self.batch)
+        return True
+
+    def fleet_lead(self) -> float | None:
+        """The median lead of the hosts seen (computed once per batch): a new host's yardstick."""
+        if self._fleet_lead_batch != self.batch:
+            leads = sorted(c.lead for c in self.hosts.values() if c.lead is not None)
+            self._fleet_lead_value = leads[(len(leads) - 1) // 2] if leads else None
+            self._fleet_lead_batch = self.batch
+        return self._fleet_lead_value
+
+    def accepted(self, source: Any, t: float, arrival: float) -> HostClock:
+        """Note a point of ``source`` stamped ``t`` that arrived at ``arrival`` (the caller's clock) and was used."""
+        clock = self.hosts.get(source)
+        if clock is None:
+            clock = self.hosts[source] = HostClock(t, arrival)
+        clock.data, clock.arrived = max(clock.data, t), max(clock.arrived, arrival)
+        clock.lead = t - arrival if clock.lead is None else max(clock.lead, t - arrival)
+        if clock.pending is not None and clock.pending[1] < self.batch:
+            clock.pending = None
+        return clock

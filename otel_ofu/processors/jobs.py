@@ -22,6 +22,7 @@ from collections.abc import Callable
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
+from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
@@ -126,9 +127,9 @@ def state_fingerprint(config: JobsConfig) -> str:
     book = JobBook(config)
     tracker = JobTracker("fingerprint", config)
     summary, _ = JobTracker("fingerprint", config).end("fingerprint")
-    return layout_fingerprint([book, tracker, tracker.ofu, tracker.totals, tracker.histogram, tracker.audit,
-                               tracker.regression, Finding("kind", "cause", 0.0, 0.0), summary],
-                              config.state_key())
+    return layout_fingerprint([book, book.clocks, HostClock(0.0, 0.0), tracker, tracker.ofu, tracker.totals,
+                               tracker.histogram, tracker.audit, tracker.regression,
+                               Finding("kind", "cause", 0.0, 0.0), summary], config.state_key())
 
 
 FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this many seconds
