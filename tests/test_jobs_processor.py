@@ -34,8 +34,9 @@ def run_fleet(sim_overrides=None, minutes=60):
     sim_cfg = build_config(SimReceiverConfig, {**sim_doc, **(sim_overrides or {})})
     fleet = build_fleet(sim_cfg, START)
     ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    # The processor's clock is the simulation's, as when the demo runs (the sim starts at the wall clock).
     jobs = JobsProcessor(build_config(registry.factories()["processors"]["jobs"].config_type, jobs_doc),
-                         Context("jobs"))
+                         Context("jobs"), clock=lambda: START + fleet.t)
     points, events = [], []
     for _ in range(int(minutes * 60 / float(sim_cfg.collection_interval))):
         out = jobs.process(ofu.process(window_batch(fleet.step_window(), True)))

@@ -267,8 +267,10 @@ def test_a_node_steadily_ahead_counts_and_a_confirmed_jump_is_followed():
                               now=T0 + t)
         skipped += update.skipped.get("future", 0)
         assert update.ended == []
-    assert skipped == 1  # node-b's first point after the jump, until its next request confirmed it
-    assert book.jobs["job-a"].totals.gpu_seconds == 1200  # two hours ahead from the start: its own clock
+    # node-a's first point, two hours ahead of this process's clock with no other host to compare
+    # with, and node-b's first point after the jump: each until the host's next request confirmed it.
+    assert skipped == 2
+    assert book.jobs["job-a"].totals.gpu_seconds == 1190  # two hours ahead from the start: its own clock
 
 
 def test_a_backlog_replayed_after_a_partition_does_not_end_jobs():
@@ -291,6 +293,51 @@ def test_a_job_whose_hosts_fall_silent_ends_after_the_silence_timeout():
     assert summary.job_id == "job-a" and summary.reason == "silent"
     assert summary.end == T0 + 300  # its last data, not when its end was noticed
     assert at == 300 + 600 + 10
+
+
+DAY = 86400
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["processor", "recording"])
+def test_a_node_whose_clock_is_stepped_back_a_day_loses_one_request_and_its_job_ends(live):
+    """node-a boots a day fast; after 10 minutes NTP steps it back, and it runs job-a for another hour,
+    then no job (issue 22: every later point of node-a was refused as out of order, and in a
+    recording job-a never ended). The step costs one request, the time before it is its own job life
+    (ended: clock_step), and the job after it ends by its timeout."""
+    book = JobBook(JobsConfig())
+    skipped: dict[str, int] = {}
+    ended = []
+    for t in range(10, 600 + 7200 + 1, 10):
+        step = DAY if t <= 600 else 0
+        update = book.observe([on_host("node-a", t + step, job="job-a" if t <= 4200 else "none"),
+                               on_host("node-b", t, job="job-b")], now=T0 + t if live else None)
+        for reason, count in update.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        ended += update.ended
+    # Refused: the first request after the step, until the next confirmed it; and with a wall
+    # clock, node-a's first request a day ahead of it (its next one confirmed that time).
+    assert skipped == {"out_of_order": 1, **({"future": 1} if live else {})}
+    lives = [s for s in ended if s.job_id == "job-a"]
+    assert [s.reason for s in lives] == ["clock_step", "timeout"]
+    assert lives[0].totals.gpu_seconds == (590 if live else 600) and lives[0].end == T0 + 600 + DAY
+    assert lives[1].totals.gpu_seconds == 4200 - 600 - 10 and lives[1].end == T0 + 4200
+    assert list(book.jobs) == ["job-b"]
+    assert book.clocks.hosts["node-a"].data == T0 + 7800  # its clock as it is now
+
+
+def test_a_fresh_processor_refuses_a_first_point_a_day_ahead_of_its_clock():
+    """No other host has a lead yet: the processor's own clock is the reference (issue 22: the point
+    was taken, made a job a day in the future and had node-a's later points refused for 16 minutes)."""
+    book = JobBook(JobsConfig())
+    skipped: dict[str, int] = {}
+    for t in range(10, 1201, 10):
+        points = [on_host("node-a", t + (DAY if t == 10 else 0), job="job-a")]
+        for reason, count in book.observe(points, now=T0 + t).skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    assert skipped == {"future": 1}
+    tracker = book.jobs["job-a"]
+    assert tracker.first_start == T0 + 10 and tracker.last_end == T0 + 1200
+    assert tracker.totals.gpu_seconds == 1190
 
 
 # --- bounded state (issue 11, item 5) --------------------------------------------------------

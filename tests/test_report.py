@@ -31,7 +31,9 @@ def record(directory: Path) -> tuple[Path, Path]:
     sim_cfg = build_config(SimReceiverConfig, doc["receivers"]["sim"])
     fleet = build_fleet(sim_cfg, START)
     ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
-    jobs = JobsProcessor(build_config(JobsConfig, doc["processors"]["jobs"]), Context("jobs"))
+    # The processor's clock is the simulation's, as when the demo runs (the sim starts at the wall clock).
+    jobs = JobsProcessor(build_config(JobsConfig, doc["processors"]["jobs"]), Context("jobs"),
+                         clock=lambda: START + fleet.t)
     paths = directory / "demo.jsonl", directory / "raw.jsonl"
     with_jobs, raw = (FileExporter(FileExporterConfig(path=str(p)), Context("file")) for p in paths)
     with_jobs.start()

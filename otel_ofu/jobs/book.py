@@ -56,8 +56,8 @@ class Update:
     # Reports in TFLOP/s that could not be converted (the job's GPU model or precision unknown), by job id.
     unconverted: dict[str, int] = field(default_factory=dict)
 
-    def skip(self, reason: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def no_job(self, job: str | None) -> None:
         self.skip(MFU_WITHOUT_JOB)
@@ -129,9 +129,12 @@ class JobBook:
         update = Update()
         flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
         touched: dict[str, JobTracker] = {}
+        behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now)
+                self._gpu_point(point, flops, update, touched, now, behind)
+        for source, late in behind.items():
+            self._late_or_stepped_back(source, late, flops, update, touched, now)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.job_id, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -159,6 +162,35 @@ class JobBook:
         table[key] = (t, t - start)
         return start
 
+    def _late_or_stepped_back(self, source: Any, late: list[MetricPoint], flops: dict, update: Update,
+                              touched: dict[str, JobTracker], now: float | None) -> None:
+        """A host's points of this batch that are far behind its newest data: late (not counted, as
+        any point out of order), or its clock was stepped back (HostClocks.stepped_back).
+
+        A stepped-back host starts over in its new time: its GPUs' windows start afresh, and each
+        job that ran on it ends (``clock_step``) at its last data in the old time; its next points
+        start the job again, in the new time. Its data is then counted again, not refused for as
+        long as the step.
+        """
+        newest = max(p.time_unix_nano for p in late) / 1e9
+        arrival = now if now is not None else self.newest
+        if not self.clocks.stepped_back(source, newest, newest - arrival, now is not None):
+            update.skip("out_of_order", len(late))
+            return
+        clock = self.clocks.rebase(source, newest, now is not None)
+        for key in clock.gpus:
+            last = self._gpu_last.get(key)
+            if last is not None:
+                self._gpu_last[key] = (-math.inf, last[1])  # no position in the new time; its interval stays
+        for job, tracker in list(self.jobs.items()):
+            if source in tracker.sources:
+                touched.pop(job, None)
+                self._end(job, "clock_step", update)
+        if now is None:  # a recording's clock: the newest data of its hosts as they are now
+            self.newest = max(c.data for c in self.clocks.hosts.values())
+        for point in late:
+            self._gpu_point(point, flops, update, touched, now)
+
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker]) -> JobTracker:
         tracker = self.jobs.get(job)
@@ -174,7 +206,7 @@ class JobBook:
         return tracker
 
     def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
-                   now: float | None) -> None:
+                   now: float | None, behind: dict[Any, list[MetricPoint]] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -182,11 +214,14 @@ class JobBook:
         facts = gpu_facts(point)
         gpu, source = facts.gpu, facts.source
         arrival = now if now is not None else (self.newest if self.newest > -math.inf else t)
-        if self.clocks.too_far_ahead(source, t - arrival, arrival):
+        if self.clocks.too_far_ahead(source, t - arrival, arrival, now is not None):
             update.skip("future")
             if update.ahead is None or t - arrival > update.ahead[1]:
                 name = source if isinstance(source, str) else gpu_label(source)
                 update.ahead = (name, t - arrival)
+            return
+        if behind is not None and self.clocks.behind(source, t):
+            behind.setdefault(source, []).append(point)  # the whole batch decides: see _late_or_stepped_back
             return
         job = facts.job
         # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of

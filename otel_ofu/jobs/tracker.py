@@ -45,7 +45,7 @@ class JobSummary:
     job_id: str
     start: float
     end: float
-    reason: str  # timeout | silent | shutdown (end_of_recording in the report)
+    reason: str  # timeout | silent | clock_step | shutdown (end_of_recording in the report)
     gpus: int  # distinct GPUs over its life
     peak_gpus: int
     totals: JobTotals
