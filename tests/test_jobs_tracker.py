@@ -115,10 +115,26 @@ def test_jobs_without_a_name_are_unattributed():
     assert book.gpu_count == 3
 
 
-def test_shared_gpus_count_when_asked():
+def test_a_shared_gpu_counts_for_each_of_its_jobs_when_asked():
+    """include_shared: the GPU jobs a and b share counts for each of them, its GPU time split equally
+    (issue 22: it became a pseudo-job "a,b"). GPU-hours stay those of the GPUs."""
     book = JobBook(build_config(JobsConfig, {"include_shared": True}))
-    book.observe([ofu(10, 0.4, job="a,b", **{"ofu.job.shared": True})])
-    assert list(book.jobs) == ["a,b"]
+    for t in range(10, 121, 10):
+        book.observe([ofu(t, 0.4, "GPU-s", job="a,b", **{"ofu.job.shared": True}), ofu(t, 0.8, "GPU-a", job="a")])
+    assert set(book.jobs) == {"a", "b"}
+    a, b = book.jobs["a"].totals, book.jobs["b"].totals
+    assert b.gpu_seconds == 60 and a.gpu_seconds == 120 + 60
+    assert a.gpu_seconds + b.gpu_seconds + book.unattributed.gpu_seconds == 2 * 120
+    assert b.ofu_mean == pytest.approx(0.4) and a.ofu_mean == pytest.approx((0.8 * 120 + 0.4 * 60) / 180)
+    peak = specs.find_spec(H100).peak("bf16").flops
+    assert b.flop == pytest.approx(0.4 * peak * 60)  # half the shared GPU's FLOPs
+    assert book.jobs["a"].gpus == {("node-0", "gpu-a", ""), ("node-0", "gpu-s", "")}  # the GPUs each job held
+    assert len(book.jobs["b"].gpus) == 1
+    [summary_a, summary_b] = sorted(book.close_all().ended, key=lambda s: s.job_id)
+    assert summary_a.precisions == {"bf16": 180} and summary_b.totals.gpu_hours == pytest.approx(60 / 3600)
+    off = JobBook(JobsConfig())  # off (the default): a shared GPU is no job's
+    off.observe([ofu(10, 0.4, "GPU-s", job="a,b", **{"ofu.job.shared": True})])
+    assert off.jobs == {} and off.unattributed.gpu_seconds == 10
 
 
 def test_bad_points_are_skipped_and_counted():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
+from otel_ofu.attribution.claims import SHARED_SEPARATOR
 from otel_ofu.core.model import JOB_ID, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClocks
@@ -192,10 +193,12 @@ class JobBook:
             self._gpu_point(point, flops, update, touched, now)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
-                 touched: dict[str, JobTracker]) -> JobTracker:
+                 touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
         tracker = self.jobs.get(job)
         if tracker is None:
             extra = {k: attributes.get(k) for k in self.config.copy_attributes}
+            if shared:  # a shared GPU's attributes join its jobs' values: only those all its jobs share
+                extra = {k: v for k, v in extra.items() if SHARED_SEPARATOR not in str(v)}
             job_resource = tuple(sorted((k, v) for k, v in {**extra, JOB_ID: job}.items() if v is not None))
             tracker = self.jobs[job] = JobTracker(job, self.config, job_resource)
             if str(attributes.get(HPC_JOB_ID, "")) == job:
@@ -241,9 +244,16 @@ class JobBook:
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None:
             rate = facts.flops(point.value)
-        tracker = self._tracker(job, facts.attributes, update, touched)
-        tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source)
-        tracker.peak_flops_per_gpu = facts.flops(1.0)
+        # A GPU several jobs share (include_shared) counts for each, its time split equally between them.
+        weight = 1.0 / len(facts.jobs)
+        for name in facts.jobs:
+            if name in self._ignored:
+                self.unattributed.add((t - start) * weight, point.value)
+                self.unattributed_histogram.add(point.value, (t - start) * weight)
+                continue
+            tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
+            tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source, weight)
+            tracker.peak_flops_per_gpu = facts.flops(1.0)
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
         """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.

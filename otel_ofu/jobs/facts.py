@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from otel_ofu.attribution.claims import SHARED_SEPARATOR
 from otel_ofu.core import specs
 from otel_ofu.core.model import HW_MODEL, JOB_ID, JOB_SHARED, PRECISION, GpuKey, MetricPoint, gpu_key
 from otel_ofu.jobs.clocks import source_of
@@ -38,6 +39,7 @@ class GpuFacts:
     job: str | None
     attributes: dict[str, Any]  # resource and point attributes in one dict (see job_of); never changed
     shared: bool  # ofu.job.shared is set
+    jobs: tuple[str, ...]  # the jobs holding the GPU: a shared GPU's, from its comma-joined job id; else job
     precision: Any  # as given
     normalized_precision: str
     peak: float | None  # the dense peak FLOP/s of the GPU's model at the precision
@@ -69,7 +71,9 @@ def gpu_facts(point: MetricPoint) -> GpuFacts:
     model = merged.get(HW_MODEL)
     spec = specs.find_spec(model)
     peak = spec.peak(specs.normalize_precision(precision)) if spec else None
-    facts = GpuFacts(gpu, source_of(resource, gpu), job, merged, bool(merged.get(JOB_SHARED)), precision,
+    shared = bool(merged.get(JOB_SHARED))
+    jobs = () if job is None else tuple(job.split(SHARED_SEPARATOR)) if shared else (job,)
+    facts = GpuFacts(gpu, source_of(resource, gpu), job, merged, shared, jobs, precision,
                       specs.normalize_precision(precision), peak.flops if peak else None,
                       specs.instance_share(model, merged) if merged else 1.0)
     gpu_facts_cache.put(key, (resource, attributes, facts))

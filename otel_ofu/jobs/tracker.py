@@ -92,13 +92,15 @@ class JobTracker:
         self.findings: list[Finding] = []
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
-                       precision: str | None = None, source: Any = None) -> None:
-        seconds = end - start
+                       precision: str | None = None, source: Any = None, weight: float = 1.0) -> None:
+        """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
+        ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way."""
+        seconds = (end - start) * weight
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
-        self.ofu.add(start, end, ofu)
+        self.ofu.add(start, end, ofu, weight)
         if flops_per_s is not None:
-            self.flops.add(start, end, flops_per_s)
+            self.flops.add(start, end, flops_per_s, weight)
         self.totals.add(seconds, ofu, flops_per_s)
         self.histogram.add(ofu, seconds)
         key = precision or specs.UNKNOWN_PRECISION
