@@ -330,3 +330,42 @@ def test_collector_config_validates():
     assert [p.receivers for p in config.pipelines] == [["dcgm"]]
     with pytest.raises(ConfigError):
         load_config(str(ROOT / "collector-config" / "missing.yaml"))
+
+
+def test_with_dcgm_4_6_1_the_base_unit_clocks_are_watched_and_read_in_mhz(engine, clock):
+    """Bindings that know the base-unit fields: the SM clock is watched as 1603 (Hz) and the max as 1608."""
+    engine.base_units_known = True
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    end = clock.wall_s
+    gpu = (FE_GPU, 0)
+    for i in range(10):
+        engine.push(gpu, 1603, us(end - 9 + i), 1_755_000_000 if i < 5 else 1_845_000_000)
+    engine.push(gpu, 1608, us(end), 1_980_000_000)
+    engine.push(gpu, 155, us(end), 650.0)
+    engine.push(gpu, 112, us(end), 0)
+    engine.push(gpu, 1004, us(end), 0.8)
+
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+
+    watched = {ids for ids, _, _ in engine.watched.values()}
+    assert (1603,) in watched and (1608, 112, 155) in watched and (100,) not in watched
+    assert sample.sm_clock_mhz == pytest.approx(1800.0) and sample.sm_clock_samples == 10
+    assert sample.max_sm_clock_mhz == 1980.0
+    ofu = [p.value for p in named(ofu_points(Batch(samples=[sample])), "gpu.ofu.raw")]
+    assert ofu == [pytest.approx(0.8 * 1800 / H100_FREF)]  # TPA x mean(1755, 1845) MHz / f_ref
+
+
+def test_an_engine_that_refuses_the_base_unit_fields_gets_the_old_ones(engine, clock):
+    """New bindings, an older remote nv-hostengine: the watch of 1603 fails, 100 is watched instead."""
+    engine.base_units_known = True
+    engine.refused_fields = {1603, 1608}
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    push_window(engine, clock.wall_s, 0, 0.5, [1500.0] * 10)
+
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+
+    watched = {ids for ids, _, _ in engine.watched.values()}
+    assert (100,) in watched and (113, 112, 155) in watched
+    assert (sample.sm_clock_mhz, sample.max_sm_clock_mhz) == (1500.0, 1980)

@@ -13,8 +13,9 @@ of the field they replace, which is what samples carry. When a source carries bo
 counters CSV listing 100 and 1603), the base-unit field is used and the old one ignored,
 never both: DCGM marks the old fields deprecated in its favour, so a source that adds it
 means it, and the reading does not change the day the old field leaves a default list.
-The ``dcgm`` receiver watches the old ids: DCGM retains them "for backward compatibility"
-(dcgm_fields.h), and a watch of 1603 fails on every DCGM before 4.6.1.
+The ``dcgm`` receiver watches the base-unit fields where its DCGM bindings know them (4.6.1+)
+and falls back to the old ids, which DCGM retains "for backward compatibility" (dcgm_fields.h),
+when they are unknown or the host engine refuses them (an older remote nv-hostengine).
 """
 
 from __future__ import annotations
@@ -103,6 +104,17 @@ def in_legacy_units(fields: dict[int, object]) -> dict[int, object]:
     for base, (legacy, _) in BASE_UNIT_FIELDS.items():
         if base in out:
             out[legacy] = legacy_value(base, out.pop(base))
+    return out
+
+
+def series_in_legacy_units(series: dict[int, list[tuple[int, object]]]) -> dict[int, list[tuple[int, object]]]:
+    """:func:`in_legacy_units` for ``{field id: [(timestamp, value), ...]}`` (the dcgm receiver's reads)."""
+    if not series.keys() & BASE_UNIT_FIELDS.keys():
+        return series
+    out = dict(series)
+    for base, (legacy, _) in BASE_UNIT_FIELDS.items():
+        if base in out:
+            out[legacy] = [(t, legacy_value(base, v)) for t, v in out.pop(base)]
     return out
 
 

@@ -250,8 +250,8 @@ class DcgmSession:
             for entity in self.entities:
                 self._profiled.AddEntity(*entity.key)
             keep_age = max(60.0, 3 * self.collection_interval_s)
-            self._watch("device", DEVICE_FIELDS, self.collection_interval_s, keep_age, self._gpus)
-            self._watch("clock", CLOCK_FIELDS, self.clock_interval_s, keep_age, self._gpus)
+            self._watch_in_base_units("device", DEVICE_FIELDS, self.collection_interval_s, keep_age, self._gpus)
+            self._watch_in_base_units("clock", CLOCK_FIELDS, self.clock_interval_s, keep_age, self._gpus)
         except DcgmError:
             self.close()
             raise
@@ -349,6 +349,23 @@ class DcgmSession:
             _quietly(group.Delete)
             raise self._classify_watch(name, exc) from None
         self._watches = [w for w in self._watches if w.name != name] + [_Watch(name, tuple(ids), entities, group)]
+
+    def _watch_in_base_units(self, name: str, field_ids: tuple[int, ...], interval_s: float, keep_age_s: float,
+                             entities: Any) -> None:
+        """Watch the base-unit field (DCGM 4.6.1: SM clock in Hz) in place of each old one where the bindings
+        know it; the old fields when they do not, or when the host engine refuses them (an older remote one).
+        The receiver reads either through ``dcgm_fields.series_in_legacy_units``."""
+        known = self.bindings.dcgm_fields.DcgmFieldGetById
+        base = tuple(F.REPLACED_BY[f] if f in F.REPLACED_BY and known(F.REPLACED_BY[f]) is not None else f
+                     for f in field_ids)
+        if base != field_ids:
+            try:
+                self._watch(name, base, interval_s, keep_age_s, entities)
+                return
+            except DcgmError as exc:
+                if exc.state == "hostengine_lost":
+                    raise
+        self._watch(name, field_ids, interval_s, keep_age_s, entities)
 
     def _classify_watch(self, name: str, exc: BaseException) -> DcgmError:
         if name == "profiling":

@@ -3,7 +3,10 @@
 Fields are watched by numeric id (names changed in DCGM 4.6): the profiling fields (1004
 TPA, 1002, 1014 and, where DCGM and the GPU have them, the raw cycle counters 1084/1086) at
 ``collection_interval``, the SM clock (100) at its own ``clock_sample_interval``, and max
-clock, clock event reasons and power (113, 112, 155) at ``collection_interval``.
+clock, clock event reasons and power (113, 112, 155) at ``collection_interval``. Where the
+DCGM bindings know the base-unit fields (4.6.1+), the SM clock and max clock are watched as
+1603 and 1608 (Hz) instead, and converted to MHz (``core.dcgm_fields``); an engine that refuses
+them gets the old ids.
 
 Each window's TPA is the exact interval ratio d(1086)/d(1084) when the counters are there
 (no sampling at all), else field 1004, DCGM's average over the watch interval; the SM clock
@@ -198,6 +201,8 @@ class DcgmReceiver(PollingReceiver):
 
     def _samples(self, data: dict[tuple[int, int], Series], now: float) -> tuple[list[GpuSample], list[MetricPoint]]:
         assert self.session is not None
+        # The base-unit fields (DCGM 4.6.1: SM clock in Hz), where watched, in the old fields' units.
+        data = {key: F.series_in_legacy_units(series) for key, series in data.items()}
         gpu_group = self.session.bindings.dcgm_fields.DCGM_FE_GPU
         keep_ns = int(max(60.0, 3 * float(self.config.collection_interval)) * 1e9)
         for gpu_id in {e.gpu_id for e in self.session.entities}:

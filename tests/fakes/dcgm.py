@@ -113,6 +113,8 @@ def _make_structs() -> types.ModuleType:
 
 FE_GPU, FE_GPU_I, FE_GPU_CI = 1, 4, 5
 PROFILING_MIN_FIELD = 1001
+PROFILING_END_FIELD = 1600  # 1600-1799 are base-unit device fields, not profiling ones (dcgm_fields.h)
+BASE_UNIT_FIELDS = {1600, 1601, 1602, 1603, 1604, 1605, 1606, 1607, 1608, 1609, 1610, 1611, 1612}
 COUNTERS = (1084, 1086)
 INT_FIELDS = {100, 112, 113, 1084, 1086}
 _PROFILING_CODES = {"not_supported": "DCGM_ST_PROFILING_NOT_SUPPORTED", "no_permission": "DCGM_ST_REQUIRES_ROOT",
@@ -151,6 +153,8 @@ class FakeDcgmEngine:
         self.multi_pass_fields: set[int] = set()  # watching these together with others gives MULTI_PASS
         self.paused = False  # profiling paused: DCGM stores blanks
         self.counters_known = True  # DCGM >= 4.6 knows fields 1084/1086
+        self.base_units_known = False  # the bindings are DCGM >= 4.6.1's: they know fields 1600-1612
+        self.refused_fields: set[int] = set()  # watching any of these fails (an older remote host engine)
         self.generation = 0
         self.store: dict[tuple[int, int, int], list[tuple[int, object]]] = {}
         # field group id -> (field ids, update usec, entities of the group watched)
@@ -174,7 +178,7 @@ class FakeDcgmEngine:
         self.running = True
 
     def push(self, entity: tuple[int, int], field_id: int, ts_us: int, value: object) -> None:
-        if self.paused and field_id >= PROFILING_MIN_FIELD:
+        if self.paused and PROFILING_MIN_FIELD <= field_id < PROFILING_END_FIELD:
             value = DCGM_INT64_BLANK if field_id in INT_FIELDS else DCGM_FP64_BLANK
         self.store.setdefault((entity[0], entity[1], field_id), []).append((ts_us, value))
 
@@ -314,7 +318,9 @@ def _pydcgm(engine: FakeDcgmEngine) -> types.ModuleType:
         def WatchFields(self, fieldGroup, updateFreq, maxKeepAge, maxKeepSamples):
             check(self._group._handle._generation)
             ids = tuple(fieldGroup.fieldIds)
-            if any(f >= PROFILING_MIN_FIELD for f in ids):
+            if engine.refused_fields & set(ids):
+                raise engine.error("DCGM_ST_UNKNOWN_FIELD")
+            if any(PROFILING_MIN_FIELD <= f < PROFILING_END_FIELD for f in ids):
                 if engine.profiling != "ok":
                     raise engine.error(_PROFILING_CODES[engine.profiling])
                 if engine.multi_pass_fields & set(ids) and len(ids) > 1:
@@ -403,6 +409,8 @@ def _fields(engine: FakeDcgmEngine) -> types.ModuleType:
     known = {100, 110, 112, 113, 155, 1001, 1002, 1004, 1005, 1014, *COUNTERS}
 
     def DcgmFieldGetById(fieldId):
+        if fieldId in BASE_UNIT_FIELDS and engine.base_units_known:
+            return types.SimpleNamespace(fieldId=fieldId, tag=f"field_{fieldId}")
         if fieldId not in known or (fieldId in COUNTERS and not engine.counters_known):
             return None
         return types.SimpleNamespace(fieldId=fieldId, tag=f"field_{fieldId}")
