@@ -26,6 +26,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import yaml
+
 from tests.e2e_util import PageServer, Process, collector_binary
 from tools.ports import free_ports
 
@@ -38,40 +40,23 @@ REPORT_ENV = {"K8S_POD_NAME": "llama3-70b-worker-0", "K8S_NAMESPACE": "training"
 REPORT_RESOURCE = {"host.name": "dgx-h100-017", "process.pid": 4242, "service.instance.id": "corpus-trainer-0"}
 REPORT = {"mfu": 0.41, "tflops_per_gpu": 405.7}
 
-COLLECTOR_CONFIG = """
-receivers:
-  prometheus:
-    config:
-      scrape_configs:
-{jobs}
-exporters:
-  file:
-    path: {out}
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    metrics:
-      receivers: [prometheus]
-      exporters: [file]
-"""
-
-JOB = """        - job_name: "{name}"
-          scrape_interval: 1s
-          metrics_path: /{name}/metrics
-          static_configs:
-            - targets: ["127.0.0.1:{port}"]
-"""
+def collector_config(receiver: dict, exporter: dict) -> str:
+    """A Collector config of one metrics pipeline, receiver -> exporter, without a self-telemetry listener."""
+    return yaml.safe_dump({
+        "receivers": receiver, "exporters": exporter,
+        "service": {"telemetry": {"metrics": {"level": "none"}},
+                    "pipelines": {"metrics": {"receivers": list(receiver), "exporters": list(exporter)}}}})
 
 
 def collector_capture(otelcol: str, pages: list[Path], workdir: Path, timeout_s: float = 60.0) -> list[str]:
     """One OTLP JSON request per page: the first batch the Collector wrote for its scrape job."""
     out = workdir / "out.json"
     with PageServer({f"/{page.stem}/metrics": page.read_bytes() for page in pages}) as server:
-        jobs = "".join(JOB.format(name=page.stem, port=server.port) for page in pages)
+        jobs = [{"job_name": page.stem, "scrape_interval": "1s", "metrics_path": f"/{page.stem}/metrics",
+                 "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]} for page in pages]
         config = workdir / "otelcol.yaml"
-        config.write_text(COLLECTOR_CONFIG.format(jobs=jobs, out=out))
+        config.write_text(collector_config({"prometheus": {"config": {"scrape_configs": jobs}}},
+                                           {"file": {"path": str(out)}}))
         proc = Process("otelcol", [otelcol, f"--config=file:{config}"], workdir / "otelcol.log")
         try:
             found: dict[str, str] = {}
@@ -175,24 +160,8 @@ def collector_exporter_page(otelcol: str, body: bytes, workdir: Path) -> bytes:
     """The Collector's prometheus exporter's page after its otlp receiver got ``body``."""
     otlp_port, page_port = free_ports(2)
     config = workdir / "otelcol-prometheus.yaml"
-    config.write_text(f"""
-receivers:
-  otlp:
-    protocols:
-      http:
-        endpoint: 127.0.0.1:{otlp_port}
-exporters:
-  prometheus:
-    endpoint: 127.0.0.1:{page_port}
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    metrics:
-      receivers: [otlp]
-      exporters: [prometheus]
-""")
+    config.write_text(collector_config({"otlp": {"protocols": {"http": {"endpoint": f"127.0.0.1:{otlp_port}"}}}},
+                                       {"prometheus": {"endpoint": f"127.0.0.1:{page_port}"}}))
     proc = Process("otelcol", [otelcol, f"--config=file:{config}"], workdir / "otelcol-prometheus.log")
     try:
         _post_until_taken(f"http://127.0.0.1:{otlp_port}/v1/metrics", body, proc)
@@ -259,7 +228,7 @@ def main(argv: list[str]) -> int:
     elif what == "pages":
         import os
 
-        body = SDK_CAPTURE.read_bytes()
+        body = sdk_capture()  # afresh: Prometheus' /federate shows only the last 5 minutes (its lookback)
         PAGES_DIR.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             work, otelcol, prometheus = Path(tmp), os.environ["OTELCOL"], os.environ["PROMETHEUS3"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
 from otel_ofu.core import specs
@@ -45,16 +45,6 @@ attribute_values = st.one_of(
     st.floats(allow_nan=False), st.booleans())
 
 
-def _any(value: object) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    return AnyValue(string_value=str(value))
-
-
 attribute_sets = st.lists(st.tuples(keys, attribute_values), max_size=4)
 point_values = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
                          st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1))
@@ -69,7 +59,7 @@ def build_request(spec: list[dict]) -> ExportMetricsServiceRequest:
     request = ExportMetricsServiceRequest()
     for r in spec:
         rm = request.resource_metrics.add()
-        rm.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in r["attributes"])
+        rm.resource.attributes.extend(KeyValue(key=k, value=codec._any_value(v)) for k, v in r["attributes"])
         scope = rm.scope_metrics.add()
         for m in r["metrics"]:
             unit, kind = DECLARED[m["name"]]
@@ -86,7 +76,7 @@ def build_request(spec: list[dict]) -> ExportMetricsServiceRequest:
                     dp.as_int = p["value"]
                 else:
                     dp.as_double = p["value"]
-                dp.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in p["attributes"])
+                dp.attributes.extend(KeyValue(key=k, value=codec._any_value(v)) for k, v in p["attributes"])
     return request
 
 
