@@ -106,6 +106,18 @@ def collector_binary() -> str:
                       "otelcol-ofu Collector")
 
 
+def prometheus3_binary() -> str:
+    """Prometheus 3 (promtool beside it) built by collector/build-prometheus3.sh; $PROMETHEUS3 overrides."""
+    return built_tool("Prometheus 3", "PROMETHEUS3", "build-prometheus3.sh", "run collector/build-prometheus3.sh "
+                      "(needs Go) to build Prometheus 3 from Go modules")
+
+
+def victoriametrics_binary() -> str:
+    """VictoriaMetrics (vmalert beside it) built by collector/build-victoriametrics.sh; $VICTORIAMETRICS overrides."""
+    return built_tool("VictoriaMetrics", "VICTORIAMETRICS", "build-victoriametrics.sh", "run "
+                      "collector/build-victoriametrics.sh (needs Go) to build VictoriaMetrics and vmalert")
+
+
 def prometheus_binary() -> str:
     found = os.environ.get("PROMETHEUS") or shutil.which("prometheus") or (
         "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
