@@ -17,6 +17,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_ofu.cli import backend_check
+from otel_ofu.cli.checks import FAIL, OK, SKIP, WARN, Check
 from otel_ofu.cli.logs import configure_logging
 from otel_ofu.gpu import dcgm_api, nvml_api
 from otel_ofu.gpu.dcgm_api import DcgmError, DcgmSession
@@ -26,15 +28,6 @@ DEMO_HINT = ("To see the pipeline work without a GPU, run the demo:\n"
              "  otel-ofu run --config collector-config/demo.yaml --duration 60")
 LOCAL_HOSTENGINE = "localhost"  # nv-hostengine's default port 5555 is implied
 
-OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | fail | warn | skip
-    detail: str
-    fix: str = ""
 
 
 @dataclass
@@ -249,6 +242,8 @@ def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if getattr(args, "backend", ""):
+        return cmd_backend(args)
     exporters = getattr(args, "dcgm_exporter", None) or []
     report = diagnose(bindings_path=args.dcgm_bindings_path or None, address=args.dcgm_address or "",
                       dcgm_exporters=exporters)
@@ -256,6 +251,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if exporters:  # asked about dcgm-exporter: its pages decide
         return 0 if all(c.status == OK for c in report.checks if c.name.startswith("dcgm-exporter ")) else 1
     return 0 if report.best else 1
+
+
+def cmd_backend(args: argparse.Namespace) -> int:
+    """``doctor --backend URL``: the backend's names and labels instead of this machine's GPUs."""
+    checks = backend_check.check_backend(backend_check.Backend(args.backend), lookback_s=args.lookback)
+    if args.json:
+        print(json.dumps({"backend": args.backend, "ok": not any(c.status == FAIL for c in checks),
+                          "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(backend_check.render(args.backend, checks))
+    return 1 if any(c.status == FAIL for c in checks) else 0
 
 
 def auto_document(report: Report) -> dict[str, Any]:
@@ -301,4 +307,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dcgm-exporter", action="append", default=[], metavar="URL",
                         help="a dcgm-exporter endpoint to scrape and check for the inputs OFU needs (repeatable; "
                         "then the exit code says whether every such page has them)")
+    parser.add_argument("--backend", default="", metavar="URL",
+                        help="instead: check that the Prometheus-compatible backend at URL (Prometheus, "
+                        "VictoriaMetrics, ...) holds the names and labels the dashboards and rules read; exit 1 "
+                        "when it does not (docs/backends.md)")
+    parser.add_argument("--lookback", type=float, default=3600.0, metavar="SECONDS",
+                        help="with --backend: how far back to look for otel-ofu's series (default 3600)")
     parser.set_defaults(func=cmd_doctor)

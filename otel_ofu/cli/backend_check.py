@@ -1,0 +1,161 @@
+"""``otel-ofu doctor --backend URL``: does a Prometheus-compatible backend hold what the dashboards read?
+
+After a few minutes of export, it asks the backend's HTTP API (Prometheus, Prometheus 3's OTLP
+receiver, VictoriaMetrics, Mimir, Thanos: ``/api/v1/label/__name__/values`` and
+``/api/v1/query``) for the names and labels otel-ofu's dashboards and rules read, and when they are
+missing, recognises what arrived instead (OTLP names kept, unit suffixes dropped, resource
+attributes left in ``target_info``, ``_ratio`` from unit ``1``) and says which setting to change.
+docs/backends.md has the roads and their settings.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from otel_ofu.cli.checks import FAIL, OK, SKIP, WARN, Check
+
+# What the dashboards and rules read (tests/test_backend_check.py holds this against
+# deploy/grafana and deploy/prometheus).
+GPU_METRIC = "gpu_ofu"
+GPU_LABELS = ("hw_id", "host_name", "hw_model", "ofu_job_id", "ofu_precision")
+SUFFIXED = "gpu_sm_clock_frequency_hertz"  # a unit suffix: gone with a "WithoutSuffixes" strategy
+COUNTER = "gpu_ofu_dropped_total"  # _total: gone with a "WithoutSuffixes" strategy (only when windows dropped)
+JOB_METRIC = "job_ofu"  # the jobs processor's
+SELF_METRIC = "otel_ofu_receiver_accepted_total"  # self-telemetry, by service_instance_id
+RULE = "cluster_namespace_model_precision:gpu_ofu:sum5m"
+DOCS = "docs/backends.md"
+
+NAMING_FIX = ("the backend must name OTLP metrics the Prometheus way, with unit suffixes: Prometheus 3: "
+              "otlp.translation_strategy: UnderscoreEscapingWithSuffixes (the default); VictoriaMetrics: "
+              "-opentelemetry.usePrometheusNaming; Collector prometheus/prometheusremotewrite exporters: "
+              f"translation_strategy: UnderscoreEscapingWithSuffixes ({DOCS})")
+PROMOTE_FIX = ("resource attributes must become labels: Prometheus 3: otlp.promote_all_resource_attributes: true; "
+               "VictoriaMetrics: leave -opentelemetry.promoteAllResourceAttributes on (the default); Collector "
+               f"exporters: resource_to_telemetry_conversion.enabled: true ({DOCS})")
+
+
+class BackendError(RuntimeError):
+    """The backend could not be reached or refused a query."""
+
+
+@dataclass
+class Backend:
+    """A Prometheus-compatible query API at ``url`` (e.g. http://prometheus:9090)."""
+
+    url: str
+    timeout: float = 10.0
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def get(self, path: str, params: dict[str, str]) -> Any:
+        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}",
+                                         headers=dict(self.headers))
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.load(exc)
+            except ValueError:
+                raise BackendError(f"HTTP {exc.code} from {path}") from None
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"{self.url}: {exc}") from None
+        if body.get("status") != "success":
+            raise BackendError(f"{body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def names(self, start: float, end: float) -> set[str]:
+        return set(self.get("/api/v1/label/__name__/values", {"start": f"{start:.0f}", "end": f"{end:.0f}"}))
+
+    def count(self, expr: str, at: float) -> int:
+        """The value of ``count(expr)`` at ``at``; 0 for no series."""
+        result = self.get("/api/v1/query", {"query": f"count({expr})", "time": f"{at:.0f}"})["result"]
+        return int(float(result[0]["value"][1])) if result else 0
+
+
+def check_backend(backend: Backend, *, lookback_s: float = 3600.0, now: float | None = None) -> list[Check]:
+    """Each finding about ``backend`` as a :class:`Check`, most important first."""
+    end = time.time() if now is None else now
+    start = end - lookback_s
+    try:
+        names = backend.names(start, end)
+    except BackendError as exc:
+        return [Check("backend", FAIL, f"cannot list metric names: {exc}",
+                      "give the query API's base URL (http://HOST:9090 for Prometheus, http://HOST:8428 for "
+                      "VictoriaMetrics); otel-ofu doctor --backend reads /api/v1/label/__name__/values")]
+    window = f"[{int(lookback_s)}s]"
+    checks = [Check("backend", OK, f"{backend.url} answers: {len(names)} metric names in the last {int(lookback_s)}s")]
+    if GPU_METRIC not in names:
+        checks.append(_missing_gpu_metric(names))
+        return checks
+    series = backend.count(f"last_over_time({GPU_METRIC}{window})", end)
+    checks.append(Check("names", OK, f"{GPU_METRIC}: {series} series"))
+    missing = [label for label in GPU_LABELS
+               if backend.count(f'last_over_time({GPU_METRIC}{{{label}=""}}{window})', end)]
+    if missing:
+        hint = " (they are in target_info: not promoted)" if "target_info" in names else ""
+        checks.append(Check("labels", FAIL, f"{GPU_METRIC} series without {', '.join(missing)}{hint}", PROMOTE_FIX))
+    else:
+        checks.append(Check("labels", OK, f"{GPU_METRIC} has {', '.join(GPU_LABELS)}"))
+    suffix_gone = SUFFIXED not in names and SUFFIXED.removesuffix("_hertz") in names
+    total_gone = COUNTER not in names and COUNTER.removesuffix("_total") in names
+    if suffix_gone or total_gone:
+        found = SUFFIXED.removesuffix("_hertz") if suffix_gone else COUNTER.removesuffix("_total")
+        checks.append(Check("unit suffixes", FAIL, f"{found} arrived without its suffix (a WithoutSuffixes strategy):"
+                            " the GPU dashboard's clock panels and the clock and drop alerts find nothing",
+                            NAMING_FIX))
+    elif SUFFIXED in names:
+        checks.append(Check("unit suffixes", OK, f"{SUFFIXED}"))
+    else:
+        checks.append(Check("unit suffixes", SKIP, f"no {SUFFIXED} (inputs not exported: ofu emit_inputs off?)"))
+    if JOB_METRIC in names:
+        checks.append(Check("job metrics", OK, JOB_METRIC))
+    else:
+        checks.append(Check("job metrics", WARN, f"no {JOB_METRIC}: the Job dashboard's OFU, baseline and findings and "
+                            "the OfuJob* alerts need otel-ofu's jobs processor",
+                            "add the jobs processor to the pipeline that exports here (docs/components/processors/"
+                            "jobs.md), or load deploy/prometheus/otel-ofu-promql.alerts.yml instead"))
+    if RULE in names:
+        checks.append(Check("recording rules", OK, RULE))
+    else:
+        checks.append(Check("recording rules", WARN, f"no {RULE}: the Fleet dashboard reads the recording rules",
+                            "load deploy/prometheus/otel-ofu.rules.yml (Prometheus: rule_files; VictoriaMetrics: "
+                            "vmalert -rule=...; docs/dashboards.md#loading-the-rules)"))
+    if SELF_METRIC in names:
+        if backend.count(f'last_over_time({SELF_METRIC}{{service_instance_id=""}}{window})', end):
+            checks.append(Check("self-telemetry", WARN, f"{SELF_METRIC} without service_instance_id: the Self "
+                                "dashboard cannot tell instances apart",
+                                "Prometheus 3: otlp.keep_identifying_resource_attributes: true"))
+        else:
+            checks.append(Check("self-telemetry", OK, SELF_METRIC))
+    return checks
+
+
+def _missing_gpu_metric(names: set[str]) -> Check:
+    """No gpu_ofu: what arrived instead, and the setting that makes it gpu_ofu."""
+    if "gpu.ofu" in names:
+        return Check("names", FAIL, "gpu.ofu arrived with its OTLP name (dots kept): a UTF-8 translation "
+                     "(Prometheus 3 NoTranslation or NoUTF8EscapingWithSuffixes, or VictoriaMetrics without "
+                     "-opentelemetry.usePrometheusNaming)", NAMING_FIX)
+    if "gpu_ofu_ratio" in names:
+        return Check("names", FAIL, "gpu_ofu_ratio: the sender declared unit 1 (otel-ofu before 0.3, or a "
+                     "relabelled copy); otel-ofu now declares its ratios {ratio}, which every road names gpu_ofu",
+                     "upgrade otel-ofu on the nodes (or rename with a metric_relabel_configs rule)")
+    return Check("names", FAIL, "no gpu_ofu (nor gpu.ofu, gpu_ofu_ratio) in the last hour: nothing from otel-ofu "
+                 "arrived", "check the exporter's endpoint (Prometheus 3: http://HOST:9090/api/v1/otlp and "
+                 "--web.enable-otlp-receiver; VictoriaMetrics: http://HOST:8428/opentelemetry) and its "
+                 f"otel_ofu_exporter_* self-telemetry ({DOCS})")
+
+
+def render(url: str, checks: list[Check]) -> str:
+    lines = [f"otel-ofu doctor: what {url} holds for otel-ofu's dashboards and rules", ""]
+    for check in checks:
+        lines.append(f"  [{check.status.upper():4}] {check.name}: {check.detail}")
+        if check.fix:
+            lines.append(f"         fix: {check.fix}")
+    return "\n".join(lines)
