@@ -16,7 +16,9 @@ exporter's const label (or a scrape / remote-write external label), ``k8s_namesp
 metric relabeling in place of the kubelet attribution a real cluster has.
 
 The file exporter records the same run, so ``otel-ofu report`` can be compared with what
-Prometheus answers. Used by the dashboard tests and ``python -m tools.render_dashboards``.
+Prometheus answers. Used by the dashboard tests and ``python -m tools.render_dashboards``; the
+same run also feeds the other roads into a backend (``run_demo(exporters=...)``,
+tools/backends.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -134,8 +136,13 @@ class DemoData:
     self_end: float
 
 
-def _demo_document(recording: Path, start_time: float, acceleration: float, sink_port: int) -> dict[str, Any]:
-    """demo.yaml, accelerated, into the prometheus exporter (with timestamps), a file and an OTLP backend."""
+def _demo_document(recording: Path, start_time: float, acceleration: float, sink_port: int,
+                   exporters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """demo.yaml, accelerated, into the prometheus exporter (with timestamps), a file and an OTLP backend.
+
+    ``exporters`` (name -> config) also get the fleet's and the self-telemetry's metrics: the
+    other roads into a backend, fed by the same run.
+    """
     from otel_ofu.pipeline.config import load_document
 
     doc = load_document(DEMO_CONFIG)
@@ -159,6 +166,10 @@ def _demo_document(recording: Path, start_time: float, acceleration: float, sink
     # Per-GPU OFU only (no job events: the backend, otel-ofu's otlp receiver, takes metrics only).
     pipelines["metrics/backend"] = {"receivers": ["sim"], "processors": ["ofu"], "exporters": ["otlphttp"]}
     pipelines["metrics/self"] = {"receivers": ["selftelemetry"], "exporters": ["prometheus"]}
+    for name, config in (exporters or {}).items():
+        doc["exporters"][name] = config
+        pipelines["metrics"]["exporters"].append(name)
+        pipelines["metrics/self"]["exporters"].append(name)
     return doc
 
 
@@ -181,6 +192,50 @@ def namespace_of(job_id: str) -> str | None:
     return None
 
 
+class GpuNamespaces:
+    """The namespace of each series, as attribution would set it: its job's, else its GPU's last job's."""
+
+    def __init__(self) -> None:
+        self.of_gpu: dict[str, str] = {}  # hw_id -> namespace of the job seen on it
+
+    def namespace(self, job_id: str | None, hw_id: str | None) -> str | None:
+        namespace = namespace_of(job_id or "")
+        if namespace and hw_id:
+            self.of_gpu[hw_id] = namespace
+        if namespace is None and job_id is None:
+            namespace = self.of_gpu.get(hw_id or "")
+        return namespace
+
+
+class DemoResources:
+    """The labels a real deployment adds outside otel-ofu, on the OTLP roads: ``k8s.namespace.name``
+    (as attribution would) and ``cluster`` on every resource, as :class:`ExpositionRecorder` adds
+    them to the scraped road's series."""
+
+    def __init__(self) -> None:
+        self.namespaces = GpuNamespaces()
+        self._done: dict[int, tuple[Any, Any]] = {}  # id(resource) -> (resource, labelled): resources are reused
+
+    def label(self, batch: Any) -> Any:
+        from otel_ofu.core.model import Batch
+
+        points = []
+        for point in batch.points:
+            found = self._done.get(id(point.resource))
+            if found is None or found[0] is not point.resource:
+                resource = dict(point.resource)
+                extra = {"cluster": CLUSTER}
+                job = resource.get("ofu.job.id")
+                namespace = self.namespaces.namespace(None if job is None else str(job), resource.get("hw.id"))
+                if namespace and "k8s.namespace.name" not in resource:
+                    extra["k8s.namespace.name"] = namespace
+                found = (point.resource, tuple(sorted({**resource, **extra}.items())))
+                if job is not None:  # a job-less series takes its GPU's latest namespace: not kept
+                    self._done[id(point.resource)] = found
+            points.append(replace(point, resource=found[1]))
+        return Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
+
+
 class ExpositionRecorder:
     """Every sample the exporter served, by family and series, as one OpenMetrics document.
 
@@ -190,7 +245,7 @@ class ExpositionRecorder:
 
     def __init__(self) -> None:
         self.families: dict[str, tuple[str, str, dict[tuple, dict[float, float]]]] = {}
-        self.gpu_namespace: dict[str, str] = {}  # hw_id -> namespace of the job seen on it
+        self.namespaces = GpuNamespaces()
 
     def record(self, exporter: Any) -> None:
         for metric in exporter.collect():
@@ -200,11 +255,7 @@ class ExpositionRecorder:
             for sample in metric.samples:
                 labels = dict(sample.labels)
                 # As attribution would: the namespace of the job on the GPU, on every series of the GPU.
-                namespace = namespace_of(labels.get("ofu_job_id", ""))
-                if namespace and "hw_id" in labels:
-                    self.gpu_namespace[labels["hw_id"]] = namespace
-                if namespace is None and "ofu_job_id" not in labels:
-                    namespace = self.gpu_namespace.get(labels.get("hw_id", ""))
+                namespace = self.namespaces.namespace(labels.get("ofu_job_id"), labels.get("hw_id"))
                 if namespace and "k8s_namespace_name" not in labels:
                     labels["k8s_namespace_name"] = namespace
                 if sample.timestamp is None:
@@ -223,24 +274,62 @@ class ExpositionRecorder:
                 for (sample_name, labels), points in sorted(series.items()):
                     text = ",".join(f'{k}="{escape(str(v))}"' for k, v in labels)
                     for t in sorted(points):
-                        out.write(f"{sample_name}{{{text}}} {points[t]!r} {t:.3f}\n")
+                        # Whole milliseconds, cut as a scrape of the exposition and OTLP's nanoseconds are.
+                        millis = math.floor(round(t * 1e6) / 1000)
+                        out.write(f"{sample_name}{{{text}}} {points[t]!r} {millis // 1000}.{millis % 1000:03d}\n")
                         count += 1
             out.write("# EOF\n")
         return count
 
 
-def _start_prometheus(binary: str, workdir: Path, port: int, data: Path) -> tuple[subprocess.Popen, Prometheus]:
-    (workdir / "prometheus.yml").write_text("global:\n  evaluation_interval: 1m\n")
-    log_file = workdir / "prometheus.log"
-    with open(log_file, "ab") as out:
-        process = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d",
-             f"--query.lookback-delta={LOOKBACK}"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
-    api = Prometheus(f"http://127.0.0.1:{port}")
-    _wait("prometheus to be ready", api.ready, 60, process, log_file)
-    return process, api
+class PrometheusServer:
+    """A Prometheus process on its own port, data folder and config, that can be restarted.
+
+    ``config`` is the prometheus.yml text; ``flags`` are added to the command line (e.g.
+    ``--web.enable-otlp-receiver``). The query lookback is :data:`LOOKBACK` (see there).
+    """
+
+    def __init__(self, binary: str, workdir: Path, *, config: str = "global:\n  evaluation_interval: 1m\n",
+                 flags: tuple[str, ...] = (), data: Path | None = None) -> None:
+        self.binary, self.workdir, self.flags = binary, workdir, flags
+        self.data = data or workdir / "tsdb"
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "prometheus.yml").write_text(config)
+        (self.port,) = free_ports(1)
+        self.api = Prometheus(f"http://127.0.0.1:{self.port}")
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> PrometheusServer:
+        log_file = self.workdir / "prometheus.log"
+        with open(log_file, "ab") as out:
+            self.process = subprocess.Popen(
+                [self.binary, f"--config.file={self.workdir / 'prometheus.yml'}", f"--storage.tsdb.path={self.data}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=3650d",
+                 f"--query.lookback-delta={LOOKBACK}", *self.flags],
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
+        _wait("prometheus to be ready", self.api.ready, 60, self.process, log_file)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
+def backfill_rules(server: PrometheusServer, promtool: str, start: float, end: float, rules: Path = RULES) -> None:
+    """Evaluate the recording rules over [start, end] at 1m (``promtool tsdb create-blocks-from rules``
+    against the server's API) and restart the server with the rules' blocks: Prometheus itself
+    evaluates rules only at "now"."""
+    rule_blocks = server.workdir / "rule-blocks"
+    # From a whole minute, as vmalert (evaluation aligned to the group's interval) evaluates them too.
+    first = (int(start) // 60) * 60
+    _promtool(promtool, "tsdb", "create-blocks-from", "rules", f"--start={first}", f"--end={int(end) + 60}",
+              f"--url={server.api.url}", "--eval-interval=1m", f"--output-dir={rule_blocks}", str(rules))
+    server.stop()
+    server.data.mkdir(parents=True, exist_ok=True)
+    for block in rule_blocks.iterdir():
+        shutil.move(str(block), server.data / block.name)
+    server.start()
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -272,9 +361,12 @@ def _wait(what: str, check, timeout: float, process: subprocess.Popen | None = N
         time.sleep(0.1)
 
 
-def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600.0) -> tuple[Path, float, float,
-                                                                                             float, float]:
-    """Run the demo pipeline; (OpenMetrics file, data start, data end, self-telemetry start, end)."""
+def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600.0,
+             exporters: dict[str, dict[str, Any]] | None = None) -> tuple[Path, float, float, float, float]:
+    """Run the demo pipeline; (OpenMetrics file, data start, data end, self-telemetry start, end).
+
+    ``exporters``: more exporters (name -> config) the fleet and self-telemetry metrics go to.
+    """
     from otel_ofu.pipeline import registry
     from otel_ofu.pipeline.config import parse_service_config
     from otel_ofu.pipeline.service import Service
@@ -282,8 +374,11 @@ def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600
     workdir.mkdir(parents=True, exist_ok=True)
     (sink_port,) = free_ports(1)
     wall_s = span_s / acceleration
-    start_time = math.floor(time.time() - span_s - wall_s)
-    doc = _demo_document(workdir / "demo.jsonl", start_time, acceleration, sink_port)
+    # Half a second off the whole minute: no point lies on the boundary of a query's or a rule's
+    # window (rules run on whole minutes), where engines differ on whether it counts (Prometheus 3
+    # takes (t - range, t], VictoriaMetrics also the point at t - range).
+    start_time = math.floor(time.time() - span_s - wall_s) + 0.5
+    doc = _demo_document(workdir / "demo.jsonl", start_time, acceleration, sink_port, exporters)
     service = Service(parse_service_config(doc, str(DEMO_CONFIG), registry.factories()))
     sink = _sink_service(sink_port, workdir)
     exporter = service.exporters["prometheus"].exporter
@@ -295,6 +390,10 @@ def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600
         recorder.record(exporter)
 
     exporter.export = export_and_record  # type: ignore[method-assign]
+    resources = DemoResources()
+    for name in exporters or {}:
+        road = service.exporters[name].exporter
+        road.export = (lambda send: lambda batch: send(resources.label(batch)))(road.export)  # type: ignore[method-assign]
     self_start = time.time()
     service.start()
     sim = service.receivers["sim"]
@@ -320,19 +419,20 @@ def demo_in_prometheus(workdir: Path, prometheus_bin: str, promtool_bin: str, *,
     """Run the demo for ``span_s`` of fleet time, load it and the recording rules into a fresh
     Prometheus, and yield it for queries."""
     openmetrics, start, end, self_start, self_end = run_demo(workdir, span_s=span_s, acceleration=acceleration)
-    data = workdir / "tsdb"
-    _promtool(promtool_bin, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(data))
-    (port,) = free_ports(1)
-    process, api = _start_prometheus(prometheus_bin, workdir, port, data)
+    with exposition_in_prometheus(workdir / "prometheus", prometheus_bin, promtool_bin, openmetrics, start,
+                                  max(end, self_end)) as server:
+        yield DemoData(server.api, start, end, workdir / "demo.jsonl", self_start, self_end)
+
+
+@contextlib.contextmanager
+def exposition_in_prometheus(workdir: Path, prometheus_bin: str, promtool_bin: str, openmetrics: Path, start: float,
+                             end: float) -> Iterator[PrometheusServer]:
+    """The recorded exposition as TSDB blocks in a fresh Prometheus, with the recording rules backfilled."""
+    server = PrometheusServer(prometheus_bin, workdir)
+    _promtool(promtool_bin, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(openmetrics), str(server.data))
     try:
-        rule_blocks = workdir / "rule-blocks"
-        _promtool(promtool_bin, "tsdb", "create-blocks-from", "rules", f"--start={int(start) - 10}",
-                  f"--end={int(max(end, self_end)) + 60}", f"--url={api.url}", "--eval-interval=1m",
-                  f"--output-dir={rule_blocks}", str(RULES))
-        _stop(process)
-        for block in rule_blocks.iterdir():
-            shutil.move(str(block), data / block.name)
-        process, api = _start_prometheus(prometheus_bin, workdir, port, data)
-        yield DemoData(api, start, end, workdir / "demo.jsonl", self_start, self_end)
+        server.start()
+        backfill_rules(server, promtool_bin, start, end)
+        yield server
     finally:
-        _stop(process)
+        server.stop()
