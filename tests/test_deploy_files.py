@@ -251,9 +251,9 @@ QUOTED_MESSAGES = [
      "Compute/Systems, another nv-hostengine, dcgm-exporter's embedded engine) or point address at the host "
      "engine that owns them"),
     ("attribution source kubelet failed (", "attribution source %s failed (%s); using its last answer for"),
-    ("pods failed (HTTP 403 Forbidden:", "%s: %s of node %s's pods failed (%s)%s; retrying with backoff"),
+    ("pods failed (HTTP 403 Forbidden:", "%s: %s of node %s's %s failed (%s)%s; retrying with backoff"),
     ("the service account needs get, list and watch on pods (",
-     "; the service account needs get, list and watch on pods ("),
+     "the service account needs get, list and watch on pods"),
     ("the device plugin uses the index id strategy, and indexes are never matched; set the NVIDIA device plugin's "
      "deviceIDStrategy to uuid",
      "the device plugin uses the index id strategy, and indexes are never matched; set the NVIDIA device plugin's "

@@ -301,7 +301,7 @@ def test_restart_marks_stale_keeps_serving_then_recovers(cluster, watchers, capl
     assert watcher.job_id(ns, "before") == "k8s:restart/v"
     messages = [r.getMessage() for r in caplog.records]
     assert sum("failed" in m for m in messages) == 1, messages
-    assert any("pod metadata is stale" in m for m in messages) and any("answers again" in m for m in messages)
+    assert any("the node's pods are stale" in m for m in messages) and any("answers again" in m for m in messages)
 
 
 def test_watch_too_old_after_a_partition_relists(cluster, watchers):
