@@ -107,7 +107,7 @@ def test_kubelet_names_pod_namespace_and_container(kubelet):
     proc.refresh()
     a, b = run(proc, sample(GPU_A), sample(GPU_B, index=1))
     assert kubelet.calls == 1
-    assert a.job_id == "k8s:llm/trainer-0"
+    assert a.job_id == "k8s:llm/Pod/trainer-0"
     assert {k: a.resource[k] for k in ("k8s.pod.name", "k8s.namespace.name", "k8s.container.name")} == {
         "k8s.pod.name": "trainer-0", "k8s.namespace.name": "llm", "k8s.container.name": "pytorch"}
     assert a.resource["ofu.job.source"] == "kubelet" and "ofu.job.shared" not in a.resource
@@ -133,10 +133,10 @@ def test_uuid_case_mig_and_time_slicing_replicas_share_a_gpu(kubelet):
     proc = make(kube_cfg(kubelet.socket))
     proc.refresh()
     shared, mig = run(proc, sample(GPU_A.lower()), sample(MIG_A, index="0:1"))
-    assert shared.job_id == "k8s:team/a,k8s:team/b"
+    assert shared.job_id == "k8s:team/Pod/a,k8s:team/Pod/b"
     assert shared.resource["ofu.job.shared"] is True
     assert shared.resource["k8s.pod.name"] == "a,b" and shared.resource["k8s.namespace.name"] == "team"
-    assert mig.job_id == "k8s:team/m" and "ofu.job.shared" not in mig.resource
+    assert mig.job_id == "k8s:team/Pod/m" and "ofu.job.shared" not in mig.resource
 
 
 def test_index_device_ids_are_never_matched(kubelet, caplog):
@@ -154,13 +154,13 @@ def test_pod_end_removes_its_attributes(kubelet):
     kubelet.pods = [pod("trainer-0", "llm", ("pytorch", "nvidia.com/gpu", [GPU_A]))]
     proc = make(kube_cfg(kubelet.socket))
     proc.refresh()
-    assert run(proc, sample(GPU_A))[0].job_id == "k8s:llm/trainer-0"
+    assert run(proc, sample(GPU_A))[0].job_id == "k8s:llm/Pod/trainer-0"
     kubelet.pods = [pod("next-job", "llm", ("pytorch", "nvidia.com/gpu", [GPU_B]))]
     proc.refresh()
     a, b = run(proc, sample(GPU_A), sample(GPU_B))
     assert a.job_id is None and not any(k.startswith("k8s.") for k in a.resource)
     assert "ofu.job.source" not in a.resource
-    assert b.job_id == "k8s:llm/next-job"
+    assert b.job_id == "k8s:llm/Pod/next-job"
 
 
 def test_kubelet_outage_keeps_last_answer_for_cache_ttl_only(kubelet, caplog):
@@ -172,7 +172,7 @@ def test_kubelet_outage_keeps_last_answer_for_cache_ttl_only(kubelet, caplog):
     clock.now += 20
     with caplog.at_level(logging.WARNING):
         proc.refresh()
-    assert run(proc, sample(GPU_A))[0].job_id == "k8s:llm/trainer-0"  # within the TTL
+    assert run(proc, sample(GPU_A))[0].job_id == "k8s:llm/Pod/trainer-0"  # within the TTL
     clock.now += 20
     proc.refresh()
     assert run(proc, sample(GPU_A))[0].job_id is None  # past it: nothing stale
@@ -194,7 +194,7 @@ def test_background_thread_refreshes_without_blocking_start(kubelet):
     proc.start()
     try:
         assert done.wait(30)
-        assert run(proc, sample(GPU_A))[0].job_id == "k8s:ns/p"
+        assert run(proc, sample(GPU_A))[0].job_id == "k8s:ns/Pod/p"
     finally:
         proc.shutdown()
     assert not proc._thread.is_alive()
@@ -260,7 +260,7 @@ def test_kubelet_and_cgroup_merge_into_one_pod_not_a_shared_gpu(kubelet):
     proc = make(kube_cfg(kubelet.socket) | proc_cfg())
     proc.refresh()
     (out,) = run(proc, sample(GPU_A, resource={"process.pid": "2001"}))
-    assert out.job_id == "k8s:llm/trainer-0"
+    assert out.job_id == "k8s:llm/Pod/trainer-0"
     assert out.resource["k8s.pod.uid"] == UID2 and out.resource["k8s.pod.name"] == "trainer-0"
     assert "ofu.job.shared" not in out.resource
     assert out.resource["ofu.job.source"] == "kubelet+process"
@@ -372,12 +372,20 @@ def test_nvml_pid_provider_keys_by_uuid():
 # --- labels already on the sample, rules, precision ----------------------------------------
 
 def test_dcgm_exporter_pod_labels_and_job_label():
+    """Pod labels on the sample name the job by the API source's rules; k8s_job_label comes first."""
     res = {"k8s.pod.name": "llama-worker-3", "k8s.namespace.name": "llm",
-           "k8s.pod.label.batch.kubernetes.io/job-name": "llama-pretrain"}
+           "k8s.pod.label.batch.kubernetes.io/job-name": "llama-pretrain",
+           "k8s.pod.label.batch.kubernetes.io/controller-uid": "c0ffee"}
     plain, labelled = make(), make({"k8s_job_label": "batch.kubernetes.io/job-name"})
-    assert run(plain, sample(resource=dict(res)))[0].job_id == "k8s:llm/llama-worker-3"
+    out = run(plain, sample(resource=dict(res)))[0]
+    assert out.job_id == "k8s:llm/Job/llama-pretrain"
+    assert (out.resource["ofu.job.kind"], out.resource["ofu.job.run"]) == ("Job", "c0ffee")
     out = run(labelled, sample(resource=dict(res)))[0]
     assert out.job_id == "k8s:llm/llama-pretrain" and out.resource["ofu.job.source"] == "scrape"
+    bare = {"k8s.pod.name": "notebook", "k8s.namespace.name": "llm", "k8s.pod.uid": "u-1"}
+    out = run(plain, sample(resource=bare))[0]
+    assert (out.job_id, out.resource["ofu.job.kind"], out.resource["ofu.job.run"]) == (
+        "k8s:llm/Pod/notebook", "Pod", "u-1")
 
 
 def test_hpc_job_label_as_given_and_joined_with_slurm():
@@ -437,7 +445,7 @@ def test_rules_by_uuid_host_glob_and_attribute():
         sample(GPU_B, resource={"k8s.pod.name": "p", "k8s.namespace.name": "fp8-train"}), sample(GPU_A))
     assert (by_uuid.job_id, by_uuid.precision, by_uuid.resource["ofu.job.source"]) == ("reserved-eval", None, "rule")
     assert (by_host.job_id, by_host.precision) == ("dgx-pool", "fp16")
-    assert (by_attr.job_id, by_attr.precision) == ("k8s:fp8-train/p", "fp8")
+    assert (by_attr.job_id, by_attr.precision) == ("k8s:fp8-train/Pod/p", "fp8")
     assert (none.job_id, none.precision) == (None, None)
 
 
@@ -445,7 +453,7 @@ def test_rules_yield_to_schedulers_unless_override(kubelet):
     kubelet.pods = [pod("p", "ns", ("c", "nvidia.com/gpu", [GPU_C]))]
     proc = make(kube_cfg(kubelet.socket, rules=RULES[:1]))
     proc.refresh()
-    assert run(proc, sample(GPU_C))[0].job_id == "k8s:ns/p"
+    assert run(proc, sample(GPU_C))[0].job_id == "k8s:ns/Pod/p"
     forced = make(kube_cfg(kubelet.socket, rules=[{**RULES[0], "override": True}]))
     forced.refresh()
     out = run(forced, sample(GPU_C))[0]
@@ -490,8 +498,8 @@ def test_max_jobs_overflow_logs_once_per_burst_and_strips_per_job_attributes(cap
     with caplog.at_level(logging.WARNING):
         first = batch(t0, "a", "b", "c", "d")
         second = batch(t0 + 10 * 10**9, "a", "b", "c", "e")
-    assert [s.job_id for s in first] == ["k8s:ns/a", "k8s:ns/b", "overflow", "overflow"]
-    assert [s.job_id for s in second] == ["k8s:ns/a", "k8s:ns/b", "overflow", "overflow"]
+    assert [s.job_id for s in first] == ["k8s:ns/Pod/a", "k8s:ns/Pod/b", "overflow", "overflow"]
+    assert [s.job_id for s in second] == ["k8s:ns/Pod/a", "k8s:ns/Pod/b", "overflow", "overflow"]
     over = first[2]
     assert "k8s.pod.name" not in over.resource and over.resource["k8s.namespace.name"] == "ns"
     warnings = [r for r in caplog.records if "max_jobs=2" in r.getMessage()]
@@ -503,7 +511,7 @@ def test_max_jobs_overflow_logs_once_per_burst_and_strips_per_job_attributes(cap
     later = t0 + 11 * 60 * 10**9
     with caplog.at_level(logging.WARNING):
         third = batch(later, "c", "d", "f")
-    assert [s.job_id for s in third] == ["k8s:ns/c", "k8s:ns/d", "overflow"]
+    assert [s.job_id for s in third] == ["k8s:ns/Pod/c", "k8s:ns/Pod/d", "overflow"]
     assert len([r for r in caplog.records if "max_jobs=2" in r.getMessage()]) == 2
 
 
@@ -538,7 +546,7 @@ def test_end_to_end_attribution_then_ofu(kubelet):
     points = [p for p in ofu.process(attribution.process(batch)).points if p.name == "gpu.ofu"]
     by_gpu = {dict(p.resource)["hw.id"]: p for p in points}
     k8s, slurm, unknown = by_gpu[GPU_A], by_gpu[GPU_B], by_gpu[GPU_C]
-    assert dict(k8s.resource)["ofu.job.id"] == "k8s:llm/trainer-0"
+    assert dict(k8s.resource)["ofu.job.id"] == "k8s:llm/Pod/trainer-0"
     assert dict(k8s.resource)["ofu.precision"] == "fp8"
     assert {k: v for k, v in k8s.resource if k.startswith("k8s.")} == {
         "k8s.pod.name": "trainer-0", "k8s.namespace.name": "llm", "k8s.container.name": "pytorch",

@@ -35,7 +35,7 @@ def test_a_pod_report_gets_the_id_its_gpus_get_from_dcgm_exporter_labels():
     out = proc.process(Batch(samples=gpus, points=[report({"k8s.pod.name": "trainer-0",
                                                               "k8s.namespace.name": "llm", "process.pid": 7})]))
     (point,) = out.points
-    assert {s.job_id for s in out.samples} == {job_id_of(point)} == {"k8s:llm/trainer-0"}
+    assert {s.job_id for s in out.samples} == {job_id_of(point)} == {"k8s:llm/Pod/trainer-0"}
     resource = dict(point.resource)
     assert resource["ofu.job.source"] == "report" and resource["process.pid"] == 7  # the rank stays apart
     assert outcome(proc, "attributed") == 1
@@ -86,7 +86,7 @@ def test_a_report_that_names_its_job_keeps_it_and_other_metrics_are_left_alone()
     out = annotate(proc, named, loss)
     assert out == [named, loss] and outcome(proc, "kept") == 1
     (custom,) = annotate(make({"report_metrics": ["training.loss"]}), loss)
-    assert job_id_of(custom) == "k8s:ns/p"
+    assert job_id_of(custom) == "k8s:ns/Pod/p"
 
 
 def test_a_report_naming_nothing_is_counted_and_logged_once(caplog):

@@ -90,13 +90,13 @@ def test_clock_skew_and_a_point_a_day_ahead_give_one_start_and_one_end_per_job(t
                 pipeline.grpc(scrape("node-b", base + t + 86400, "train-b"))
     finally:
         points, events = pipeline.stop()
-    assert job_events(events) == {("ofu.job.start", "k8s:research/train-a"): 1,
-                                  ("ofu.job.end", "k8s:research/train-a"): 1,
-                                  ("ofu.job.start", "k8s:research/train-b"): 1,
-                                  ("ofu.job.end", "k8s:research/train-b"): 1}
+    assert job_events(events) == {("ofu.job.start", "k8s:research/Pod/train-a"): 1,
+                                  ("ofu.job.end", "k8s:research/Pod/train-a"): 1,
+                                  ("ofu.job.start", "k8s:research/Pod/train-b"): 1,
+                                  ("ofu.job.end", "k8s:research/Pod/train-b"): 1}
     ends = {dict(e.attributes)["ofu.job.id"]: dict(e.attributes) for e in events if e.name == "ofu.job.end"}
     assert {a["ofu.job.end_reason"] for a in ends.values()} == {"timeout"}
-    assert ends["k8s:research/train-a"]["ofu.job.duration_s"] == 10 * 60  # its first window covers 30 s
+    assert ends["k8s:research/Pod/train-a"]["ofu.job.duration_s"] == 10 * 60  # its first window covers 30 s
     # The scrape from the future still passed through as the GPU's OFU; only the job books skipped it.
     assert any(p.name == "gpu.ofu" and p.time_unix_nano > (base + 86000) * 1e9 for p in points)
 
@@ -121,7 +121,7 @@ def test_a_backlog_replayed_after_a_partition_does_not_end_the_job(tmp_path):
         _, events = pipeline.stop()
     assert set(job_events(events).values()) == {1} and len(job_events(events)) == 4
     ends = {dict(e.attributes)["ofu.job.id"]: dict(e.attributes) for e in events if e.name == "ofu.job.end"}
-    assert ends["k8s:research/train-a"]["ofu.job.gpu_hours"] * 3600 == ends["k8s:research/train-b"][
+    assert ends["k8s:research/Pod/train-a"]["ofu.job.gpu_hours"] * 3600 == ends["k8s:research/Pod/train-b"][
         "ofu.job.gpu_hours"] * 3600 == 15 * 60  # every window counted once
 
 
@@ -163,7 +163,7 @@ def test_a_gpu_without_tpa_is_a_no_value_window_and_its_clock_is_forwarded(tmp_p
     (dropped,) = gpu_points(points, "gpu.ofu.dropped")["GPU-p"]
     assert dict(dropped.attributes)["ofu.drop.reason"] == "missing" and dropped.value == 1
     (clock_p,) = gpu_points(points, "gpu.sm.clock.frequency")["GPU-p"]
-    assert clock_p.value == 1500e6 and dict(clock_p.resource)["ofu.job.id"] == "k8s:research/train-p"
+    assert clock_p.value == 1500e6 and dict(clock_p.resource)["ofu.job.id"] == "k8s:research/Pod/train-p"
     forwarded = [p for p in points if p.name == "DCGM_FI_DEV_SM_CLOCK"]
     assert [(p.value, p.attributes) for p in forwarded] == [(1234.0, ())]
     assert {dict(p.attributes)["UUID"] for p in points if p.name == "DCGM_FI_DEV_POWER_USAGE"} == {"GPU-p", "GPU-q"}

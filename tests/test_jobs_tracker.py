@@ -440,3 +440,28 @@ def test_what_a_gpus_tuples_say_is_read_by_their_identity_not_equality():
     # The same tuples again, later: the same answers.
     book.observe([MetricPoint("gpu.ofu", 0.4, int((T0 + 20) * 1e9), as_bool.resource, ())])
     assert book.jobs["True"].totals.gpu_seconds == pytest.approx(20)
+
+
+def test_a_recreated_job_is_a_new_run_with_its_own_totals_and_baseline():
+    """Issue 22: a PyTorchJob deleted and created again under its name keeps its id, but is a new
+    run (ofu.job.run, its new UID): a second start, its own GPU-hours, no inherited baseline."""
+    book = JobBook(JobsConfig())
+    job = "k8s:ml/PyTorchJob/llama"
+    started, ended = [], []
+
+    def run_for(start: int, end: int, value: float, run: str) -> None:
+        for t in range(start, end + 1, 10):
+            update = book.observe([ofu(t, value, resource_extra={JOB_ID: job, "ofu.job.run": run})])
+            started.extend((tr.job_id, dict(tr.resource).get("ofu.job.run")) for tr in update.started)
+            ended.extend((s.job_id, dict(s.resource).get("ofu.job.run"), s.totals.gpu_seconds) for s in update.ended)
+
+    run_for(10, 20 * 60, 0.6, "uid-1")
+    (first,) = book.jobs.values()
+    assert first.regression.baseline is not None  # twenty minutes of history
+    run_for(20 * 60 + 10, 30 * 60, 0.2, "uid-2")  # re-created: same name, new UID, on the same GPU
+    assert started == [(job, "uid-1"), (job, "uid-2")]
+    assert ended == [(job, "uid-1", 20 * 60)]  # the first run ended when its GPU moved on, with its own totals
+    (second,) = book.jobs.values()
+    assert dict(second.resource)[JOB_ID] == job  # the stable name dashboards group by
+    assert second.totals.gpu_seconds == pytest.approx(10 * 60) and second.totals.ofu_mean == pytest.approx(0.2)
+    assert not [f for f in second.open_findings() if f.kind == "regression"]  # 0.2 is its own normal, not a drop

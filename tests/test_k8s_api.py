@@ -124,15 +124,15 @@ def test_every_pod_of_a_job_on_every_node_gets_one_job_id(cluster, watchers):
             records = list(watcher._pods.values())
         for record in records:
             seen.setdefault(record.job_id, set()).add(record.name)
-            if record.job_id == "k8s:train/llama-70b":
+            if record.job_id == "k8s:train/PyTorchJob/llama-70b":
                 assert record.job.kind == "PyTorchJob" and record.precision == "fp8" and record.uid
     assert {job: len(pods) for job, pods in seen.items()} == {
-        "k8s:train/llama-70b": 16, "k8s:train/gpt": 2, "k8s:train/sweep": 2, "k8s:train/vllm": 2,
-        "k8s:train/notebook": 1}
+        "k8s:train/PyTorchJob/llama-70b": 16, "k8s:train/JobSet/gpt": 2, "k8s:train/Job/sweep": 2,
+        "k8s:train/Deployment/vllm": 2, "k8s:train/Pod/notebook": 1}
     assert [len(w) for w in node_watchers] == [6, 6, 5, 6]  # memory: the node's pods, nothing else
     assert all(w.pod(ns, "elsewhere") is None for w in node_watchers)
     assert node_watchers[0].telemetry.gauge("otel_ofu.attribution.kubernetes.pods", node="gpu-node-0") == 6
-    assert node_watchers[0].job_id(ns, "llama-70b-master-0") == "k8s:train/llama-70b"
+    assert node_watchers[0].job_id(ns, "llama-70b-master-0") == "k8s:train/PyTorchJob/llama-70b"
     assert node_watchers[0].job_id(ns, "no-such-pod") is None
 
 
@@ -141,13 +141,13 @@ def test_watch_sees_new_changed_and_deleted_pods(cluster, watchers):
     cluster.namespace(ns)
     cluster.create_pod(ns, "first", node)
     watcher = watchers(cluster, node)
-    assert watcher.job_id(ns, "first") == "k8s:watch/first"
+    assert watcher.job_id(ns, "first") == "k8s:watch/Pod/first"
     cluster.create_pod(ns, "mnist-worker-0", node, labels={"volcano.sh/job-name": "mnist"},
                        owners=[owner("Job", "mnist", "batch.volcano.sh/v1alpha1")])
-    until("the new pod", lambda: watcher.job_id(ns, "mnist-worker-0") == "k8s:watch/mnist")
+    until("the new pod", lambda: watcher.job_id(ns, "mnist-worker-0") == "k8s:watch/VolcanoJob/mnist")
     # a label change (here: the job label someone adds) is seen through MODIFIED
     cluster.patch_labels(ns, "first", {"leaderworkerset.sigs.k8s.io/name": "deepseek"})
-    until("the relabelled pod", lambda: watcher.job_id(ns, "first") == "k8s:watch/deepseek")
+    until("the relabelled pod", lambda: watcher.job_id(ns, "first") == "k8s:watch/LeaderWorkerSet/deepseek")
     uid = watcher.pod(ns, "first").uid
     cluster.delete_pod(ns, "first")
     until("the delete", lambda: watcher.pod(ns, "first") is None)
@@ -169,7 +169,7 @@ def test_pods_only_rbac_is_enough_and_secrets_are_never_asked_for(cluster, watch
     cluster.create_pod(ns, "trainer-0", node, labels={"jobset.sigs.k8s.io/jobset-name": "t"})
     since = len(cluster.audit(WATCHER_USER))
     watcher = watchers(cluster, node)
-    assert watcher.job_id(ns, "trainer-0") == "k8s:rbac/t"
+    assert watcher.job_id(ns, "trainer-0") == "k8s:rbac/JobSet/t"
     cluster.create_pod(ns, "trainer-1", node, labels={"jobset.sigs.k8s.io/jobset-name": "t"})
     until("the watch", lambda: watcher.job_id(ns, "trainer-1"))
     watcher.stop()
@@ -199,7 +199,7 @@ def test_forbidden_is_logged_with_the_rbac_hint_then_recovers_when_granted(clust
     assert "stranger" in errors[0]  # the API server's own message names the user
     cluster.grant(STRANGER_USER, "stranger-pods", PODS_ONLY)
     assert watcher.synced.wait(60)
-    assert watcher.job_id(ns, "p") == "k8s:denied/p" and not watcher.stale
+    assert watcher.job_id(ns, "p") == "k8s:denied/Pod/p" and not watcher.stale
 
 
 def test_owner_lookups_follow_a_replicaset_to_its_rollout_only_with_rbac(cluster, watchers, caplog):
@@ -217,15 +217,15 @@ def test_owner_lookups_follow_a_replicaset_to_its_rollout_only_with_rbac(cluster
     with caplog.at_level(logging.ERROR, logger="otel_ofu.attribution.k8s_api"):
         denied = watchers(cluster, node, owner_lookups=["ReplicaSet"])
     record = denied.pod(ns, "canary-5f6d-abcde")
-    assert (record.job.kind, record.job_id) == ("ReplicaSet", "k8s:rollouts/canary-5f6d")
+    assert (record.job.kind, record.job_id) == ("ReplicaSet", "k8s:rollouts/ReplicaSet/canary-5f6d")
     assert any("owner_lookups lists ReplicaSet" in r.getMessage() for r in caplog.records)
     denied.stop()
     cluster.grant(WATCHER_USER, "otel-ofu-replicasets",
                   [{"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get"]}])
     allowed = watchers(cluster, node, owner_lookups=["ReplicaSet"])
     record = allowed.pod(ns, "canary-5f6d-abcde")
-    assert (record.job.kind, record.job_id, record.job.rule) == ("Rollout", "k8s:rollouts/canary",
-                                                                  "owner ReplicaSet->Rollout")
+    assert (record.job.kind, record.job_id, record.job.rule) == (
+        "Rollout.argoproj.io", "k8s:rollouts/Rollout.argoproj.io/canary", "owner ReplicaSet->Rollout")
     allowed.stop()
     made = set(requests_of(cluster, WATCHER_USER, since))
     assert made <= {("list", "pods"), ("watch", "pods"), ("get", "replicasets"), ("get", "/apis/apps/v1")}, made
@@ -263,16 +263,18 @@ def test_rayjob_through_a_raycluster_custom_resource(cluster, watchers):
     for name, kind in (("rl-x7k2p-head-abcde", "head"), ("rl-x7k2p-gpu-worker-fghij", "worker")):
         cluster.create_pod(ns, name, node, owners=[cluster_ref],
                            labels={"ray.io/cluster": "rl-x7k2p", "ray.io/node-type": kind, "ray.io/is-ray-node": "yes"})
-    cluster.create_pod(ns, "rl-submitter-k8s7d", node, labels={"batch.kubernetes.io/job-name": "rl", "job-name": "rl"},
+    cluster.create_pod(ns, "rl-submitter-k8s7d", node, labels={"batch.kubernetes.io/job-name": "rl", "job-name": "rl",
+                                                               "ray.io/originated-from-crd": "RayJob",
+                                                               "ray.io/originated-from-cr-name": "rl"},
                        owners=[owner("Job", "rl", "batch/v1")])
     cluster.grant(WATCHER_USER, "otel-ofu-rayclusters",
                   [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get"]}])
     watcher = watchers(cluster, node, owner_lookups=["RayCluster"])
     jobs = {(r.name, r.job.kind, r.job_id) for r in (watcher.pod(ns, n) for n in (
         "rl-x7k2p-head-abcde", "rl-x7k2p-gpu-worker-fghij", "rl-submitter-k8s7d"))}
-    assert jobs == {("rl-x7k2p-head-abcde", "RayJob", "k8s:ray/rl"),
-                    ("rl-x7k2p-gpu-worker-fghij", "RayJob", "k8s:ray/rl"),
-                    ("rl-submitter-k8s7d", "Job", "k8s:ray/rl")}
+    assert jobs == {("rl-x7k2p-head-abcde", "RayJob", "k8s:ray/RayJob/rl"),
+                    ("rl-x7k2p-gpu-worker-fghij", "RayJob", "k8s:ray/RayJob/rl"),
+                    ("rl-submitter-k8s7d", "RayJob", "k8s:ray/RayJob/rl")}
 
 
 def _try(call):
@@ -293,12 +295,12 @@ def test_restart_marks_stale_keeps_serving_then_recovers(cluster, watchers, capl
         cluster.stop_apiserver()
         until("stale", lambda: watcher.stale, timeout=60)
         assert watcher.telemetry.gauge("otel_ofu.attribution.kubernetes.stale", node=node) == 1
-        assert watcher.job_id(ns, "before") == "k8s:restart/v"  # the last known state still serves
+        assert watcher.job_id(ns, "before") == "k8s:restart/VolcanoJob/v"  # the last known state still serves
         cluster.start_apiserver()
         cluster.create_pod(ns, "after", node)
         until("the pod created after the restart", lambda: watcher.job_id(ns, "after"), timeout=90)
     assert not watcher.stale and watcher.telemetry.gauge("otel_ofu.attribution.kubernetes.stale", node=node) == 0
-    assert watcher.job_id(ns, "before") == "k8s:restart/v"
+    assert watcher.job_id(ns, "before") == "k8s:restart/VolcanoJob/v"
     messages = [r.getMessage() for r in caplog.records]
     assert sum("failed" in m for m in messages) == 1, messages
     assert any("the node's pods are stale" in m for m in messages) and any("answers again" in m for m in messages)
@@ -320,7 +322,7 @@ def test_watch_too_old_after_a_partition_relists(cluster, watchers):
         cluster.start_apiserver()
         assert watcher.pod(ns, "old") is not None  # still the last known state
         proxy.restore()
-        until("the relist", lambda: watcher.job_id(ns, "new") == "k8s:partition/lws", timeout=90)
+        until("the relist", lambda: watcher.job_id(ns, "new") == "k8s:partition/LeaderWorkerSet/lws", timeout=90)
         assert watcher.pod(ns, "old") is None and len(watcher) == 1
         assert watcher.telemetry.counter("otel_ofu.attribution.kubernetes.lists", reason="expired") == 1
         assert not watcher.stale
@@ -363,7 +365,7 @@ def test_kubelet_pod_resources_plus_api_names_one_job_with_its_precision(cluster
         attribution.shutdown()
     by_gpu = {dict(p.resource)["hw.id"]: p for p in points}
     llama = [by_gpu[u] for u in GPUS[:8]]
-    assert {dict(p.resource)["ofu.job.id"] for p in llama} == {"k8s:nlp/llama"}  # 8 GPUs, 2 pods, 1 job
+    assert {dict(p.resource)["ofu.job.id"] for p in llama} == {"k8s:nlp/PyTorchJob/llama"}  # 8 GPUs, 2 pods, 1 job
     assert {dict(p.resource)["ofu.precision"] for p in llama} == {"fp8"}
     assert {dict(p.resource)["ofu.job.source"] for p in llama} == {"k8s_api+kubelet"}
     first = dict(llama[0].resource)
@@ -371,10 +373,10 @@ def test_kubelet_pod_resources_plus_api_names_one_job_with_its_precision(cluster
     assert "k8s.pod.label.cost-center" not in first  # not in copy_labels
     assert first["k8s.pod.uid"] == attribution.pods.pod(ns, "llama-worker-0").uid
     vllm = by_gpu[GPUS[8]]
-    assert dict(vllm.resource)["ofu.job.id"] == "k8s:nlp/vllm"
+    assert dict(vllm.resource)["ofu.job.id"] == "k8s:nlp/Deployment/vllm"
     assert dict(vllm.resource)["ofu.job.kind"] == "Deployment"
     assert dict(vllm.resource)["ofu.precision"] == "unknown"  # nothing declared: no guess
-    assert attribution.pods.job_id(ns, "llama-worker-1") == "k8s:nlp/llama"  # the same answer for other code
+    assert attribution.pods.job_id(ns, "llama-worker-1") == "k8s:nlp/PyTorchJob/llama"  # the same answer for other code
 
 
 def test_a_gpu_process_cgroup_joins_its_pod_through_the_api(cluster, watchers, tmp_path):
@@ -400,7 +402,7 @@ def test_a_gpu_process_cgroup_joins_its_pod_through_the_api(cluster, watchers, t
         (out,) = attribution.process(Batch(samples=[sample(GPUS[0], attributes={"process.pid": 4242})])).samples
     finally:
         attribution.shutdown()
-    assert out.job_id == "k8s:uid/gpt" and out.precision == "bf16"
+    assert out.job_id == "k8s:uid/JobSet/gpt" and out.precision == "bf16"
     assert out.resource["k8s.pod.name"] == "gpt-workers-0-0-abcde" and out.resource["k8s.pod.uid"] == uid
     assert out.resource["ofu.job.source"] == "k8s_api+process"
 
@@ -430,7 +432,7 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
     def attributed():
         require_alive(run)
         return [p for p in read_points(out) if p.name == "gpu.ofu"
-                and dict(p.resource).get("ofu.job.id") == "k8s:ml-research/llama-70b-pretrain"]
+                and dict(p.resource).get("ofu.job.id") == "k8s:ml-research/PyTorchJob/llama-70b-pretrain"]
 
     try:
         points = wait_for("points carrying the PyTorchJob's id", attributed, timeout=120, diagnostics=run.tail)

@@ -63,7 +63,9 @@ VOLCANO = [pod(f"mnist-worker-{i}", labels={"volcano.sh/job-name": "mnist", "vol
 TRAINJOB = [pod(f"ft-node-0-{i}-zz{i}", labels={
     "trainer.kubeflow.org/trainjob-name": "ft", "jobset.sigs.k8s.io/jobset-name": "ft",
     "batch.kubernetes.io/job-name": "ft-node-0"}, owners=[owner("Job", "ft-node-0", "batch/v1")]) for i in (0, 1)]
-RAYJOB_SUBMITTER = pod("rl-abcde", labels={"batch.kubernetes.io/job-name": "rl", "job-name": "rl"},
+RAYJOB_SUBMITTER = pod("rl-abcde", labels={"batch.kubernetes.io/job-name": "rl", "job-name": "rl",
+                                           "ray.io/originated-from-crd": "RayJob",
+                                           "ray.io/originated-from-cr-name": "rl"},
                        owners=[owner("Job", "rl", "batch/v1")])
 STATEFULSET = [pod(f"trainer-{i}", labels={"app": "trainer", "apps.kubernetes.io/pod-index": str(i)},
                    owners=[owner("StatefulSet", "trainer", "apps/v1")]) for i in (0, 1)]
@@ -81,21 +83,71 @@ STATEFULSET = [pod(f"trainer-{i}", labels={"app": "trainer", "apps.kubernetes.io
 ], ids=["pytorchjob", "jobset", "indexed-job", "deployment", "lws", "volcano", "trainjob", "statefulset"])
 def test_all_pods_of_one_job_share_its_id(pods, kind, name):
     ids = {ident(p) for p in pods}
-    assert ids == {(kind, name, f"k8s:team/{name}")}
+    assert ids == {(kind, name, f"k8s:team/{kind}/{name}")}
+    assert len({job_identity(p).run for p in pods}) == 1  # the pods of one job agree on its run
+
+
+# --- kind and incarnation (issue 22): a name alone is not a job --------------------------------------
+
+def test_workloads_of_different_kinds_never_share_an_id():
+    """A PyTorchJob, a Deployment and a bare pod all called llama in one namespace are three jobs."""
+    pytorchjob = pod("llama-master-0", labels={"training.kubeflow.org/job-name": "llama",
+                                               "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+                     owners=[owner("PyTorchJob", "llama", "kubeflow.org/v1", uid="pt-1")])
+    deployment = pod("llama-7d9c8b6f5-q2w3e", labels={"app": "llama", "pod-template-hash": "7d9c8b6f5"},
+                     owners=[owner("ReplicaSet", "llama-7d9c8b6f5", "apps/v1")])
+    bare = pod("llama")
+    rollout = pod("llama-5f6d-abcde", owners=[owner("ReplicaSet", "llama-5f6d", "apps/v1")])
+    argo = ident(rollout, lookup=lambda ns, ref: owner("Rollout", "llama", "argoproj.io/v1alpha1")
+                 if ref["kind"] == "ReplicaSet" else None)
+    volcano = pod("llama-worker-0", owners=[owner("Job", "llama", "batch.volcano.sh/v1alpha1")])
+    batch = pod("llama-abcde", owners=[owner("Job", "llama", "batch/v1")])
+    ids = [ident(pytorchjob)[2], ident(deployment)[2], ident(bare)[2], argo[2], ident(volcano)[2], ident(batch)[2]]
+    assert ids == ["k8s:team/PyTorchJob/llama", "k8s:team/Deployment/llama", "k8s:team/Pod/llama",
+                   "k8s:team/Rollout.argoproj.io/llama", "k8s:team/VolcanoJob/llama", "k8s:team/Job/llama"]
+
+
+def test_a_recreated_job_keeps_its_id_and_is_a_new_run():
+    """Deleted and created again (a new UID): the same stable id, another run."""
+    def pytorchjob(uid: str) -> dict:
+        return pod("llama-worker-0", labels={"training.kubeflow.org/job-name": "llama"},
+                   owners=[owner("PyTorchJob", "llama", "kubeflow.org/v1", uid=uid)])
+
+    first, second = job_identity(pytorchjob("6f1e-aaaa")), job_identity(pytorchjob("6f1e-bbbb"))
+    assert job_id("team", first) == job_id("team", second) == "k8s:team/PyTorchJob/llama"
+    assert (first.run, second.run) == ("6f1e-aaaa", "6f1e-bbbb")
+
+
+@pytest.mark.parametrize(("p", "run"), [
+    (PYTORCHJOB[0], "uid-llama-70b"),  # the controller reference is the PyTorchJob
+    (INDEXED_JOB[0], "uid-sweep"),  # the Job
+    (VOLCANO[0], "uid-mnist"),
+    (STATEFULSET[0], "uid-trainer"),
+    (pod("p", labels={"jobset.sigs.k8s.io/jobset-name": "gpt", "jobset.sigs.k8s.io/jobset-uid": "js-1"},
+         owners=[owner("Job", "gpt-workers-0", "batch/v1")]), "js-1"),  # JobSet >= 0.10 labels its UID
+    (JOBSET[0], ""),  # an older JobSet: its pods name their child Job, not the JobSet
+    (DEPLOYMENT[0], ""),  # the pods name a ReplicaSet, which changes with every rollout
+    (LWS[0], ""),  # StatefulSets (and for workers, the leader pod)
+    (pod("p", labels={"job-name": "j", "controller-uid": "c-1"}), "c-1"),  # an orphaned Job pod
+    (pod("notebook"), "uid-pod-notebook"),
+])
+def test_the_run_is_the_named_objects_uid_when_the_pod_knows_it(p, run):
+    assert job_identity(p).run == run
 
 
 def test_configured_label_comes_first():
     p = JOBSET[0]
     p = {**p, "metadata": {**p["metadata"], "labels": {**p["metadata"]["labels"], "team.example/run": "run-42"}}}
-    assert ident(p, "team.example/run") == ("", "run-42", "k8s:team/run-42")
+    assert ident(p, "team.example/run") == ("", "run-42", "k8s:team/run-42")  # names jobs across kinds
     # an empty value does not count: the next rule applies
     p["metadata"]["labels"]["team.example/run"] = ""
     assert ident(p, "team.example/run")[1] == "gpt"
 
 
-def test_configured_batch_job_label_names_a_job_as_the_built_in_rule_does():
-    """Users who set k8s_job_label: batch.kubernetes.io/job-name keep their job ids."""
-    assert ident(INDEXED_JOB[0], "batch.kubernetes.io/job-name")[2] == ident(INDEXED_JOB[0])[2] == "k8s:team/sweep"
+def test_configured_batch_job_label_keeps_its_ids():
+    """Users who set k8s_job_label: batch.kubernetes.io/job-name keep their job ids (no kind)."""
+    assert ident(INDEXED_JOB[0], "batch.kubernetes.io/job-name")[2] == "k8s:team/sweep"
+    assert ident(INDEXED_JOB[0])[2] == "k8s:team/Job/sweep"
 
 
 @pytest.mark.parametrize(("labels", "owners", "expected"), [
@@ -106,6 +158,9 @@ def test_configured_batch_job_label_names_a_job_as_the_built_in_rule_does():
     ({"training.kubeflow.org/job-name": "mpi2", "training.kubeflow.org/operator-name": "mpi-operator"},
      [owner("MPIJob", "mpi2", "kubeflow.org/v2beta1")], ("MPIJob", "mpi2")),
     ({"training.kubeflow.org/job-name": "orphan"}, None, ("KubeflowJob", "orphan")),
+    # without an owner reference the operator's name label says the kind
+    ({"training.kubeflow.org/job-name": "pt", "training.kubeflow.org/operator-name": "pytorchjob-controller"}, None,
+     ("PyTorchJob", "pt")),
     ({"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": "rl", "ray.io/cluster": "rl-x7k2p"},
      [owner("RayCluster", "rl-x7k2p", "ray.io/v1")], ("RayJob", "rl")),
 ])
@@ -116,17 +171,18 @@ def test_older_kubeflow_labels_and_ray_origin(labels, owners, expected):
 def test_ray_pods_name_their_cluster_and_with_a_lookup_the_rayjob():
     worker = pod("rl-x7k2p-gpu-worker-abcde", labels={"ray.io/cluster": "rl-x7k2p", "ray.io/node-type": "worker"},
                  owners=[owner("RayCluster", "rl-x7k2p", "ray.io/v1", uid="rc-1")])
-    assert ident(worker)[:2] == ("RayCluster", "rl-x7k2p")
+    assert ident(worker) == ("RayCluster", "rl-x7k2p", "k8s:team/RayCluster/rl-x7k2p")
     asked = []
 
     def lookup(namespace, ref):
         asked.append((namespace, ref["kind"], ref["name"]))
         return owner("RayJob", "rl", "ray.io/v1") if ref["kind"] == "RayCluster" else None
 
-    assert ident(worker, lookup=lookup) == ("RayJob", "rl", "k8s:team/rl")
+    assert ident(worker, lookup=lookup) == ("RayJob", "rl", "k8s:team/RayJob/rl")
     assert asked == [("team", "RayCluster", "rl-x7k2p"), ("team", "RayJob", "rl")]
-    # The RayJob's submitter pod (a batch Job named after the RayJob) lands on the same id.
-    assert ident(RAYJOB_SUBMITTER)[2] == "k8s:team/rl"
+    assert job_identity(worker, lookup=lookup).run == ""  # reached through an owner: the run stays unknown
+    # The RayJob's submitter pod carries KubeRay's origin labels: the same id.
+    assert ident(RAYJOB_SUBMITTER)[2] == "k8s:team/RayJob/rl"
 
 
 def test_replicaset_without_the_deployment_hash_is_its_own_job_unless_looked_up():
@@ -137,7 +193,7 @@ def test_replicaset_without_the_deployment_hash_is_its_own_job_unless_looked_up(
     assert ident(odd)[:2] == ("ReplicaSet", "other-xyz")
     rollout = owner("Rollout", "canary", "argoproj.io/v1alpha1")
     assert ident(bare, lookup=lambda ns, ref: rollout if ref["kind"] == "ReplicaSet" else None)[:2] == (
-        "Rollout", "canary")
+        "Rollout.argoproj.io", "canary")
 
 
 def test_owner_chain_is_bounded():
@@ -147,7 +203,7 @@ def test_owner_chain_is_bounded():
 
 
 def test_pod_itself_when_nothing_else_applies():
-    assert ident(pod("notebook-0")) == ("Pod", "notebook-0", "k8s:team/notebook-0")
+    assert ident(pod("notebook-0")) == ("Pod", "notebook-0", "k8s:team/Pod/notebook-0")
     # a static pod is owned by its Node: that is not a job
     mirror = pod("etcd-node-1", owners=[owner("Node", "node-1", "v1")])
     assert ident(mirror)[:2] == ("Pod", "etcd-node-1")
@@ -170,8 +226,8 @@ def test_pod_record_precision_labels_and_uid():
     record = pod_record(p, precision_key="ofu.dev/precision",
                         copy_labels=[re.compile(r"app\.kubernetes\.io/.*"), re.compile("team")])
     assert (record.namespace, record.name, record.uid) == ("team", "w-0", "uid-pod-w-0")
-    assert record.job == PodJob("PyTorchJob", "llama-70b", "label training.kubeflow.org/job-name")
-    assert record.job_id == "k8s:team/llama-70b"
+    assert record.job == PodJob("PyTorchJob", "llama-70b", "label training.kubeflow.org/job-name", "uid-llama-70b")
+    assert record.job_id == "k8s:team/PyTorchJob/llama-70b"
     assert record.precision == "fp8"  # the annotation wins over the label
     assert record.labels == {"k8s.pod.label.app.kubernetes.io/name": "llm", "k8s.pod.label.team": "a"}
     del p["metadata"]["annotations"]["ofu.dev/precision"]

@@ -167,7 +167,7 @@ def test_reported_mfu_twice_the_ofu_is_a_finding_for_that_job_and_honest_jobs_ge
     def gpu_jobs() -> set[str] | None:
         require_alive(run)
         found = {job_id_of(p) for p in read_points(out) if p.name == "gpu.ofu"}
-        wanted = {"k8s:llm/llama", "k8s:llm/bert", "4242", "4243"}
+        wanted = {"k8s:llm/PyTorchJob/llama", "k8s:llm/Job/bert", "4242", "4243"}
         return found if wanted <= found else None
 
     try:
@@ -189,8 +189,8 @@ def test_reported_mfu_twice_the_ofu_is_a_finding_for_that_job_and_honest_jobs_ge
                     reported[job_id_of(p)] = reported.get(job_id_of(p), 0) + 1
             opened = {e["ofu.job.id"] for e in events(out, "ofu.finding.open")}
             # Honest jobs: audited for well over window + sustain (5 s + 3 s) with their reports in.
-            honest = min(reported.get(job, 0) for job in ("k8s:llm/bert", "4243"))
-            return {"k8s:llm/llama", "4242"} <= opened and honest >= 15
+            honest = min(reported.get(job, 0) for job in ("k8s:llm/Job/bert", "4243"))
+            return {"k8s:llm/PyTorchJob/llama", "4242"} <= opened and honest >= 15
 
         wait_for("findings for the inflated jobs and a long audit of the honest ones", audited, timeout=180,
                  diagnostics=lambda: "\n".join(p.tail() for p in (run, *ranks)))
@@ -200,17 +200,17 @@ def test_reported_mfu_twice_the_ofu_is_a_finding_for_that_job_and_honest_jobs_ge
         assert run.stop() == 0, run.tail()
 
     opened = events(out, "ofu.finding.open")
-    assert sorted(e["ofu.job.id"] for e in opened) == ["4242", "k8s:llm/llama"]
+    assert sorted(e["ofu.job.id"] for e in opened) == ["4242", "k8s:llm/PyTorchJob/llama"]
     for finding in opened:
         assert (finding["ofu.finding.kind"], finding["ofu.finding.cause"]) == ("mfu_gap", "flop_formula_overcount")
         assert finding["ofu.finding.ofu"] == pytest.approx(ofu, rel=1e-6)
     by_job = {f["ofu.job.id"]: f["ofu.finding.mfu_reported"] for f in opened}
     assert by_job["4242"] == pytest.approx(2 * ofu, rel=1e-6)  # TFLOP/s over the H100's BF16 peak
     # llama: the mean of its two ranks (2.1x and 1.9x), each weighted by the time its reports cover
-    assert by_job["k8s:llm/llama"] == pytest.approx(2 * ofu, rel=0.02)
+    assert by_job["k8s:llm/PyTorchJob/llama"] == pytest.approx(2 * ofu, rel=0.02)
     log = (tmp_path / "otel-ofu.log").read_text()
-    assert "finding (mfu_gap): job k8s:llm/llama" in log and "finding (mfu_gap): job 4242" in log
+    assert "finding (mfu_gap): job k8s:llm/PyTorchJob/llama" in log and "finding (mfu_gap): job 4242" in log
     assert "match no job" not in log  # every report found its job
     honest = {job_id_of(p): p.value for p in read_points(out)
               if p.name == "job.mfu.reported" and dict(p.attributes).get("ofu.window") == "life"}
-    assert honest["k8s:llm/bert"] == pytest.approx(ofu, rel=1e-3) and honest["4243"] == pytest.approx(ofu, rel=1e-3)
+    assert honest["k8s:llm/Job/bert"] == pytest.approx(ofu, rel=1e-3) and honest["4243"] == pytest.approx(ofu, rel=1e-3)

@@ -150,7 +150,7 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
             return text if text.count("gpu_ofu{") == 4 else None
 
         text = wait_for("otel-ofu to serve gpu_ofu for 4 GPU entities", scraped, timeout=60, diagnostics=ofu.tail)
-        for job in ("k8s:ml/train-a-0", "k8s:ml/train-b-0", "k8s:ml/infer-c-0", "k8s:ml/train-d-0"):
+        for job in ("k8s:ml/Pod/train-a-0", "k8s:ml/Pod/train-b-0", "k8s:ml/Pod/infer-c-0", "k8s:ml/Pod/train-d-0"):
             assert f'ofu_job_id="{job}"' in text, job
 
         prometheus = prometheus_binary()
@@ -168,8 +168,8 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
             jobs = wait_for("PromQL job_ofu{ofu_window=\"1h\"} for the four jobs", lambda: (
                 r if len(r := promql(prom_port, 'job_ofu{ofu_window="1h"}')) == 4 else None), timeout=150,
                 diagnostics=lambda: prom.tail() + ofu.tail())
-            assert {s["metric"]["ofu_job_id"] for s in jobs} == {"k8s:ml/train-a-0", "k8s:ml/train-b-0",
-                                                                 "k8s:ml/infer-c-0", "k8s:ml/train-d-0"}
+            assert {s["metric"]["ofu_job_id"] for s in jobs} == {"k8s:ml/Pod/train-a-0", "k8s:ml/Pod/train-b-0",
+                                                                 "k8s:ml/Pod/infer-c-0", "k8s:ml/Pod/train-d-0"}
         finally:
             prom.stop()
     finally:

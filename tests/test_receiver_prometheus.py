@@ -64,7 +64,7 @@ def test_configured_names_and_resource_win(page):
 def test_scraped_reports_get_their_job_from_attribution(page):
     points = make({"endpoint": page}).poll().points
     out = make_attribution().process(Batch(points=points)).points
-    assert sorted(job_id_of(p) for p in out) == ["k8s:llm/llama-0", "k8s:llm/llama-1"]
+    assert sorted(job_id_of(p) for p in out) == ["k8s:llm/Pod/llama-0", "k8s:llm/Pod/llama-1"]
 
 
 def test_a_dead_endpoint_is_counted_and_a_bad_page_is_malformed(page):

@@ -5,9 +5,9 @@ sources in this package together; docs/components/processors/attribution.md is t
 
 from __future__ import annotations
 
-from otel_ofu.core.model import JOB_KIND, JOB_SHARED, JOB_SOURCE
+from otel_ofu.core.model import JOB_KIND, JOB_RUN, JOB_SHARED, JOB_SOURCE
 
-__all__ = ["JOB_KIND", "JOB_SHARED", "JOB_SOURCE"]
+__all__ = ["JOB_KIND", "JOB_RUN", "JOB_SHARED", "JOB_SOURCE"]
 
 # Resource attributes (OpenTelemetry semantic-convention names for Kubernetes and processes).
 K8S_POD_NAME = "k8s.pod.name"
@@ -41,4 +41,4 @@ def slurm_job_id(job: str) -> str:
 
 # Attributes that name one job (not a bounded set such as a namespace or a partition): an
 # overflowed job loses them, or the series count would not be bounded.
-PER_JOB_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_CONTAINER, SLURM_JOB_ID, SLURM_JOB_NAME, HPC_JOB_ID)
+PER_JOB_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_CONTAINER, SLURM_JOB_ID, SLURM_JOB_NAME, HPC_JOB_ID, JOB_RUN)

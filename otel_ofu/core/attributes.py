@@ -68,8 +68,9 @@ _ATTRIBUTES = (
                   "MIG row.", ("receivers/replay",)),
     # --- the GPU's job (resource) ---
     AttributeInfo("ofu.job.id", RESOURCE, "The job holding the GPU (docs/components/processors/attribution.md, "
-                  "ofu.job.id format): `none` for an idle GPU, `unknown` when nothing says. Also the resource of "
-                  "the jobs processor's per-job points.",
+                  "ofu.job.id format; a Kubernetes job is `k8s:<namespace>/<kind>/<name>`, its stable name across "
+                  "runs): `none` for an idle GPU, `unknown` when nothing says. Also the resource of the jobs "
+                  "processor's per-job points.",
                   ("processors/attribution", "processors/ofu", "processors/jobs", "receivers/sim",
                    "receivers/dcgm_exporter")),
     AttributeInfo("ofu.precision", RESOURCE, "The precision the job computes in: `tf32`, `fp16`, `bf16`, `fp8`, "
@@ -83,6 +84,11 @@ _ATTRIBUTES = (
                   ("processors/attribution",)),
     AttributeInfo("ofu.job.kind", RESOURCE, "The Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, "
                   "Job, Deployment, Pod, ...); a bounded set, kept on overflow.", ("processors/attribution",)),
+    AttributeInfo("ofu.job.run", RESOURCE, "The incarnation of the job ofu.job.id names: the UID of its Kubernetes "
+                  "workload object, when the pods know it (docs/kubernetes-attribution.md, Runs). A job deleted and "
+                  "created again under one name keeps its id and gets a new run: the jobs processor counts it as a "
+                  "new job (start event, totals and regression baseline of its own). Absent when unknown.",
+                  ("processors/attribution", "processors/jobs")),
     # --- who runs the job (resource) ---
     AttributeInfo("k8s.pod.name", RESOURCE, "The pod holding the GPU (or reporting its MFU).", _LABEL_SOURCES),
     AttributeInfo("k8s.namespace.name", RESOURCE, "The pod's namespace.", _LABEL_SOURCES),

@@ -27,6 +27,9 @@ JOB_SOURCE = "ofu.job.source"  # which source named the job: kubelet, process, s
 # the Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, Job, Deployment, Pod, ...);
 # set by attribution's kubernetes_api source; a bounded set, kept on overflow
 JOB_KIND = "ofu.job.kind"
+# the incarnation of the job named by ofu.job.id: the UID of its workload object (Kubernetes);
+# a job deleted and created again under one name is a new run (a new job to the jobs processor)
+JOB_RUN = "ofu.job.run"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 
@@ -36,7 +39,7 @@ Attributes = tuple[tuple[str, Any], ...]
 
 # The job identity attribution adds to a resource, next to what the resource already said (a
 # GPU's host, hw.id, index, MIG instance, its pod; a training process's pod or pid).
-JOB_RESOURCE_KEYS = frozenset({JOB_ID, PRECISION, JOB_SHARED, JOB_SOURCE})
+JOB_RESOURCE_KEYS = frozenset({JOB_ID, JOB_RUN, PRECISION, JOB_SHARED, JOB_SOURCE})
 
 
 GpuKey = tuple[str, str, str]  # (host, UUID or "#<index>", MIG instance or "")

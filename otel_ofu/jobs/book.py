@@ -29,11 +29,11 @@ from typing import Any
 
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.attribution.claims import SHARED_SEPARATOR
-from otel_ofu.core.model import JOB_ID, GpuKey, MetricPoint, gpu_label, without_job_identity
+from otel_ofu.core.model import JOB_ID, JOB_RUN, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClocks
 from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.facts import gpu_facts, job_of
+from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
@@ -88,7 +88,7 @@ class JobBook:
 
     def __init__(self, config: JobsConfig, history: bool = False):
         self.config = config
-        self.jobs: dict[str, JobTracker] = {}
+        self.jobs: dict[JobKey, JobTracker] = {}  # by job id and run (facts.job_key)
         self.ended: list[JobSummary] = []  # only with history
         self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
         self.clocks = HostClocks(float(config.max_future))
@@ -137,7 +137,7 @@ class JobBook:
         for source, late in behind.items():
             self._late_or_stepped_back(source, late, flops, update, touched, now)
         for tracker in update.started:  # reports that came before the job's first GPU window
-            for name in (tracker.job_id, *tracker.aliases):
+            for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
                     self._pending_count -= 1
                     self._mfu_point(MetricPoint(*held), update, touched)
@@ -199,8 +199,10 @@ class JobBook:
             extra = {k: attributes.get(k) for k in self.config.copy_attributes}
             if shared:  # a shared GPU's attributes join its jobs' values: only those all its jobs share
                 extra = {k: v for k, v in extra.items() if SHARED_SEPARATOR not in str(v)}
-            job_resource = tuple(sorted((k, v) for k, v in {**extra, JOB_ID: job}.items() if v is not None))
-            tracker = self.jobs[job] = JobTracker(job, self.config, job_resource)
+            job_id, run = key_job_id(job), job[len(key_job_id(job)) + 1:]
+            identity = {JOB_ID: job_id, JOB_RUN: run or None}
+            job_resource = tuple(sorted((k, v) for k, v in {**extra, **identity}.items() if v is not None))
+            tracker = self.jobs[job] = JobTracker(job_id, self.config, job_resource, run)
             if str(attributes.get(HPC_JOB_ID, "")) == job:
                 tracker.aliases = (slurm_job_id(job),)
                 self._aliases[tracker.aliases[0]] = job
@@ -237,7 +239,7 @@ class JobBook:
         self.clocks.accepted(source, t, arrival).gpus.add((gpu, job))
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
-        if job is None or job in self._ignored or (facts.shared and not self.config.include_shared):
+        if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
             self.unattributed.add(t - start, point.value)
             self.unattributed_histogram.add(point.value, t - start)
             return
@@ -247,7 +249,7 @@ class JobBook:
         # A GPU several jobs share (include_shared) counts for each, its time split equally between them.
         weight = 1.0 / len(facts.jobs)
         for name in facts.jobs:
-            if name in self._ignored:
+            if key_job_id(name) in self._ignored:
                 self.unattributed.add((t - start) * weight, point.value)
                 self.unattributed_histogram.add(point.value, (t - start) * weight)
                 continue
@@ -264,8 +266,8 @@ class JobBook:
         """
         job, _ = job_of(point)
         job = self._aliases.get(job, job) if job is not None else None
-        if job is None or job in self._ignored:
-            update.no_job(job)
+        if job is None or key_job_id(job) in self._ignored:
+            update.no_job(key_job_id(job) if job is not None else None)
             return
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -277,7 +279,7 @@ class JobBook:
         value = reported_mfu(point, self.config.mfu_metric, tracker.peak_flops_per_gpu)
         if value is None:
             update.skip(TFLOPS_WITHOUT_PEAK)
-            update.unconverted[job] = update.unconverted.get(job, 0) + 1
+            update.unconverted[key_job_id(job)] = update.unconverted.get(key_job_id(job), 0) + 1
             return
         t = point.time_unix_nano / 1e9
         reporter = (point.name, without_job_identity(point.resource), point.attributes)
@@ -285,13 +287,13 @@ class JobBook:
         if start is None:
             update.skip("out_of_order")
             return
-        touched[tracker.job_id] = tracker
+        touched[tracker.key] = tracker
         tracker.add_mfu(start, t, value)
 
     def _hold(self, job: str, point: MetricPoint, update: Update) -> None:
         """Keep a report until its job's first GPU window; the oldest goes when the store is full."""
         if self.config.max_pending_reports == 0:
-            update.no_job(job)
+            update.no_job(key_job_id(job))
             return
         self._pending.setdefault(job, deque()).append(
             (point.name, point.value, point.time_unix_nano, point.resource, point.attributes, point.unit))
@@ -305,7 +307,7 @@ class JobBook:
         for _ in range(len(queue) if count is None else count):
             queue.popleft()
             self._pending_count -= 1
-            update.no_job(job)
+            update.no_job(key_job_id(job))
         if not queue:
             del self._pending[job]
 

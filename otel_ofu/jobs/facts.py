@@ -7,23 +7,41 @@ from typing import Any
 
 from otel_ofu.attribution.claims import SHARED_SEPARATOR
 from otel_ofu.core import specs
-from otel_ofu.core.model import HW_MODEL, JOB_ID, JOB_SHARED, PRECISION, GpuKey, MetricPoint, gpu_key
+from otel_ofu.core.model import HW_MODEL, JOB_ID, JOB_RUN, JOB_SHARED, PRECISION, GpuKey, MetricPoint, gpu_key
 from otel_ofu.jobs.clocks import source_of
 from otel_ofu.pipeline.caches import Cache
 
+# A job as the book keeps it: its id, and its run (ofu.job.run) after a NUL when known. A job
+# deleted and created again under one id is a new run: a job of its own, with its own totals
+# and baseline. A plain string, so a job without a run is keyed by its id as before.
+JobKey = str
+RUN_SEPARATOR = "\0"
 
-def job_of(point: MetricPoint) -> tuple[str | None, dict[str, Any]]:
-    """The point's job id and its attributes, resource and point attributes in one dict.
+
+def job_key(job_id: str, run: str = "") -> JobKey:
+    return f"{job_id}{RUN_SEPARATOR}{run}" if run else job_id
+
+
+def key_job_id(key: JobKey) -> str:
+    """The job id of a book key (without its run)."""
+    return key.partition(RUN_SEPARATOR)[0]
+
+
+def job_of(point: MetricPoint) -> tuple[JobKey | None, dict[str, Any]]:
+    """The point's job (its id, and its run when known: :func:`job_key`) and its attributes,
+    resource and point attributes in one dict.
 
     Job identity is on the resource; point attributes win for other keys and are read for
     recordings made before job identity moved to the resource.
     """
     merged = {**dict(point.resource), **dict(point.attributes)}
     for key, value in point.resource:
-        if key == JOB_ID or key == PRECISION or key == JOB_SHARED:
+        if key == JOB_ID or key == PRECISION or key == JOB_SHARED or key == JOB_RUN:
             merged[key] = value
     job = merged.get(JOB_ID)
-    return (None if job is None else str(job)), merged
+    if job is None:
+        return None, merged
+    return job_key(str(job), str(merged.get(JOB_RUN) or "")), merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +54,12 @@ class GpuFacts:
 
     gpu: GpuKey  # which GPU (host, UUID or index, MIG instance): the same GPU across its jobs and pods
     source: Any  # whose clock stamped the point (see clocks.source_of)
-    job: str | None
+    job: JobKey | None
     attributes: dict[str, Any]  # resource and point attributes in one dict (see job_of); never changed
     shared: bool  # ofu.job.shared is set
-    jobs: tuple[str, ...]  # the jobs holding the GPU: a shared GPU's, from its comma-joined job id; else job
+    # the jobs holding the GPU: a shared GPU's, from its comma-joined job id (no run: attribution
+    # names none for a shared GPU); else job
+    jobs: tuple[JobKey, ...]
     precision: Any  # as given
     normalized_precision: str
     peak: float | None  # the dense peak FLOP/s of the GPU's model at the precision
@@ -72,7 +92,7 @@ def gpu_facts(point: MetricPoint) -> GpuFacts:
     spec = specs.find_spec(model)
     peak = spec.peak(specs.normalize_precision(precision)) if spec else None
     shared = bool(merged.get(JOB_SHARED))
-    jobs = () if job is None else tuple(job.split(SHARED_SEPARATOR)) if shared else (job,)
+    jobs = () if job is None else tuple(key_job_id(job).split(SHARED_SEPARATOR)) if shared else (job,)
     facts = GpuFacts(gpu, source_of(resource, gpu), job, merged, shared, jobs, precision,
                       specs.normalize_precision(precision), peak.flops if peak else None,
                       specs.instance_share(model, merged) if merged else 1.0)

@@ -15,6 +15,7 @@ from otel_ofu.core.model import Attributes, GpuKey
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, window_label
 from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
 from otel_ofu.jobs.regression import RegressionDetector
 
@@ -62,8 +63,9 @@ class JobSummary:
 class JobTracker:
     """One job: its series, life totals, per-bin evaluation and its two detectors."""
 
-    def __init__(self, job_id: str, config: JobsConfig, resource: Attributes = ()):
+    def __init__(self, job_id: str, config: JobsConfig, resource: Attributes = (), run: str = ""):
         self.job_id = job_id
+        self.run = run  # ofu.job.run: its incarnation, "" when unknown
         self.config = config
         self.resource = resource
         self.aliases: tuple[str, ...] = ()  # other ids its reports may carry (JobBook._aliases)
@@ -121,6 +123,11 @@ class JobTracker:
         self.last_end = max(self.last_end, end)
         if self._next_bin is None:
             self._next_bin = math.floor(start / self._res)
+
+    @property
+    def key(self) -> JobKey:
+        """The book's key of this job: its id and run (facts.job_key)."""
+        return job_key(self.job_id, self.run)
 
     @property
     def mfu_life(self) -> float | None:

@@ -24,6 +24,7 @@ from typing import Any
 from otel_ofu.attribution import (
     HPC_JOB_ID,
     JOB_KIND,
+    JOB_RUN,
     JOB_SHARED,
     JOB_SOURCE,
     K8S_CONTAINER,
@@ -40,6 +41,7 @@ from otel_ofu.attribution import (
 from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, k8s_key, merge
 from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
 from otel_ofu.attribution.k8s_api import PodRecord, PodWatcher
+from otel_ofu.attribution.k8s_identity import job_id, labelled_pod_job
 from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
@@ -258,9 +260,11 @@ class AttributionProcessor(Processor):
             claim.job_id = claim.key[1]
         if self.pods is not None:
             claim = self._with_pod(claim)
+        resource[JOB_ID] = self._job_id(claim)
         for key, value in claim.resource.items():
             resource.setdefault(key, value)
-        resource[JOB_ID] = self._job_id(claim)
+        if claim.run:
+            resource[JOB_RUN] = claim.run
         resource[JOB_SOURCE] = "+".join(sorted(set(claim.source.split("+"))))
         self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="attributed")
         attributes = tuple(item for item in point.attributes if item[0] != JOB_ID)
@@ -313,6 +317,8 @@ class AttributionProcessor(Processor):
         pids = self._pids(uuid, sample.gpu_key(), resource, attributes)
         claims, loose_precisions = self._claims(uuid, resource, pids)
         self._note_hpc_only(claims)
+        for claim in claims:  # named first: naming a pod from its labels adds its kind
+            self._job_id(claim)
         if cfg.processes.enabled and len(self._local_hosts) < 64:
             self._local_hosts.add(str(sample.host))
         claim_resource = _merged_resource(claims)
@@ -332,6 +338,8 @@ class AttributionProcessor(Processor):
         elif len(claims) == 1:  # the usual case: one job holds the GPU
             job, from_claims = self._job_id(claims[0]), True
             source = "+".join(sorted(set(claims[0].source.split("+"))))
+            if claims[0].run:
+                resource[JOB_RUN] = claims[0].run
         elif claims:
             ids = sorted({self._job_id(c) for c in claims})
             job, from_claims = SHARED_SEPARATOR.join(ids), True
@@ -459,9 +467,13 @@ class AttributionProcessor(Processor):
         # The pod's own declaration wins over its processes' environment.
         precisions = {record.precision} if record.precision else claim.precisions
         source = "+".join(sorted({*claim.source.split("+"), "k8s_api"}))
-        return Claim(("k8s", record.namespace, record.name), source, resource, precisions, record.job_id)
+        return Claim(("k8s", record.namespace, record.name), source, resource, precisions, record.job_id,
+                     record.job.run)
 
     def _job_id(self, claim: Claim) -> str:
+        """The claim's job id; a pod the Kubernetes API did not name is named from what the
+        sample carries: its pod labels (dcgm-exporter's --kubernetes-enable-pod-labels, or
+        k8s.pod.label.* from upstream), by the same rules as the API's pods, else the pod."""
         if claim.job_id:
             return claim.job_id
         kind = claim.key[0]
@@ -470,11 +482,12 @@ class AttributionProcessor(Processor):
         if kind == "k8s-uid":
             return f"k8s-uid:{claim.key[1]}"
         namespace, pod = claim.key[1], claim.key[2]
-        if self.config.k8s_job_label:
-            label = claim.resource.get(K8S_POD_LABEL_PREFIX + self.config.k8s_job_label)
-            if label:
-                return f"k8s:{namespace}/{label}"
-        return f"k8s:{namespace}/{pod}"
+        job = labelled_pod_job(namespace, pod, claim.resource, self.config.k8s_job_label)
+        if job.kind:
+            claim.resource.setdefault(JOB_KIND, job.kind)
+        claim.run = claim.run or job.run
+        claim.job_id = job_id(namespace, job)
+        return claim.job_id
 
     def _label_precisions(self, layers: tuple[dict[str, Any], ...], sample: GpuSample) -> set[str]:
         out = set()
