@@ -72,6 +72,12 @@ RAY_ORIGIN_NAME = "ray.io/originated-from-cr-name"
 RAY_ORIGIN_KIND = "ray.io/originated-from-crd"
 RAY_ROOT_KINDS = frozenset({"RayJob", "RayService"})
 
+# Every pod label key the rules read (a scraped page's pod labels carry these: core/dcgm_fields).
+JOB_RULE_LABELS = (TRAINJOB_NAME, JOBSET_NAME, JOBSET_UID, KUBEFLOW_JOB_NAME, KUBEFLOW_OPERATOR_NAME,
+                   KUBEFLOW_GROUP_NAME, *LEGACY_KUBEFLOW_LABELS, LWS_NAME, VOLCANO_JOB_NAME, RAY_ORIGIN_NAME,
+                   RAY_ORIGIN_KIND, BATCH_JOB_NAME, LEGACY_JOB_NAME, BATCH_CONTROLLER_UID, LEGACY_CONTROLLER_UID,
+                   POD_TEMPLATE_HASH)
+
 # API groups whose kinds are named bare in job ids; other groups' kinds carry the group.
 BARE_KIND_GROUPS = frozenset({"", "apps", "batch", KUBEFLOW_GROUP, "trainer.kubeflow.org", "jobset.x-k8s.io",
                               "leaderworkerset.x-k8s.io", "ray.io"})

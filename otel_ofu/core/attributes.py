@@ -92,6 +92,21 @@ _ATTRIBUTES = (
     # --- who runs the job (resource) ---
     AttributeInfo("k8s.pod.name", RESOURCE, "The pod holding the GPU (or reporting its MFU).", _LABEL_SOURCES),
     AttributeInfo("k8s.namespace.name", RESOURCE, "The pod's namespace.", _LABEL_SOURCES),
+    AttributeInfo("k8s.resourceclaim.name", RESOURCE, "DRA: the ResourceClaim holding the GPU (dcgm-exporter's "
+                  "`dra_claim_name`); its consumers name the job (docs/kubernetes-attribution.md#dra).",
+                  _LABEL_SOURCES),
+    AttributeInfo("k8s.resourceclaim.namespace", RESOURCE, "DRA: the ResourceClaim's namespace "
+                  "(`dra_claim_namespace`).", _LABEL_SOURCES),
+    AttributeInfo("dra.driver.name", RESOURCE, "DRA: the driver of the device (`dra_driver_name`, e.g. "
+                  "`gpu.nvidia.com`).", _LABEL_SOURCES[:3]),
+    AttributeInfo("dra.pool.name", RESOURCE, "DRA: the device's pool (`dra_pool_name`, usually the node).",
+                  _LABEL_SOURCES[:3]),
+    AttributeInfo("dra.device.name", RESOURCE, "DRA: the device's name in its pool (`dra_device_name`, e.g. "
+                  "`gpu-3`).", _LABEL_SOURCES[:3]),
+    AttributeInfo("dra.mig.profile", RESOURCE, "DRA: the MIG profile of the device the pod holds (`dra_mig_profile`).",
+                  _LABEL_SOURCES[:3]),
+    AttributeInfo("dra.mig.uuid", RESOURCE, "DRA: the MIG device's UUID (`dra_mig_device_uuid`).",
+                  _LABEL_SOURCES[:3]),
     AttributeInfo("k8s.container.name", RESOURCE, "The container holding the GPU.", _LABEL_SOURCES),
     AttributeInfo("k8s.pod.uid", RESOURCE, "The pod's UID (from its processes' cgroup, dcgm-exporter's "
                   "`pod_uid`, or the Kubernetes API).", _LABEL_SOURCES),

@@ -20,6 +20,7 @@ when they are unknown or the host engine refuses them (an older remote nv-hosten
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
@@ -135,11 +136,34 @@ _K8S_LABELS = {
     "pod_uid": "k8s.pod.uid",
 }
 
+# dcgm-exporter's DRA labels (--kubernetes-enable-dra; internal/pkg/transformation/const.go):
+# the claim, and the driver/pool/device triplet that names the device (MIG: its UUID, profile).
+_DRA_LABELS = {
+    "dra_claim_name": "k8s.resourceclaim.name", "dra_claim_namespace": "k8s.resourceclaim.namespace",
+    "dra_driver_name": "dra.driver.name", "dra_pool_name": "dra.pool.name", "dra_device_name": "dra.device.name",
+    "dra_mig_profile": "dra.mig.profile", "dra_mig_device_uuid": "dra.mig.uuid",
+}
+
+# Pod labels dcgm-exporter copies onto a pod's series with --kubernetes-enable-pod-labels, each
+# key written with every character outside [a-zA-Z0-9_] as "_" (its utils.SanitizeLabelName):
+# the keys attribution's job rules read (otel_ofu.attribution.k8s_identity.JOB_RULE_LABELS, kept
+# equal by a test) and the default precision key come back as k8s.pod.label.<key>, so a job's
+# pods name their job from the page alone (docs/quickstart.md).
+POD_LABEL_KEYS = (
+    "trainer.kubeflow.org/trainjob-name", "jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/jobset-uid",
+    "training.kubeflow.org/job-name", "training.kubeflow.org/operator-name", "group-name", "pytorch-job-name",
+    "tf-job-name", "mpi-job-name", "leaderworkerset.sigs.k8s.io/name", "volcano.sh/job-name",
+    "ray.io/originated-from-cr-name", "ray.io/originated-from-crd", "batch.kubernetes.io/job-name", "job-name",
+    "batch.kubernetes.io/controller-uid", "controller-uid", "pod-template-hash", "ofu.dev/precision",
+)
+_POD_LABELS = {re.sub(r"[^a-zA-Z0-9_]", "_", key): key for key in POD_LABEL_KEYS}
+POD_LABEL_PREFIX = "k8s.pod.label."
+
 # Every dcgm-exporter label identity_from_labels reads, plus ``device``: lets a caller tell
 # these from other attributes (e.g. labels a Collector promoted to resource attributes).
 EXPORTER_LABELS: frozenset[str] = frozenset({
     "gpu", "UUID", "uuid", "modelName", "model_name", "Hostname", "hostname", "device", "pci_bus_id", "GPU_I_ID",
-    "GPU_I_PROFILE", "DCGM_FI_DRIVER_VERSION", "hpc_job", *_K8S_LABELS,
+    "GPU_I_PROFILE", "DCGM_FI_DRIVER_VERSION", "hpc_job", *_K8S_LABELS, *_DRA_LABELS, *_POD_LABELS,
 })
 
 
@@ -164,6 +188,13 @@ def identity_from_labels(labels: dict[str, str]) -> dict[str, Any]:
         value = labels.get(label)
         if value:
             resource.setdefault(attribute, value)
+    if resource:  # a pod's series: its DRA claim and the pod labels the job rules read
+        for label, attribute in _DRA_LABELS.items():
+            if labels.get(label):
+                resource[attribute] = labels[label]
+        for label, key in _POD_LABELS.items():
+            if labels.get(label):
+                resource[POD_LABEL_PREFIX + key] = labels[label]
     if labels.get("GPU_I_ID", "") != "":
         resource[GPU_MIG_INSTANCE] = labels["GPU_I_ID"]
     if labels.get("GPU_I_PROFILE"):
