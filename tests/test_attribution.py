@@ -70,11 +70,17 @@ def pod(name: str, namespace: str, *containers: tuple[str, str, list[str]]) -> p
 class Lister(pb_grpc.PodResourcesListerServicer):
     def __init__(self) -> None:
         self.pods: list[pb.PodResources] = []
+        self.allocatable: list[pb.ContainerDevices] | None = None  # None: answer as a kubelet without the call
         self.calls = 0
 
     def List(self, request, context):  # noqa: N802 (the generated servicer's name)
         self.calls += 1
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
+
+    def GetAllocatableResources(self, request, context):  # noqa: N802
+        if self.allocatable is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources")
+        return pb.AllocatableResourcesResponse(devices=self.allocatable, cpu_ids=[0, 1, 2, 3])
 
 
 @pytest.fixture
@@ -442,7 +448,7 @@ def test_rules_by_uuid_host_glob_and_attribute():
     proc = make({"rules": RULES})
     by_uuid, by_host, by_attr, none = run(
         proc, sample(GPU_C), sample(GPU_A, host="dgx-07"),
-        sample(GPU_B, resource={"k8s.pod.name": "p", "k8s.namespace.name": "fp8-train"}), sample(GPU_A))
+        sample(GPU_B, host="node-9", resource={"k8s.pod.name": "p", "k8s.namespace.name": "fp8-train"}), sample(GPU_A))
     assert (by_uuid.job_id, by_uuid.precision, by_uuid.resource["ofu.job.source"]) == ("reserved-eval", None, "rule")
     assert (by_host.job_id, by_host.precision) == ("dgx-pool", "fp16")
     assert (by_attr.job_id, by_attr.precision) == ("k8s:fp8-train/Pod/p", "fp8")
@@ -570,3 +576,40 @@ def test_sample_config_validates():
         pytest.fail(str(exc))
     (spec,) = config.pipelines
     assert spec.processors == ["attribution", "ofu"]
+
+
+# --- idle is none, unknown is "nothing says" (issue 23 item 8) -------------------------------------
+
+def page_points(text: str, cfg: dict | None = None) -> dict[str, str]:
+    """A dcgm-exporter page through the receiver's parser, attribution and ofu: GPU -> ofu.job.id."""
+    from otel_ofu.receivers.dcgm_exporter import parse_metrics
+
+    samples = parse_metrics(text, time_unix_nano=10**18, window_s=30)
+    ofu = OfuProcessor(build_config(OfuProcessorConfig, {}), Context("ofu"))
+    points = ofu.process(make(cfg).process(Batch(samples=samples))).points
+    return {dict(p.resource)["hw.id"]: dict(p.resource)["ofu.job.id"] for p in points}
+
+
+def test_an_idle_gpu_on_a_dcgm_exporter_page_that_maps_pods_is_none():
+    """dcgm-exporter in Kubernetes mode labels every GPU a pod holds: on such a page the other GPU is
+    idle (none, as docs/metrics.md says), not unknown; a page that maps no pod says nothing."""
+    page = (ROOT / "tests" / "data" / "dcgm-exporter" / "h100.prom").read_text()
+    jobs = page_points(page)
+    assert jobs == {"GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60": "k8s:ml-research/Pod/llama-70b-pretrain-0",
+                    "GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c61": "none"}
+    unmapped = "\n".join(line for line in page.splitlines() if 'pod="' not in line)  # no pod on any GPU
+    assert set(page_points(unmapped).values()) == {"unknown"}
+
+
+def test_the_kubelet_knows_its_idle_gpus_when_it_lists_allocatable_devices(kubelet):
+    kubelet.pods = [pod("trainer-0", "llm", ("pytorch", "nvidia.com/gpu", [GPU_A]))]
+    proc = make(kube_cfg(kubelet.socket))
+    proc.refresh()
+    held, idle = run(proc, sample(GPU_A), sample(GPU_B, index=1))
+    assert held.job_id == "k8s:llm/Pod/trainer-0" and idle.job_id is None  # no allocatable list: nothing says
+    kubelet.allocatable = [pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[GPU_A, GPU_B])]
+    proc.refresh()
+    held, idle, elsewhere = run(proc, sample(GPU_A), sample(GPU_B, index=1), sample(GPU_C, index=2))
+    assert (idle.job_id, idle.resource["ofu.job.source"]) == ("none", "kubelet")
+    assert elsewhere.job_id is None  # not this kubelet's GPU: it cannot say
+    assert "none" not in {s.job_id for s in run(proc, sample(GPU_A))}

@@ -192,6 +192,10 @@ def agent_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return yaml.safe_load(one(objects, "ConfigMap", "agent")["data"]["config.yaml"])
 
 
+def config_of_dra(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return agent_config(objects)["processors"]["attribution"]["dra"]
+
+
 def test_default_agent_scrapes_dcgm_exporter_as_non_root_without_host_access() -> None:
     objects = template()
     spec, container = agent_of(objects)
@@ -200,10 +204,17 @@ def test_default_agent_scrapes_dcgm_exporter_as_non_root_without_host_access() -
     assert "add" not in container["securityContext"]["capabilities"]
     assert not spec.get("hostPID") and not spec.get("hostNetwork")
     assert not any("hostPath" in v for v in spec["volumes"])
-    # The Kubernetes API source (on by default) needs the token and read-only access to pods only.
+    # The Kubernetes API source (on by default) needs the token and read-only access to pods, and
+    # for DRA (on by default) to the node's ResourceSlices and its pods' ResourceClaims (get only).
     assert spec["automountServiceAccountToken"] is True
     [role] = by_kind(objects, "ClusterRole")
-    assert [(r["resources"], sorted(r["verbs"])) for r in role["rules"]] == [(["pods"], ["get", "list", "watch"])]
+    assert [(r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in role["rules"]] == [
+        ([""], ["pods"], ["get", "list", "watch"]), (["resource.k8s.io"], ["resourceslices"], ["get", "list", "watch"]),
+        (["resource.k8s.io"], ["resourceclaims"], ["get"])]
+    assert config_of_dra(objects) == {"drivers": ["gpu.nvidia.com"], "resource_claims": True}
+    off = template(sets=("attribution.dra.enabled=false",))
+    [role] = by_kind(off, "ClusterRole")
+    assert [r["resources"] for r in role["rules"]] == [["pods"]] and config_of_dra(off)["drivers"] == []
     config = agent_config(objects)
     assert config["service"]["pipelines"]["metrics"]["receivers"] == ["dcgm_exporter"]
     assert config["processors"]["attribution"]["kubelet"]["enabled"] is False
@@ -278,6 +289,8 @@ def test_kubernetes_api_adds_the_pod_watch_and_its_rbac() -> None:
     (role,) = by_kind(objects, "ClusterRole")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get"]},
     ]
     (binding,) = by_kind(objects, "ClusterRoleBinding")

@@ -444,9 +444,10 @@ def test_dcgm_exporter_page_and_the_api_server_give_exported_points_their_job(cl
     resource = dict(point.resource)
     assert resource["k8s.pod.name"] == "llama-70b-pretrain-0" and resource["ofu.job.kind"] == "PyTorchJob"
     assert resource["k8s.pod.label.team"] == "research"
-    # the page's second GPU has no pod: nobody's job, and nothing invented
+    # the page's second GPU has no pod, on a page that maps pods: idle (none, as docs/metrics.md says), and
+    # nothing invented
     idle = [p for p in read_points(out) if p.name == "gpu.power.usage" and dict(p.resource)["hw.id"].endswith("5c61")]
-    assert idle and {dict(p.resource)["ofu.job.id"] for p in idle} == {"unknown"}
+    assert idle and {dict(p.resource)["ofu.job.id"] for p in idle} == {"none"}
     assert not any(k.startswith("k8s.") for p in idle for k in dict(p.resource))
 
 

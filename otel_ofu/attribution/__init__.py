@@ -18,6 +18,12 @@ K8S_POD_LABEL_PREFIX = "k8s.pod.label."
 K8S_POD_ANNOTATION_PREFIX = "k8s.pod.annotation."
 PROCESS_PID = "process.pid"
 
+# DRA (dcgm-exporter's dra_* labels, set by otel_ofu.core.dcgm_fields.identity_from_labels): the
+# ResourceClaim holding the GPU, and the device's driver, pool and name.
+K8S_RESOURCECLAIM_NAME = "k8s.resourceclaim.name"
+K8S_RESOURCECLAIM_NAMESPACE = "k8s.resourceclaim.namespace"
+DRA_MIG_PROFILE = "dra.mig.profile"
+
 # Slurm has no semantic convention: every Slurm attribute lives under ``slurm.job.``.
 SLURM_JOB_ID = "slurm.job.id"
 SLURM_JOB_USER = "slurm.job.user"
@@ -41,4 +47,5 @@ def slurm_job_id(job: str) -> str:
 
 # Attributes that name one job (not a bounded set such as a namespace or a partition): an
 # overflowed job loses them, or the series count would not be bounded.
-PER_JOB_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_CONTAINER, SLURM_JOB_ID, SLURM_JOB_NAME, HPC_JOB_ID, JOB_RUN)
+PER_JOB_ATTRIBUTES = (K8S_POD_NAME, K8S_POD_UID, K8S_CONTAINER, SLURM_JOB_ID, SLURM_JOB_NAME, HPC_JOB_ID, JOB_RUN,
+                      K8S_RESOURCECLAIM_NAME)

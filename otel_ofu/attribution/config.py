@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from otel_ofu.attribution.kubelet import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
+from otel_ofu.attribution.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
 from otel_ofu.attribution.rules import RuleConfig
 from otel_ofu.core.metrics import TRAINING_REPORT_METRICS
 from otel_ofu.core.model import NO_JOB
@@ -79,6 +79,25 @@ class KubernetesApiSourceConfig:
 
 
 @dataclass
+class DraConfig:
+    """GPUs allocated by Dynamic Resource Allocation, resource.k8s.io/v1 (docs/kubernetes-attribution.md#dra)."""
+
+    # DRA drivers whose devices are GPUs (NVIDIA's DRA driver for GPUs); [] turns DRA off. The
+    # kubelet source reads their devices from the pod-resources API; the kubernetes_api source
+    # watches their ResourceSlices of this node, which say which GPU each device is.
+    drivers: list[str] = field(default_factory=lambda: list(DEFAULT_DRA_DRIVERS))
+    # With the kubernetes_api source: read the ResourceClaims this node's pods use (get only).
+    # Without the kubelet source they map GPUs to pods; they also give the consumers of a claim
+    # that dcgm-exporter's dra_claim_* labels name (a claim shared by pods is a shared GPU).
+    resource_claims: bool = True
+
+    def validate(self) -> None:
+        for i, driver in enumerate(self.drivers):
+            require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", driver or "")), f"drivers[{i}]",
+                    f"expected a DRA driver name such as gpu.nvidia.com, got {driver!r}")
+
+
+@dataclass
 class ProcessSourceConfig:
     """The GPUs' processes: pod UID and Slurm job from /proc/PID/cgroup, Slurm details and the
     declared precision from /proc/PID/environ."""
@@ -108,6 +127,7 @@ class AttributionProcessorConfig:
     kubelet: KubeletSourceConfig = field(default_factory=KubeletSourceConfig)
     processes: ProcessSourceConfig = field(default_factory=ProcessSourceConfig)
     kubernetes_api: KubernetesApiSourceConfig = field(default_factory=KubernetesApiSourceConfig)
+    dra: DraConfig = field(default_factory=DraConfig)
     # Use k8s.* and hpc.job.id already on the sample (dcgm-exporter labels, upstream processors).
     sample_labels: bool = True
     # Pod annotation/label declaring the job's precision (from the Kubernetes API, or

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from otel_ofu.attribution import K8S_POD_LABEL_PREFIX
 from otel_ofu.attribution.config import KubernetesApiSourceConfig
+from otel_ofu.attribution.k8s_dra import pod_claims
 from otel_ofu.attribution.k8s_identity import PodJob, api_group, controller_of, job_id, job_identity
 from otel_ofu.attribution.k8s_watch import (
     DOCS,
@@ -62,6 +63,8 @@ class PodRecord:
     job_id: str
     precision: str | None  # normalised, known precisions only
     labels: Mapping[str, str] = field(default_factory=dict)  # copied labels as k8s.pod.label.<key>
+    # DRA: the ResourceClaims the pod uses and the containers using each (k8s_dra.pod_claims)
+    claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def pod_record(pod: Mapping[str, Any], *, job_label: str = "", precision_key: str = "",
@@ -79,7 +82,7 @@ def pod_record(pod: Mapping[str, Any], *, job_label: str = "", precision_key: st
     copied = {K8S_POD_LABEL_PREFIX + k: str(v) for k, v in labels.items()
               if any(p.fullmatch(k) for p in copy_labels)}
     return PodRecord(str(namespace), str(name), str(meta.get("uid") or ""), job, job_id(str(namespace), job),
-                     None if precision == specs.UNKNOWN_PRECISION else precision, copied)
+                     None if precision == specs.UNKNOWN_PRECISION else precision, copied, pod_claims(pod))
 
 
 def declared_precision(pod: Mapping[str, Any], key: str) -> str | None:

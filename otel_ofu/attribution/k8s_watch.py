@@ -125,10 +125,19 @@ class ApiSession:
 
     def get(self, path: str) -> dict[str, Any]:
         """``GET path`` as JSON; raises the client's ApiException on an HTTP error."""
+        return self.request("GET", path)
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST path`` (e.g. a SelfSubjectAccessReview, which writes nothing) as JSON."""
+        return self.request("POST", path, body)
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
 
-        request = self.client.param_serialize(method="GET", resource_path=path,
-                                              header_params={"Accept": "application/json"},
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = self.client.param_serialize(method=method, resource_path=path, header_params=headers, body=body,
                                               auth_settings=["BearerToken"])
         response = self.client.call_api(*request, _request_timeout=float(self.config.request_timeout))
         data = response.read()
@@ -137,7 +146,7 @@ class ApiSession:
                                body=data.decode("utf-8", "replace") if data else None)
         body = json.loads(data)
         if not isinstance(body, dict):
-            raise ValueError(f"GET {path}: expected a JSON object")
+            raise ValueError(f"{method} {path}: expected a JSON object")
         return body
 
 
@@ -164,6 +173,8 @@ class WatchSpec:
     attributes: dict[str, str] = field(default_factory=dict)
     # the gauge of how many objects the store holds, or "" for none
     size_metric: str = ""
+    # said when the API server does not serve the resource at all (404), e.g. an older Kubernetes
+    missing_hint: str = ""
 
 
 class ListWatch:
@@ -324,6 +335,8 @@ class ListWatch:
             self._outage_logged = True
             denied = reason in ("forbidden", "unauthorized")
             hint = f"; {self.spec.rbac_hint} ({DOCS}#rbac)" if denied else ""
+            if reason == "http_404" and self.spec.missing_hint:
+                hint = f"; {self.spec.missing_hint}"
             logger = log.error if denied else log.warning
             logger("%s: %s of node %s's %s failed (%s)%s; retrying with backoff and serving the last known %s",
                    self.name, what, self.node, self.spec.what, describe(exc), hint, self.spec.what)

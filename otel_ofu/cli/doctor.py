@@ -244,6 +244,10 @@ def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if getattr(args, "backend", ""):
         return cmd_backend(args)
+    if getattr(args, "kubernetes", False):
+        from otel_ofu.cli import doctor_kubernetes
+
+        return doctor_kubernetes.cmd(args)
     exporters = getattr(args, "dcgm_exporter", None) or []
     report = diagnose(bindings_path=args.dcgm_bindings_path or None, address=args.dcgm_address or "",
                       dcgm_exporters=exporters)
@@ -313,4 +317,7 @@ def register(subparsers: Any) -> None:
                         "when it does not (docs/backends.md)")
     parser.add_argument("--lookback", type=float, default=3600.0, metavar="SECONDS",
                         help="with --backend: how far back to look for otel-ofu's series (default 3600)")
+    from otel_ofu.cli.doctor_kubernetes import add_arguments
+
+    add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)

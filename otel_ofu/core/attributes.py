@@ -69,8 +69,10 @@ _ATTRIBUTES = (
     # --- the GPU's job (resource) ---
     AttributeInfo("ofu.job.id", RESOURCE, "The job holding the GPU (docs/components/processors/attribution.md, "
                   "ofu.job.id format; a Kubernetes job is `k8s:<namespace>/<kind>/<name>`, its stable name across "
-                  "runs): `none` for an idle GPU, `unknown` when nothing says. Also the resource of the jobs "
-                  "processor's per-job points.",
+                  "runs). `none`: an idle GPU, one a source that sees the node's allocations says nobody holds (the "
+                  "kubelet's allocatable devices, the node's DRA ResourceSlices, a dcgm-exporter page that labels "
+                  "the GPUs pods hold). `unknown`: nothing says (no source names it, or none can answer). Also the "
+                  "resource of the jobs processor's per-job points.",
                   ("processors/attribution", "processors/ofu", "processors/jobs", "receivers/sim",
                    "receivers/dcgm_exporter")),
     AttributeInfo("ofu.precision", RESOURCE, "The precision the job computes in: `tf32`, `fp16`, `bf16`, `fp8`, "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_ofu.attribution import (
+    DRA_MIG_PROFILE,
     HPC_JOB_ID,
     JOB_KIND,
     JOB_RUN,
@@ -33,6 +34,8 @@ from otel_ofu.attribution import (
     K8S_POD_LABEL_PREFIX,
     K8S_POD_NAME,
     K8S_POD_UID,
+    K8S_RESOURCECLAIM_NAME,
+    K8S_RESOURCECLAIM_NAMESPACE,
     PER_JOB_ATTRIBUTES,
     PROCESS_PID,
     SLURM_JOB_ID,
@@ -41,8 +44,9 @@ from otel_ofu.attribution import (
 from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, k8s_key, merge
 from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
 from otel_ofu.attribution.k8s_api import PodRecord, PodWatcher
+from otel_ofu.attribution.k8s_dra import DeviceRef, DraGpu, DraWatcher
 from otel_ofu.attribution.k8s_identity import job_id, labelled_pod_job
-from otel_ofu.attribution.kubelet import KubeletClient, PodContainer
+from otel_ofu.attribution.kubelet import KubeletClient, NodeAllocations, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
 from otel_ofu.attribution.reports import resource_claim, resource_pid
@@ -52,6 +56,8 @@ from otel_ofu.core import specs
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import (
     GPU_INDEX,
+    GPU_MIG_INSTANCE,
+    GPU_MIG_PROFILE,
     HOST_NAME,
     HW_ID,
     HW_MODEL,
@@ -83,6 +89,7 @@ REFRESH_ERRORS_METRIC = register(MetricInfo(
 
 
 PidProvider = Callable[[], dict[str, list[int]]]
+MAX_POD_LABEL_HOSTS = 65536  # hosts remembered as labelling GPUs with pods (a large gateway's nodes)
 
 
 @dataclass
@@ -104,7 +111,19 @@ class AttributionProcessor(Processor):
         # The Kubernetes API source: also the place other code asks for a pod's job id.
         self.pods: PodWatcher | None = None
         self._nvml: Any = None
-        self._kube = _Cached({})  # uuid -> [PodContainer]
+        self._kube = _Cached(NodeAllocations())  # the kubelet's last answer
+        # The GPUs of DRA: the Kubernetes API source's ResourceSlices and ResourceClaims (with pods).
+        self.dra: DraWatcher | None = None
+        # Who holds each GPU, from the kubelet and DRA, rebuilt at each refresh (read by the hot
+        # path as one object): GPU or MIG UUID, or "<parent uuid>/<MIG profile>" -> holders.
+        self._holders: dict[str, list[PodContainer]] = {}
+        # The GPUs the node's sources know exist (kubelet allocatable, DRA devices), same keys:
+        # one of these that nobody holds is idle (ofu.job.id none), with the source that says so.
+        self._node_gpus: dict[str, str] = {}
+        self._dra_unmapped_logged = False
+        # Hosts whose samples have carried pod labels (dcgm-exporter in Kubernetes mode maps every
+        # GPU a pod holds): there a GPU sample without them is idle. Least recently seen first.
+        self._pod_label_hosts: OrderedDict[str, None] = OrderedDict()
         self._provider_pids = _Cached({})  # uuid -> [pid]
         self._lock = threading.Lock()  # guards _sample_pids and _procs
         self._sample_pids: dict[GpuKey, tuple[list[int], float]] = {}  # by GPU: dmon/CSV GPUs have no UUID
@@ -132,7 +151,11 @@ class AttributionProcessor(Processor):
             self.pods = PodWatcher(cfg.kubernetes_api, job_label=cfg.k8s_job_label, precision_key=cfg.precision_key,
                                    telemetry=self.context.telemetry, name=self.context.component_id)
             self.pods.start()
-        if cfg.kubelet.enabled or cfg.processes.enabled:
+            if cfg.dra.drivers:
+                self.dra = DraWatcher(cfg.kubernetes_api, cfg.dra.drivers, self.pods.session,
+                                      telemetry=self.context.telemetry, name=self.context.component_id)
+                self.dra.start()
+        if cfg.kubelet.enabled or cfg.processes.enabled or self.dra is not None:
             self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
             self._thread.start()
 
@@ -140,8 +163,11 @@ class AttributionProcessor(Processor):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        deadline = time.monotonic() + 30
+        if self.dra is not None:
+            self.dra.stop(deadline)
         if self.pods is not None:
-            self.pods.stop()
+            self.pods.stop(deadline)
         if self._kubelet is not None:
             self._kubelet.close()
         if self._nvml is not None:
@@ -161,8 +187,11 @@ class AttributionProcessor(Processor):
         if cfg.kubelet.enabled:
             if self._kubelet is None:
                 self._kubelet = KubeletClient(cfg.kubelet.socket, float(cfg.kubelet.timeout),
-                                              cfg.kubelet.resource_names)
-            self._poll("kubelet", self._kube, self._kubelet.list_gpu_pods)
+                                              cfg.kubelet.resource_names, cfg.dra.drivers)
+            self._poll("kubelet", self._kube, self._kubelet.allocations, NodeAllocations)
+        if self.dra is not None and self.pods is not None and cfg.dra.resource_claims:
+            self.dra.claims.sync(self._node_claims())
+        self._holders, self._node_gpus = self._gpu_holders()
         if cfg.processes.enabled:
             provider = self.pid_provider
             if provider is None and "nvml" in cfg.processes.pid_sources:
@@ -174,7 +203,7 @@ class AttributionProcessor(Processor):
                            lambda: {str(k).strip().lower(): list(v) for k, v in provider().items()})
             self._refresh_processes()
 
-    def _poll(self, source: str, cache: _Cached, fetch: Callable[[], dict]) -> None:
+    def _poll(self, source: str, cache: _Cached, fetch: Callable[[], Any], empty: Callable[[], Any] = dict) -> None:
         now = self._clock()
         try:
             cache.value, cache.at = fetch(), now
@@ -188,7 +217,74 @@ class AttributionProcessor(Processor):
                                  exc, self.config.cache_ttl)
             cache.failing = True
             if cache.at is None or now - cache.at > self.config.cache_ttl:
-                cache.value = {}  # no stale attributes past the TTL
+                cache.value = empty()  # no stale attributes past the TTL
+
+    # --- who holds each GPU: device plugin and DRA (background) ----------------------------------
+
+    def _node_claims(self) -> dict[tuple[str, str], frozenset[str]]:
+        """The ResourceClaims this node's pods use -> the pods using each."""
+        assert self.pods is not None
+        wanted: dict[tuple[str, str], set[str]] = {}
+        for record in self.pods.pods():
+            for claim, _ in record.claims:
+                wanted.setdefault((record.namespace, claim), set()).add(record.name)
+        return {k: frozenset(v) for k, v in wanted.items()}
+
+    def _gpu_holders(self) -> tuple[dict[str, list[PodContainer]], dict[str, str]]:
+        """Holders of every GPU from the kubelet (device plugin and DRA) and the API's claims, and
+        the GPUs the node is known to have (key -> the source that knows it)."""
+        allocations: NodeAllocations = self._kube.value
+        holders: dict[str, list[PodContainer]] = {k: list(v) for k, v in allocations.by_uuid.items()}
+        known = dict.fromkeys(allocations.allocatable or (), "kubelet")
+
+        def add(gpu: DraGpu, holder: PodContainer) -> None:
+            for key in _dra_keys(gpu, self.dra):
+                found = holders.setdefault(key, [])
+                if holder not in found:
+                    found.append(holder)
+
+        unmapped = []
+        for (driver, pool, device), dra_holders in allocations.dra.items():
+            gpu = self.dra.gpu(DeviceRef(driver, pool, device)) if self.dra is not None else None
+            if gpu is None:
+                unmapped.append(f"{driver} pool {pool} device {device}")
+                continue
+            for dra_holder in dra_holders:
+                add(gpu, dra_holder.holder)
+        if unmapped and not self._dra_unmapped_logged and (self.dra is None or self.dra.synced.is_set()):
+            self._dra_unmapped_logged = True
+            why = ("the kubernetes_api source is off: enable it (RBAC get/list/watch on resourceslices) to read "
+                   "the DRA driver's ResourceSlices" if self.dra is None else
+                   "no ResourceSlice of this node names their GPU (is the DRA driver running here?)")
+            self.log.warning("kubelet pod-resources reports GPUs allocated by DRA (%s) that cannot be mapped to a "
+                             "GPU UUID: %s (docs/kubernetes-attribution.md#dra)", ", ".join(unmapped[:3]), why)
+        if self.dra is not None:
+            for gpu in self.dra.slices.devices().values():
+                for key in _dra_keys(gpu, self.dra):
+                    known.setdefault(key, "k8s_api")
+            if self.pods is not None and self.config.dra.resource_claims:
+                for (namespace, claim), containers in self._claim_holders().items():
+                    allocation = self.dra.claims.claim(namespace, claim)
+                    for ref in allocation.devices if allocation is not None else ():
+                        gpu = self.dra.gpu(ref)
+                        if gpu is not None:
+                            for holder in containers:
+                                add(gpu, holder)
+        return holders, known
+
+    def _claim_holders(self) -> dict[tuple[str, str], list[PodContainer]]:
+        """The containers of this node's pods using each claim, as the pods and the claim say
+        (a claim reserved for other pods only is not theirs yet)."""
+        assert self.pods is not None and self.dra is not None
+        out: dict[tuple[str, str], list[PodContainer]] = {}
+        for record in self.pods.pods():
+            for claim, containers in record.claims:
+                allocation = self.dra.claims.claim(record.namespace, claim)
+                if allocation is None or (allocation.reserved_for and record.name not in allocation.reserved_for):
+                    continue
+                found = out.setdefault((record.namespace, claim), [])
+                found += [PodContainer(record.namespace, record.name, c) for c in containers or ("",)]
+        return out
 
     def _refresh_processes(self) -> None:
         """Re-read every pid some GPU still has: exited processes drop out here."""
@@ -205,6 +301,10 @@ class AttributionProcessor(Processor):
     # --- hot path ------------------------------------------------------------------------
 
     def process(self, batch: Batch) -> Batch:
+        if self.config.sample_labels:  # hosts whose page labels GPUs with pods, before any GPU is named
+            for sample in batch.samples:
+                if sample.resource.get(K8S_POD_NAME):
+                    self._note_pod_label_host(sample.host)
         overflowed: set[str] = set()
         samples_over = 0
         latest = 0
@@ -350,6 +450,10 @@ class AttributionProcessor(Processor):
             job, source = rule.job_id, "rule"
         elif existing:
             job, source = existing, "sample"
+        else:
+            idle = self._known_idle(uuid, resource) or self._unlabelled_on_labelled_host(sample.host)
+            if idle is not None:
+                job, source = NO_JOB, idle
 
         if from_claims:
             for key, value in claim_resource.items():
@@ -361,7 +465,7 @@ class AttributionProcessor(Processor):
 
         overflow = None
         if job is not None:
-            if not self._limiter.admit(job, sample.time_unix_nano):
+            if job != NO_JOB and not self._limiter.admit(job, sample.time_unix_nano):
                 overflow, job = job, cfg.overflow_job_id
                 for key in PER_JOB_ATTRIBUTES:
                     resource.pop(key, None)
@@ -419,12 +523,13 @@ class AttributionProcessor(Processor):
         if cfg.sample_labels:
             k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
             key = k8s_key(k8s)
-            if key:
+            if key and not _other_mig_profile(resource):
                 claims.append(Claim(key, "scrape", k8s))
+                claims += self._claim_consumers(k8s)
             hpc = resource.get(HPC_JOB_ID)
             if hpc:
                 claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
-        holders = self._kube.value.get(uuid)
+        holders = self._holders_of(uuid, resource)
         if holders:
             claims += _pod_claims(holders)
         loose: set[str] = set()
@@ -445,6 +550,52 @@ class AttributionProcessor(Processor):
         if self.pods is not None:
             claims = [self._with_pod(claim) for claim in claims]
         return merge(claims), loose
+
+    def _claim_consumers(self, k8s: dict[str, str]) -> list[Claim]:
+        """The pods a DRA claim named on the sample (dcgm-exporter's dra_claim_* labels) is
+        reserved for: more than one is a GPU shared between them."""
+        name, namespace = k8s.get(K8S_RESOURCECLAIM_NAME), k8s.get(K8S_RESOURCECLAIM_NAMESPACE)
+        if not name or not namespace or self.dra is None:
+            return []
+        allocation = self.dra.claims.claim(namespace, name)
+        if allocation is None:
+            return []
+        return [Claim(("k8s", namespace, pod), "k8s_api", {K8S_NAMESPACE: namespace, K8S_POD_NAME: pod})
+                for pod in allocation.reserved_for if pod != k8s.get(K8S_POD_NAME)]
+
+    def _holders_of(self, uuid: str, resource: dict[str, Any]) -> list[PodContainer] | None:
+        """The kubelet's and DRA's holders of a GPU, or of a MIG instance by its own UUID or
+        (for DRA) by its parent and profile."""
+        holders = self._holders
+        if resource.get(GPU_MIG_INSTANCE) not in (None, ""):
+            mig_uuid = str(resource.get("gpu.mig.uuid") or "").lower()
+            found = holders.get(mig_uuid) if mig_uuid else None
+            if found is None and resource.get(GPU_MIG_PROFILE):
+                found = holders.get(f"{uuid}/{resource[GPU_MIG_PROFILE]}")
+            if found is not None:
+                return found
+        return holders.get(uuid)
+
+    def _known_idle(self, uuid: str, resource: dict[str, Any]) -> str | None:
+        """The source that knows this GPU exists on the node and that nobody holds it, else None."""
+        keys = [uuid]
+        if resource.get(GPU_MIG_INSTANCE) not in (None, ""):
+            keys = [str(resource.get("gpu.mig.uuid") or "").lower(), f"{uuid}/{resource.get(GPU_MIG_PROFILE) or ''}"]
+        return next((self._node_gpus[k] for k in keys if k in self._node_gpus), None)
+
+    def _note_pod_label_host(self, host: str) -> None:
+        hosts = self._pod_label_hosts
+        if host in hosts:
+            hosts.move_to_end(host)
+            return
+        hosts[host] = None
+        while len(hosts) > MAX_POD_LABEL_HOSTS:
+            hosts.popitem(last=False)
+
+    def _unlabelled_on_labelled_host(self, host: str) -> str | None:
+        """"scrape" when this host's samples carry pod labels for the GPUs pods hold (see
+        _pod_label_hosts), so one without them is idle; else None (nothing says)."""
+        return "scrape" if self.config.sample_labels and host in self._pod_label_hosts else None
 
     def _with_pod(self, claim: Claim) -> Claim:
         """A pod's claim completed from the Kubernetes API: its job, declared precision, uid, labels.
@@ -541,6 +692,24 @@ def _view(layers: tuple[dict[str, Any], ...], sample: GpuSample) -> dict[str, An
     attributes, claim_resource, resource = layers
     own = {k: v for k, v in {**_base_attributes(sample), **resource}.items() if v is not None}
     return {**own, **claim_resource, **attributes}
+
+
+def _other_mig_profile(resource: dict[str, Any]) -> bool:
+    """dcgm-exporter labels every MIG instance of a GPU with every pod holding a DRA MIG device
+    of it: a pod whose device has another profile than this instance does not hold it."""
+    own, held = resource.get(GPU_MIG_PROFILE), resource.get(DRA_MIG_PROFILE)
+    return resource.get(GPU_MIG_INSTANCE) not in (None, "") and bool(own) and bool(held) and own != held
+
+
+def _dra_keys(gpu: DraGpu, dra: DraWatcher | None) -> list[str]:
+    """The keys a DRA device is held under: a GPU's UUID; a MIG device's own UUID, and its
+    parent and profile when it is the node's only MIG device of that profile on that GPU."""
+    if not gpu.mig:
+        return [gpu.uuid]
+    keys = [gpu.uuid] if gpu.uuid else []
+    if dra is not None and dra.slices.only_mig(gpu.parent_uuid, gpu.profile) is gpu:
+        keys.append(f"{gpu.parent_uuid}/{gpu.profile}")
+    return keys
 
 
 def _pod_claims(holders: Iterable[PodContainer]) -> list[Claim]:

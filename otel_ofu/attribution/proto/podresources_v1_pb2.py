@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15podresources_v1.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x42)Z\'k8s.io/kubelet/pkg/apis/podresources/v1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"\x94\x01\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x42)Z\'k8s.io/kubelet/pkg/apis/podresources/v1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,32 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'podresources_v1_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\'k8s.io/kubelet/pkg/apis/podresources/v1'
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=29
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=54
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=56
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=123
-  _globals['_PODRESOURCES']._serialized_start=125
-  _globals['_PODRESOURCES']._serialized_end=216
-  _globals['_CONTAINERRESOURCES']._serialized_start=219
-  _globals['_CONTAINERRESOURCES']._serialized_end=394
-  _globals['_CONTAINERMEMORY']._serialized_start=396
-  _globals['_CONTAINERMEMORY']._serialized_end=484
-  _globals['_CONTAINERDEVICES']._serialized_start=486
-  _globals['_CONTAINERDEVICES']._serialized_end=583
-  _globals['_TOPOLOGYINFO']._serialized_start=585
-  _globals['_TOPOLOGYINFO']._serialized_end=628
-  _globals['_NUMANODE']._serialized_start=630
-  _globals['_NUMANODE']._serialized_end=652
-  _globals['_DYNAMICRESOURCE']._serialized_start=654
-  _globals['_DYNAMICRESOURCE']._serialized_end=760
-  _globals['_CLAIMRESOURCE']._serialized_start=762
-  _globals['_CLAIMRESOURCE']._serialized_end=874
-  _globals['_CDIDEVICE']._serialized_start=876
-  _globals['_CDIDEVICE']._serialized_end=901
-  _globals['_PODRESOURCESLISTER']._serialized_start=903
-  _globals['_PODRESOURCESLISTER']._serialized_end=992
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=29
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=58
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=60
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=183
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=185
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=210
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=212
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=279
+  _globals['_PODRESOURCES']._serialized_start=281
+  _globals['_PODRESOURCES']._serialized_end=372
+  _globals['_CONTAINERRESOURCES']._serialized_start=375
+  _globals['_CONTAINERRESOURCES']._serialized_end=550
+  _globals['_CONTAINERMEMORY']._serialized_start=552
+  _globals['_CONTAINERMEMORY']._serialized_end=640
+  _globals['_CONTAINERDEVICES']._serialized_start=642
+  _globals['_CONTAINERDEVICES']._serialized_end=739
+  _globals['_TOPOLOGYINFO']._serialized_start=741
+  _globals['_TOPOLOGYINFO']._serialized_end=784
+  _globals['_NUMANODE']._serialized_start=786
+  _globals['_NUMANODE']._serialized_end=808
+  _globals['_DYNAMICRESOURCE']._serialized_start=810
+  _globals['_DYNAMICRESOURCE']._serialized_end=916
+  _globals['_CLAIMRESOURCE']._serialized_start=919
+  _globals['_CLAIMRESOURCE']._serialized_end=1067
+  _globals['_CDIDEVICE']._serialized_start=1069
+  _globals['_CDIDEVICE']._serialized_end=1094
+  _globals['_PODRESOURCESLISTER']._serialized_start=1097
+  _globals['_PODRESOURCESLISTER']._serialized_end=1282
 # @@protoc_insertion_point(module_scope)

@@ -60,6 +60,9 @@ processors:
         {{- end }}
       {{- end }}
     {{- end }}
+    dra:
+      drivers: {{ if .Values.attribution.dra.enabled }}{{ toJson .Values.attribution.dra.drivers }}{{ else }}[]{{ end }}
+      resource_claims: {{ .Values.attribution.dra.resourceClaims }}
     precision_key: {{ .Values.attribution.precisionKey | quote }}
     k8s_job_label: {{ .Values.attribution.jobLabel | quote }}
     {{- with .Values.attribution.rules }}
