@@ -613,3 +613,19 @@ def test_the_kubelet_knows_its_idle_gpus_when_it_lists_allocatable_devices(kubel
     assert (idle.job_id, idle.resource["ofu.job.source"]) == ("none", "kubelet")
     assert elsewhere.job_id is None  # not this kubelet's GPU: it cannot say
     assert "none" not in {s.job_id for s in run(proc, sample(GPU_A))}
+
+
+def test_a_pages_pod_labels_make_a_jobs_pods_one_job():
+    """Issue 23 item 7: with dcgm-exporter's --kubernetes-enable-pod-labels the page carries each pod's
+    labels (keys sanitized): a Job's two pods are one job, a Deployment's pod its Deployment's."""
+    page = (ROOT / "tests" / "data" / "dcgm-exporter" / "h100.prom").read_text()
+    pods = {'pod="llama-70b-pretrain-0"': ('pod="sweep-0-x7k2p",batch_kubernetes_io_job_name="sweep",job_name="sweep",'
+                                           'batch_kubernetes_io_controller_uid="c-42"'),
+            'DCGM_FI_DRIVER_VERSION="570.124.06"}': ('DCGM_FI_DRIVER_VERSION="570.124.06",container="vllm",'
+                                                     'namespace="ml-research",pod="vllm-7d9c8b6f5-q2w3e",'
+                                                     'pod_template_hash="7d9c8b6f5",app="vllm"}')}
+    for old, new in pods.items():
+        page = page.replace(old, new)
+    jobs = page_points(page)
+    assert jobs == {"GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60": "k8s:ml-research/Job/sweep",
+                    "GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c61": "k8s:ml-research/Deployment/vllm"}
