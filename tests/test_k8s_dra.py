@@ -319,7 +319,7 @@ def test_without_rbac_on_resourceslices_it_says_what_to_grant(cluster, caplog, t
 
 # --- the chart's RBAC and the whole pipeline -----------------------------------------------------------
 
-def test_the_charts_clusterrole_is_enough_and_read_only(tmp_path, kubelet):
+def test_the_charts_clusterrole_is_enough_and_read_only(tmp_path):
     """The ClusterRole the chart renders for the agent, applied to a fresh API server as the agent's
     only role: everything DRA needs works, and every request is a read."""
     from tests.deploy_util import one, template
@@ -330,8 +330,7 @@ def test_the_charts_clusterrole_is_enough_and_read_only(tmp_path, kubelet):
     server = KubeApiServer(tmp_path / "kube").start()
     try:
         server.grant(WATCHER_USER, "otel-ofu-chart-agent", role["rules"])
-        load(server, DRA, set())
-        kubelet.pods = []  # the claims alone
+        load(server, DRA, set())  # no kubelet: the claims alone map the GPUs
         since = len(server.audit(WATCHER_USER))
         proc = attribution(server, DRA["node"])
         try:
