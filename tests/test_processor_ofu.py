@@ -169,3 +169,19 @@ def test_a_mig_instance_of_unknown_size_has_no_share():
     """A MIG instance without profile or slices: its size is unknown, said by no share rather than a guess."""
     out = points_by_name(processor().process(Batch(samples=[sample(resource={"gpu.mig.instance_id": "4"})])))
     assert "gpu.ofu" in out and "gpu.mig.share" not in out
+
+
+def test_a_gpus_first_point_after_its_job_changed_says_the_window_it_covers():
+    """So that a jobs tier routing each job to its own instance counts the GPU's time once (docs/jobs.md#windows)."""
+    proc = processor()
+
+    def ofu_point(t: int, job: str, **resource):
+        out = proc.process(Batch(samples=[sample(time_unix_nano=t * 10**9, job_id=job, resource=resource)]))
+        [point] = points_by_name(out)["gpu.ofu"]
+        return point
+
+    assert ofu_point(10, "a").start_time_unix_nano == 0  # its first sample: nothing known before it
+    assert ofu_point(20, "a").start_time_unix_nano == 0  # the usual point: a plain gauge point
+    assert ofu_point(30, "b").start_time_unix_nano == 20 * 10**9  # another job: since its previous sample
+    assert ofu_point(40, "b").start_time_unix_nano == 0
+    assert ofu_point(50, "b", **{"k8s.pod.name": "b-1"}).start_time_unix_nano == 40 * 10**9  # another pod

@@ -37,6 +37,7 @@ from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
+from otel_ofu.jobs.windows import SeriesWindows, take
 
 OFU_METRIC = "gpu.ofu"
 FLOPS_METRIC = "gpu.flops.achieved"
@@ -66,11 +67,11 @@ class Update:
         self.unmatched[key] = self.unmatched.get(key, 0) + 1
 
 
-def _own_window(point: MetricPoint, max_gap: float) -> float | None:
-    """The window a point says it covers (its start time, when set), for a series' first window."""
+def _own_start(point: MetricPoint, max_gap: float) -> float | None:
+    """Where the window a point says it covers began (its start time, when set and at most max_gap long)."""
     start = point.start_time_unix_nano
     if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
-        return (point.time_unix_nano - start) / 1e9
+        return start / 1e9
     return None
 
 
@@ -92,7 +93,9 @@ class JobBook:
         self.ended: list[JobSummary] = []  # only with history
         self.newest = -math.inf  # the newest data time accepted, any host (the report's clock)
         self.clocks = HostClocks(float(config.max_future))
-        self._gpu_last: dict[tuple, tuple[float, float]] = {}  # (GPU, job) -> (last end, last interval)
+        self._gpu_last: dict[tuple, SeriesWindows] = {}  # (GPU, job) -> the time its points covered (jobs.windows)
+        self._max_gap, self._default_interval = float(config.max_gap), float(config.default_interval)
+        self._keep = self._max_gap + float(config.job_timeout)  # how long a series' covered time is kept
         # job -> reporter (metric, resource without job identity, point attributes) -> (last end, last interval)
         self._mfu_last: dict[str, dict[Any, tuple[float, float]]] = {}
         self._report_names = frozenset({config.mfu_metric, *config.tflops_metrics})
@@ -180,9 +183,9 @@ class JobBook:
             return
         clock = self.clocks.rebase(source, newest, now is not None)
         for key in clock.gpus:
-            last = self._gpu_last.get(key)
-            if last is not None:
-                self._gpu_last[key] = (-math.inf, last[1])  # no position in the new time; its interval stays
+            series = self._gpu_last.get(key)
+            if series is not None:
+                series.forget_position()  # no position in the new time; its interval stays
         for job, tracker in list(self.jobs.items()):
             if source in tracker.sources:
                 touched.pop(job, None)
@@ -229,19 +232,24 @@ class JobBook:
             behind.setdefault(source, []).append(point)  # the whole batch decides: see _late_or_stepped_back
             return
         job = facts.job
-        # Windows follow each other per GPU and job: a jobs-tier instance may get a GPU's points of
+        # Windows are kept per GPU and job (jobs.windows): a jobs-tier instance may get a GPU's points of
         # its next job (or of no job) before the last ones of its job, through another gateway lane.
-        start = self._interval(self._gpu_last, (gpu, job), t, _own_window(point, float(self.config.max_gap)))
-        if start is None:
+        series = self._gpu_last.get((gpu, job))
+        if series is None:
+            series = self._gpu_last[(gpu, job)] = SeriesWindows()
+        own = _own_start(point, self._max_gap) if point.start_time_unix_nano else None
+        window = take(series, t, own, self._default_interval, self._max_gap, self._keep)
+        if window is None:
             update.skip("out_of_order")
             return
+        start, end = window
         self.newest = max(self.newest, t)
         self.clocks.accepted(source, t, arrival).gpus.add((gpu, job))
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
         if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
-            self.unattributed.add(t - start, point.value)
-            self.unattributed_histogram.add(point.value, t - start)
+            self.unattributed.add(end - start, point.value)
+            self.unattributed_histogram.add(point.value, end - start)
             return
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None:
@@ -250,11 +258,11 @@ class JobBook:
         weight = 1.0 / len(facts.jobs)
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
-                self.unattributed.add((t - start) * weight, point.value)
-                self.unattributed_histogram.add(point.value, (t - start) * weight)
+                self.unattributed.add((end - start) * weight, point.value)
+                self.unattributed_histogram.add(point.value, (end - start) * weight)
                 continue
             tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
-            tracker.add_gpu_window(gpu, start, t, point.value, rate, facts.normalized_precision, source, weight)
+            tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight)
             tracker.peak_flops_per_gpu = facts.flops(1.0)
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
@@ -382,8 +390,8 @@ class JobBook:
                     self._gpu_last.pop(gpu, None)
                 continue
             for gpu in list(clock.gpus):
-                last = self._gpu_last.get(gpu)
-                if last is None or clock.data - last[0] > keep_gpu:
+                series = self._gpu_last.get(gpu)
+                if series is None or clock.data - series.end > keep_gpu:
                     clock.gpus.discard(gpu)
                     self._gpu_last.pop(gpu, None)
 

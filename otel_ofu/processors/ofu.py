@@ -154,6 +154,8 @@ class OfuProcessor(Processor):
         # extra attributes -> (the inputs' attributes, the OFU points' by f_ref source)
         self._attributes_cache = Cache("ofu point attributes", _ATTRIBUTES_CACHE_SIZE)
         self._resources = Cache("ofu resources", _RESOURCES_CACHE_SIZE)  # see _resource
+        # GPU -> (time of its previous sample, that sample's resource): see _window_start.
+        self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
 
     def process(self, batch: Batch) -> Batch:
@@ -265,7 +267,8 @@ class OfuProcessor(Processor):
                 ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
                     {**sample.attributes, FREF_SOURCE: result.fref_source})
             out += [
-                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs),
+                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs,
+                            start_time_unix_nano=self._window_start(sample, resource)),
                 MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs),
                 MetricPoint("gpu.ofu.reference_clock", result.fref_mhz * 1e6, t, resource, ofu_attrs, "Hz"),
             ]
@@ -303,6 +306,23 @@ class OfuProcessor(Processor):
             "in gpu.ofu.dropped{ofu.drop.reason=%s}). Set reference_clocks: {%r: <MHz at which its dense tensor "
             "peak is quoted>} on the ofu processor (docs/gpus.md).",
             sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, sample.model)
+
+    def _window_start(self, sample: GpuSample, resource: Attributes) -> int:
+        """The start of the window a GPU's gpu.ofu covers, when its job or pod changed since its previous
+        sample: that sample's time (0 otherwise, and for a GPU's first sample).
+
+        Why: the jobs tier gets a GPU's points of each job on the instance that job is routed to; a
+        GPU that leaves a job and comes back within max_gap would otherwise be counted for that job
+        over the time it ran another one (docs/jobs.md, "Windows"). Only the first point after a
+        change says it: the usual point stays a plain gauge point (cheaper to encode).
+        """
+        key = sample.gpu_key()
+        t = sample.time_unix_nano
+        previous = self._previous.get(key)
+        self._previous.put(key, (t, resource))
+        if previous is None or previous[1] is resource or not previous[0] < t or previous[1] == resource:
+            return 0
+        return previous[0]
 
     def _resource(self, sample: GpuSample, job: str, precision: str) -> Attributes:
         """The resource of a sample's points: one tuple per GPU and job, the same object every interval.
