@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from otlp_backends import gpu_points, wait_until
 
-from otel_ofu.core.model import Batch, Event, attrs
+from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
 from otel_ofu.exporters.file import FACTORY, FileExporter
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
@@ -348,3 +350,81 @@ def test_writes_that_keep_failing_are_counted_and_what_was_written_stays_readabl
         assert "never written" in done.stderr
     else:
         assert set(dropped) == {"write_error"}
+
+
+# --- property: what the exporter writes, the one reader gives back -----------------------------
+
+# A metric has one kind: gauges, and one cumulative sum.
+_NAMES = {"gpu.ofu": False, "gpu.sm.clock.frequency": False, "job.ofu": False, "a.metric.of.another.tool": False,
+          "otel_ofu.exporter.dropped": True}
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)  # any Unicode a label may carry
+_POINTS = st.lists(st.builds(
+    lambda name, value, t, host, gpu, job: MetricPoint(
+        name, value, t, attrs({"host.name": host, "gpu.index": gpu}), attrs({"ofu.job.id": job}) if job else (),
+        unit="1", monotonic=_NAMES[name], start_time_unix_nano=1 if _NAMES[name] else 0),
+    st.sampled_from(sorted(_NAMES)), st.floats(allow_nan=False, width=64) | st.integers(-2**53, 2**53).map(float),
+    st.integers(1, 2**63 - 1), _TEXT, st.sampled_from(["0", "1", "7"]), _TEXT), max_size=40)
+_EVENTS = st.lists(st.builds(
+    lambda name, t, job, body: Event(name, t, attrs({"host.name": "n"}), attrs({"ofu.job.id": job}), body),
+    st.sampled_from(["ofu.job.start", "ofu.job.end", "ofu.finding"]), st.integers(1, 2**63 - 1), _TEXT, _TEXT),
+    max_size=3)
+_BATCHES = st.lists(st.builds(lambda points, events: Batch(points=points, events=events), _POINTS, _EVENTS),
+                    min_size=1, max_size=12)
+
+
+def _point_key(point) -> tuple:
+    return point.resource, point.name, point.time_unix_nano, point.attributes, point.value, point.monotonic
+
+
+def _event_key(event) -> tuple:
+    return event.name, event.time_unix_nano, event.resource, dict(event.attributes).get("ofu.job.id"), event.body
+
+
+@pytest.mark.parametrize("compression", ["", "zstd", "gzip"])
+@pytest.mark.parametrize("rotated", [False, True])
+def test_every_batch_written_is_read_back(tmp_path_factory, monkeypatch, compression, rotated):
+    """Any batches (Unicode labels, any finite value, events), written by the file exporter,
+    plain or compressed, in one file or a rotated set (rotating every few kB here), read back by
+    the one reader of recordings (report and replay use it) as exactly those batches, in order."""
+    if rotated:
+        monkeypatch.setattr("otel_ofu.exporters.file.MIB", 4096)  # max_megabytes: 1 is 4 kB: many rotations
+
+    @settings(max_examples=30, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(written=_BATCHES)
+    def check(written):
+        path = tmp_path_factory.mktemp("rec") / "m.jsonl"
+        config = {"compression": compression, **({"rotation": {"max_megabytes": 1, "max_backups": 0}}
+                                                 if rotated else {})}
+        made = exporter(path, **config)
+        for batch in written:
+            made.export(batch)
+        made.shutdown()
+        warnings: list[str] = []
+        read_points, read_events = [], []
+        for part in files.rotated_files(path):
+            for _, text in files.read_json_lines(part, warnings.append):
+                request = otlp.from_json_line(text)
+                if text.startswith('{"resourceLogs"'):
+                    read_events += [_event_key(e) for e in otlp.events_from_request(request)]
+                else:
+                    read_points += [_point_key(p) for p in otlp.from_request(request)]
+        assert warnings == []
+        # In order across batches and files; within one request the encoder groups by resource and metric.
+        assert sorted(read_points) == sorted(_point_key(p) for b in written for p in b.points)
+        expected_lines = [sorted(_point_key(p) for p in b.points) for b in written if b.points]
+        assert _lines_of(read_points, expected_lines) == expected_lines
+        assert read_events == [_event_key(e) for b in written for e in b.events]
+
+    check()
+
+
+def _lines_of(read: list[tuple], expected: list[list[tuple]]) -> list[list[tuple]]:
+    """``read`` cut into consecutive runs of the lengths in ``expected``, each sorted: the order of
+    the batches is kept although the order within one is the encoder's."""
+    out, start = [], 0
+    for want in expected:
+        out.append(sorted(read[start:start + len(want)]))
+        start += len(want)
+    assert start == len(read)
+    return out
