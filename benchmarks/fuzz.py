@@ -4,11 +4,18 @@ Each parser of benchmarks/fuzz_targets.py runs in its own process (so its peak m
 own) on seeded, valid-then-mutated inputs, each under a time bound (an alarm: a parser still
 running after ``--hang-ms`` counts as a hang and the run goes on). Prints per parser:
 ``inputs``, ``crashes``, ``hangs``, ``max_ms``, ``max_rss_mb`` (and ``accepted``, ``rejected``,
-the first distinct crashes). ``--save DIR`` keeps every crashing input as a file, to turn into
-a regression test (tests/test_fuzz.py).
+the first distinct crashes).
 
-    .venv/bin/python benchmarks/fuzz.py --json                    # 100,000 per parser, about 40 min
-    .venv/bin/python benchmarks/fuzz.py --inputs 2000 --parsers dmon,csv
+Every run takes a new seed unless ``--seed`` gives one, and prints it first: "0 crashes" is then
+a claim about many seeds, not one, and any run can be repeated exactly (a parser's inputs
+depend only on the seed and the parser's name, not on which other parsers run). Crashing and
+hanging inputs are kept as files (``--save DIR``, by default ``<tmp>/otel-ofu-fuzz/<seed>``),
+to turn into a regression test (tests/test_fuzz.py); ``--input FILE --parsers NAME`` runs one
+of them again and shows its traceback.
+
+    .venv/bin/python benchmarks/fuzz.py --json --jobs 2           # 100,000 per parser, a new seed
+    .venv/bin/python benchmarks/fuzz.py --seed 1234 --parsers config_yaml --inputs 20000   # repeat one
+    .venv/bin/python benchmarks/fuzz.py --parsers config_yaml --input /tmp/otel-ofu-fuzz/1234/config_yaml-crash-17.bin
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,6 +46,27 @@ def _alarm(_signum, _frame):
     raise Hang
 
 
+def parser_seed(seed: int, name: str) -> int:
+    """The seed of one parser's inputs: the run's seed and the parser's name, nothing else."""
+    return (seed + zlib.crc32(name.encode())) % 2**63
+
+
+def run_input(name: str, path: Path) -> int:
+    """Run one saved input through one parser, as the fuzz run did; its traceback if it crashes."""
+    from fuzz_targets import TARGETS
+
+    target = TARGETS[name]
+    target.start()
+    try:
+        print(f"{name} {path}: {target.run(path.read_bytes())}")
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        target.stop()
+    return 0
+
+
 def fuzz_one(name: str, inputs: int, seed: int, hang_ms: float, save: Path | None) -> dict:
     import logging
 
@@ -44,7 +74,7 @@ def fuzz_one(name: str, inputs: int, seed: int, hang_ms: float, save: Path | Non
 
     logging.disable(logging.CRITICAL)  # rejections are logged by the components; not the point here
     target = TARGETS[name]
-    rng = random.Random(seed)
+    rng = random.Random(parser_seed(seed, name))
     target.start()
     signal.signal(signal.SIGALRM, _alarm)
     seeds = target.seeds()
@@ -102,10 +132,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs per parser (default 100,000)")
     parser.add_argument("--parsers", default=",".join(TARGETS), help="comma-separated; default: all")
-    parser.add_argument("--seed", type=int, default=20261130)
+    parser.add_argument("--seed", type=int, help="repeat the run of this seed (default: a new one, printed)")
     parser.add_argument("--hang-ms", type=float, default=2000.0, help="an input taking longer is a hang")
     parser.add_argument("--jobs", type=int, default=1, help="parsers fuzzed at once")
-    parser.add_argument("--save", type=Path, help="keep crashing and hanging inputs in this directory")
+    parser.add_argument("--save", type=Path, help="keep crashing and hanging inputs in this directory (default: "
+                        "<tmp>/otel-ofu-fuzz/<seed>)")
+    parser.add_argument("--input", type=Path, help="run this one saved input through --parsers (one name) and exit")
     parser.add_argument("--json", action="store_true", help="print the JSON object only")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: fuzz one parser, print its JSON
     args = parser.parse_args()
@@ -116,6 +148,15 @@ def main() -> None:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         parser.error(f"unknown parser(s) {unknown}; known: {', '.join(TARGETS)}")
+    if args.input:
+        if len(names) != 1:
+            parser.error("--input needs one parser: --parsers NAME (the name the saved file starts with)")
+        sys.exit(run_input(names[0], args.input))
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**32)
+    save = args.save or Path(tempfile.gettempdir()) / "otel-ofu-fuzz" / str(args.seed)
+    print(f"fuzz seed {args.seed} (repeat: --seed {args.seed}); crashing inputs go to {save}", file=sys.stderr,
+          flush=True)
     results: dict[str, dict] = {}
     pending = list(names)
     running: list[tuple[str, subprocess.Popen]] = []
@@ -124,10 +165,11 @@ def main() -> None:
         while pending and len(running) < args.jobs:
             name = pending.pop(0)
             cmd = [sys.executable, __file__, "--one", name, "--inputs", str(args.inputs),
-                   "--seed", str(args.seed + names.index(name)), "--hang-ms", str(args.hang_ms)]
-            if args.save:
-                cmd += ["--save", str(args.save)]
-            running.append((name, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+                   "--seed", str(args.seed), "--hang-ms", str(args.hang_ms), "--save", str(save)]
+            # A fixed hash seed: set and dict orders are part of what the generators draw from.
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            running.append((name, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                   env=env)))
         for name, proc in list(running):
             if proc.poll() is None:
                 continue
@@ -143,14 +185,15 @@ def main() -> None:
                 print(f"{name:24} inputs {r['inputs']:>7}  crashes {r['crashes']:>4}  hangs {r['hangs']:>3}  "
                       f"max {r['max_ms']} ms  rss {r['max_rss_mb']} MB  ({r.get('seconds', '?')} s)", flush=True)
         time.sleep(0.2)
-    summary = {"inputs_per_parser": args.inputs, "seed": args.seed, "hang_ms": args.hang_ms,
+    summary = {"inputs_per_parser": args.inputs, "seed": args.seed, "saved_to": str(save), "hang_ms": args.hang_ms,
                "seconds": round(time.monotonic() - started, 1), "cpu": os.cpu_count(),
                "parsers": {n: results[n] for n in names}}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         total = sum(r["crashes"] + r["hangs"] for r in results.values())
-        print(f"{len(names)} parsers, {total} crashes or hangs in {summary['seconds']} s")
+        print(f"{len(names)} parsers, {total} crashes or hangs in {summary['seconds']} s (seed {args.seed}"
+              + (f"; inputs kept in {save}" if total else "") + ")")
     sys.exit(1 if any(r["crashes"] or r["hangs"] for r in results.values()) else 0)
 
 

@@ -64,7 +64,7 @@ def mutate_bytes(data: bytes, rng: random.Random, corpus: list[bytes], rounds: i
             buf[rng.randrange(n)] = rng.randrange(256)
         elif op == 2:
             at = rng.randint(0, n)
-            buf[at:at] = rng.choice(INTERESTING_BYTES) if rng.random() < 0.5 else os.urandom(rng.randint(1, 16))
+            buf[at:at] = rng.choice(INTERESTING_BYTES) if rng.random() < 0.5 else rng.randbytes(rng.randint(1, 16))
         elif op == 3 and n:
             a = rng.randrange(n)
             del buf[a:a + rng.randint(1, max(1, n // 8))]
@@ -222,7 +222,7 @@ def _otlp_seed_bytes() -> list[bytes]:
 def _gen_otlp_protobuf(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.1:
-        return os.urandom(rng.randint(0, 512))
+        return rng.randbytes(rng.randint(0, 512))
     body = _otlp_request(rng).SerializeToString()
     return mutate_bytes(body, rng, corpus) if r < 0.7 else body
 
@@ -278,7 +278,7 @@ def _gen_otlp_json(rng: random.Random, corpus: list[bytes]) -> bytes:
 
     r = rng.random()
     if r < 0.1:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     text = json_format.MessageToJson(_otlp_request(rng), indent=None)
     if r < 0.4:
         return mutate_text(text, rng).encode("utf-8", "surrogatepass")
@@ -469,7 +469,7 @@ def _prom_page(rng: random.Random) -> str:
 def _gen_prom(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.05:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     if r < 0.15 and corpus:
         return mutate_bytes(rng.choice(corpus), rng, corpus)
     page = _prom_page(rng)
@@ -520,7 +520,7 @@ def _replay_seeds(pattern: str) -> list[bytes]:
 def _gen_dmon(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.05:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     if r < 0.3 and corpus:
         return mutate_text(rng.choice(corpus).decode("utf-8", "replace"), rng).encode("utf-8", "surrogatepass")
     text = _dmon_text(rng)
@@ -580,7 +580,7 @@ def _csv_text(rng: random.Random) -> str:
 def _gen_csv(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.05:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     if r < 0.3 and corpus:
         return mutate_text(rng.choice(corpus).decode("utf-8", "replace"), rng).encode("utf-8", "surrogatepass")
     text = _csv_text(rng)
@@ -601,7 +601,7 @@ def _gen_jsonl(rng: random.Random, corpus: list[bytes]) -> bytes:
 
     r = rng.random()
     if r < 0.05:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     if r < 0.35 and corpus:
         seed = rng.choice(corpus)
         lines = seed.split(b"\n")[: rng.randint(1, 6)]
@@ -692,7 +692,7 @@ def _gen_config(rng: random.Random, corpus: list[bytes]) -> bytes:
     seed = rng.choice(corpus)
     r = rng.random()
     if r < 0.05:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     if r < 0.1:  # an alias bomb: small text, exponential tree
         depth = rng.randint(3, 12)
         lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
@@ -746,7 +746,7 @@ def _kubelet_reply(rng: random.Random) -> bytes:
 def _gen_kubelet(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.1:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     reply = _kubelet_reply(rng)
     return mutate_bytes(reply, rng, corpus) if r < 0.6 else reply
 
@@ -789,7 +789,7 @@ def _proc_files(rng: random.Random) -> bytes:
 def _gen_proc(rng: random.Random, corpus: list[bytes]) -> bytes:
     r = rng.random()
     if r < 0.1:
-        return os.urandom(rng.randint(0, 256))
+        return rng.randbytes(rng.randint(0, 256))
     data = _proc_files(rng)
     return mutate_bytes(data, rng, corpus) if r < 0.6 else data
 

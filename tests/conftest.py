@@ -1,3 +1,5 @@
+import os
+import random
 import sys
 from pathlib import Path
 
@@ -8,6 +10,15 @@ if str(ROOT) not in sys.path:
 import pytest  # noqa: E402
 
 from tests.e2e_util import Process, collector_binary  # noqa: E402
+
+# The seed of this run's property and fuzz tests (tests/test_fuzz.py): new each run, so the runs
+# together try many inputs; OTEL_OFU_FUZZ_SEED=N repeats a run's.
+FUZZ_SEED = int(os.environ.get("OTEL_OFU_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+os.environ["OTEL_OFU_FUZZ_SEED"] = str(FUZZ_SEED)  # the same seed for any later import of this module
+
+
+def pytest_report_header(config):
+    return f"fuzz seed: {FUZZ_SEED} (repeat with OTEL_OFU_FUZZ_SEED={FUZZ_SEED})"
 
 
 @pytest.fixture(scope="module")

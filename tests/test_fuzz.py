@@ -2,28 +2,50 @@
 
 The targets, generators and what must hold are in benchmarks/fuzz_targets.py, shared with the
 long run (benchmarks/fuzz.py, 100,000 inputs per parser; BENCHMARKS.md). Here each parser gets
-a few hundred structured (valid-then-mutated) inputs and raw bytes on every CI run,
-deterministically (``derandomize``), with no deadline (the machine is shared; the long run
-measures time). A failure prints the input that broke the property.
+a few hundred structured (valid-then-mutated) inputs and raw bytes on every CI run, with no
+deadline (the machine is shared; the long run measures time).
+
+Each run draws a new seed (``OTEL_OFU_FUZZ_SEED`` repeats one), shown in pytest's header, so
+every CI run tries inputs no earlier run tried. A failure names the seed and keeps the input
+that broke the property in a file (its path is in the message).
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from conftest import FUZZ_SEED  # noqa: E402 (drawn once per run; in pytest's header)
 from fuzz_targets import LIVE, TARGETS  # noqa: E402
 
-CI_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+CI_SETTINGS = settings(max_examples=150, deadline=None, database=None,
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAILURES = Path(tempfile.gettempdir()) / "otel-ofu-fuzz" / f"tests-{FUZZ_SEED}"
+
+
+def _check(target, data: bytes) -> None:
+    """The property: every input is accepted or rejected with a clear error. On a failure the input
+    is kept in a file and the message says how to repeat the run."""
+    try:
+        outcome = target.run(data)
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    if outcome not in ("accepted", "rejected"):
+        FAILURES.mkdir(parents=True, exist_ok=True)
+        kept = FAILURES / f"{target.name}-{hashlib.sha256(data).hexdigest()[:16]}.bin"
+        kept.write_bytes(data)
+        pytest.fail(f"{target.name}: {outcome[:2000]}\ninput kept in {kept} (run it: benchmarks/fuzz.py "
+                    f"--parsers {target.name} --input {kept}); this run's seed: OTEL_OFU_FUZZ_SEED={FUZZ_SEED}")
 FAST = [name for name in TARGETS if name not in ("otlp_http", "otlp_grpc")]
 
 
@@ -38,17 +60,33 @@ def _corpus(name: str) -> list[bytes]:
     return TARGETS[name].seeds()
 
 
+def test_a_failing_input_is_kept_and_the_seed_named():
+    from fuzz_targets import Target
+
+    def crash(data: bytes) -> str:
+        raise OSError(36, "File name too long")
+
+    target = Target("broken", "always crashes", list, lambda rng, corpus: b"", crash)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        _check(target, b"receivers: {}")
+    message = str(failed.value)
+    kept = Path(message.split("input kept in ")[1].split(" ")[0])
+    assert kept.read_bytes() == b"receivers: {}" and "File name too long" in message
+    assert f"OTEL_OFU_FUZZ_SEED={FUZZ_SEED}" in message and "--parsers broken --input" in message
+
+
 @pytest.mark.parametrize("name", FAST)
 def test_structured_inputs_never_crash(name):
     target = TARGETS[name]
     corpus = _corpus(name)
-    for seed in corpus:
-        assert target.run(seed) in ("accepted", "rejected")
+    for example in corpus:
+        _check(target, example)
 
     @CI_SETTINGS
+    @seed(FUZZ_SEED)
     @given(rng=st.randoms(use_true_random=False))
     def check(rng):
-        assert target.run(target.generate(rng, corpus)) in ("accepted", "rejected")
+        _check(target, target.generate(rng, corpus))
 
     check()
 
@@ -58,9 +96,10 @@ def test_raw_bytes_never_crash(name):
     target = TARGETS[name]
 
     @CI_SETTINGS
+    @seed(FUZZ_SEED)
     @given(data=st.binary(max_size=2048))
     def check(data):
-        assert target.run(data) in ("accepted", "rejected")
+        _check(target, data)
 
     check()
 
@@ -72,9 +111,10 @@ def test_a_live_receiver_answers_every_request_and_keeps_serving(name, live_rece
     corpus = _corpus(name)
 
     @settings(CI_SETTINGS, max_examples=100)
+    @seed(FUZZ_SEED)
     @given(rng=st.randoms(use_true_random=False))
     def check(rng):
-        assert target.run(target.generate(rng, corpus)) in ("accepted", "rejected")
+        _check(target, target.generate(rng, corpus))
 
     check()
     assert target.run(corpus[0]) == "accepted"  # still serving
@@ -253,3 +293,50 @@ def test_report_on_a_huge_ofu_value_does_not_overflow_the_histogram(tmp_path):
     path.write_text("".join(line.replace('"T"', f'"{t}"') + "\n" for t in ("1772445610000000000",
                                                                             "1772445620000000000")))
     build_report(path)  # before: OverflowError (cannot convert float infinity to integer) in the histogram
+
+
+_TOO_LONG = "x" * 300  # one name longer than any Linux file system allows (255 bytes): ENAMETOOLONG
+
+
+@pytest.mark.parametrize("section, component, body, key", [
+    ("exporters", "file", {"path": f"/tmp/{_TOO_LONG}/out.jsonl"}, "path"),
+    ("receivers", "replay", {"path": f"/tmp/{_TOO_LONG}"}, "path"),
+    ("receivers", "replay", {"path": f"/tmp/{_TOO_LONG}/r.jsonl", "rotated": False}, "path"),
+    ("exporters", "otlp", {"endpoint": "127.0.0.1:4317", "tls": {"ca_file": f"/{_TOO_LONG}"}}, "tls.ca_file"),
+    ("exporters", "otlp", {"endpoint": "127.0.0.1:4317", "sending_queue": {"storage": f"/{_TOO_LONG}"}},
+     "sending_queue.storage"),
+    ("exporters", "otlphttp", {"endpoint": "http://127.0.0.1:4318", "bearer_token_file": _TOO_LONG},
+     "bearer_token_file"),
+    ("processors", "jobs", {"storage": f"~/{_TOO_LONG}"}, "storage"),
+    ("receivers", "otlp", {"auth": {"bearer_token_file": _TOO_LONG}}, "auth.bearer_token_file"),
+    ("receivers", "dcgm_exporter", {"endpoints": ["127.0.0.1:9400"], "bearer_token_file": _TOO_LONG},
+     "bearer_token_file"),
+    ("receivers", "dcgm_exporter", {"endpoints": ["127.0.0.1:9400"],
+                                    "basic_auth": {"username": "u", "password_file": _TOO_LONG}},
+     "basic_auth.password_file"),
+    ("exporters", "prometheus", {"tls": {"cert_file": _TOO_LONG, "key_file": "k"}}, "tls.cert_file"),
+])
+def test_a_path_too_long_to_look_up_is_a_config_error(section, component, body, key):
+    """Found by benchmarks/fuzz.py with another seed: validate died with OSError [Errno 36] File name
+    too long from a stat() in a component's validate()."""
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import ConfigError, parse_service_config
+
+    doc = {section: {component: body},
+           **({} if section == "receivers" else {"receivers": {"sim": {}}}),
+           **({} if section == "exporters" else {"exporters": {"console": {}}}),
+           "service": {"pipelines": {"metrics": {"receivers": [component if section == "receivers" else "sim"],
+                                                 "exporters": [component if section == "exporters" else "console"]}}}}
+    with pytest.raises(ConfigError) as error:
+        parse_service_config(doc, "c.yaml", registry.factories())
+    problems = [p for p in error.value.problems if p.component == f"{section}.{component}"]
+    assert any(p.key == key and "File name too long" in p.message for p in problems), error.value.format()
+
+
+def test_validate_of_a_path_too_long_says_so_without_a_traceback(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"receivers: {{sim: {{}}}}\nexporters: {{file: {{path: /tmp/{_TOO_LONG}/o.jsonl}}}}\n"
+                    "service: {pipelines: {metrics: {receivers: [sim], processors: [], exporters: [file]}}}\n")
+    done = _cli("validate", "--config", str(path))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "exporters.file: path:" in done.stderr and "File name too long" in done.stderr, done.stderr

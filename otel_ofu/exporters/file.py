@@ -34,7 +34,7 @@ from otel_ofu.core.model import Batch
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context, Exporter, Factory
-from otel_ofu.pipeline.config import build_config, require
+from otel_ofu.pipeline.config import build_config, path_kind, require
 
 MIB = 1024 * 1024
 
@@ -91,7 +91,7 @@ class FileExporterConfig:
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the file to write OTLP JSON lines to")
         parent = Path(self.path).expanduser().parent
-        require(parent.is_dir(), "path", f"directory {str(parent)!r} does not exist")
+        require(path_kind("path", parent) == "dir", "path", f"directory {str(parent)!r} does not exist")
         require(self.max_pending_megabytes >= 0, "max_pending_megabytes", "must be >= 0 (0: keep nothing to retry)")
         if self.rotation is not UNSET and not isinstance(self.rotation, RotationConfig):
             require(self.rotation is None or isinstance(self.rotation, dict), "rotation",

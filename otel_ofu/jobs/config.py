@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
 from otel_ofu.jobs.regression import RegressionConfig
-from otel_ofu.pipeline.config import Duration, require
+from otel_ofu.pipeline.config import Duration, path_kind, require
 
 
 def _default_copy_attributes() -> list[str]:
@@ -76,7 +75,7 @@ class JobsConfig:
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
         if self.storage is not None:
             require(bool(self.storage.strip()), "storage", "must be a directory path")
-            require(not Path(self.storage).expanduser().is_file(), "storage",
+            require(path_kind("storage", self.storage) != "file", "storage",
                     f"{self.storage!r} is a file; storage names a directory for the jobs state")
         require(self.checkpoint_interval > 0, "checkpoint_interval", "must be positive")
         require(self.max_journal_bytes >= 1024 * 1024, "max_journal_bytes", "must be at least 1 MiB")

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.util.re import parse_env_headers
 
-from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, FieldError, path_kind, require, require_file
 
 GRPC_DEFAULT_ENDPOINT = "localhost:4317"
 HTTP_DEFAULT_ENDPOINT = "http://localhost:4318"
@@ -48,7 +48,8 @@ class TLSConfig:
                 "cert_file and key_file go together (the client certificate and its key)")
         for key in ("ca_file", "cert_file", "key_file"):
             path = getattr(self, key)
-            require(path is None or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
+            if path is not None:
+                require_file(key, path)
 
 
 @dataclass
@@ -116,7 +117,7 @@ class QueueConfig:
         require(self.drain_timeout >= 0, "drain_timeout", "must be >= 0")
         if self.storage is not None:
             require(bool(self.storage.strip()), "storage", "must be a directory path")
-            require(not Path(self.storage).expanduser().is_file(), "storage",
+            require(path_kind("storage", self.storage) != "file", "storage",
                     f"{self.storage!r} is a file; storage names a directory for the queue database")
 
 
@@ -144,8 +145,7 @@ class OtlpExporterConfig:
     def validate(self) -> None:
         require(self.timeout is None or self.timeout > 0, "timeout", "must be positive")
         if self.bearer_token_file is not None:
-            require(Path(self.bearer_token_file).expanduser().is_file(), "bearer_token_file",
-                    f"file {self.bearer_token_file!r} does not exist")
+            require_file("bearer_token_file", self.bearer_token_file)
             require("authorization" not in {k.lower() for k in (self.headers or {})}, "bearer_token_file",
                     "headers already sets authorization: use one or the other")
         require(not (self.protocol == "grpc" and self.tls.insecure_skip_verify), "tls.insecure_skip_verify",

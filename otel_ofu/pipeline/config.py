@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Mapping
@@ -331,6 +332,36 @@ def require(condition: bool, key: str, message: str) -> None:
     """For ``validate()`` methods: raise FieldError(key, message) unless condition holds."""
     if not condition:
         raise FieldError(key, message)
+
+
+PathKind = Literal["file", "dir", "other", "missing"]
+
+
+def path_kind(key: str, path: str | Path) -> PathKind:
+    """What ``path`` (``~`` expanded) is, for ``validate()`` methods that check a file or directory.
+
+    A path the system cannot even look up (a name longer than the file system allows, a loop of
+    links, no permission to search a directory) is a FieldError naming ``key``, not an OSError
+    out of validation (benchmarks/fuzz.py found ``File name too long`` tracebacks).
+    """
+    try:
+        mode = Path(path).expanduser().stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FieldError(key, f"{str(path)[:80]!r}{'...' if len(str(path)) > 80 else ''}: cannot be looked up: "
+                              f"{reason}") from None
+    if stat.S_ISREG(mode):
+        return "file"
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def require_file(key: str, path: str | Path) -> None:
+    """``path`` must be an existing file (a certificate, a token, a kubeconfig)."""
+    kind = path_kind(key, path)
+    require(kind == "file", key, f"{str(path)!r} is a directory, not a file" if kind == "dir"
+            else f"file {str(path)!r} does not exist")
 
 
 # --- the pipeline document ------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ofu.pipeline.config import require
+from otel_ofu.pipeline.config import require, require_file
 
 
 @dataclass
@@ -35,7 +35,8 @@ class ServerTlsConfig:
                 "mTLS needs the server's own cert_file and key_file too")
         for key in ("cert_file", "key_file", "client_ca_file"):
             path = getattr(self, key)
-            require(not path or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
+            if path:
+                require_file(key, path)
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:

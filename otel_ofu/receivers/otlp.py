@@ -35,7 +35,7 @@ from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricIn
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
-from otel_ofu.pipeline.config import Duration, FieldError, build_config, require
+from otel_ofu.pipeline.config import Duration, FieldError, build_config, require, require_file
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
 
@@ -144,8 +144,8 @@ class AuthConfig:
     def validate(self) -> None:
         require(not (self.bearer_token and self.bearer_token_file), "bearer_token_file",
                 "set either bearer_token or bearer_token_file, not both")
-        require(not self.bearer_token_file or Path(self.bearer_token_file).expanduser().is_file(),
-                "bearer_token_file", f"file {self.bearer_token_file!r} does not exist")
+        if self.bearer_token_file:
+            require_file("bearer_token_file", self.bearer_token_file)
 
     def token(self) -> str:
         if self.bearer_token_file:

@@ -43,7 +43,7 @@ from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
-from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, FieldError, path_kind, require
 
 SOURCE = "replay"
 FORMATS = ("dmon", "csv", "otlp_json")
@@ -494,7 +494,7 @@ class ReplayReceiverConfig:
     def validate(self) -> None:
         require(bool(self.path), "path", "required: the recording to replay")
         path = Path(self.path).expanduser()
-        require(path.is_file() or (self.rotated and bool(files.rotated_files(path))), "path",
+        require(path_kind("path", path) == "file" or (self.rotated and bool(files.rotated_files(path))), "path",
                 f"file {self.path!r} does not exist" + (" (nor any rotated file of it)" if self.rotated else ""))
         require(self.speed == "max" or float(self.speed) >= 0, "speed", "must be >= 0 (0 or 'max': no pacing)")
         require(self.interval is None or self.interval > 0, "interval", "must be positive")

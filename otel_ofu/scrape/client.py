@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 from otel_ofu import __version__
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.pipeline.component import Context
-from otel_ofu.pipeline.config import FieldError, require
+from otel_ofu.pipeline.config import FieldError, require, require_file
 
 DEFAULT_PATH = "/metrics"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a node's dcgm-exporter page is ~100 KiB; this only stops runaways
@@ -55,7 +55,8 @@ class TlsSettings:
     def validate(self) -> None:
         for key in ("ca_file", "cert_file", "key_file"):
             path = getattr(self, key)
-            require(not path or Path(path).expanduser().is_file(), key, f"file {path!r} does not exist")
+            if path:
+                require_file(key, path)
         require(bool(self.cert_file) == bool(self.key_file), "cert_file" if not self.cert_file else "key_file",
                 "cert_file and key_file go together (client certificate and its key)")
 
@@ -77,8 +78,8 @@ class BasicAuthSettings:
                 "required with basic_auth")
         require(not (self.password and self.password_file), "password_file",
                 "set either password or password_file, not both")
-        require(not self.password_file or Path(self.password_file).expanduser().is_file(), "password_file",
-                f"file {self.password_file!r} does not exist")
+        if self.password_file:
+            require_file("password_file", self.password_file)
 
 
 def normalize_endpoint(text: str) -> str:
@@ -180,8 +181,8 @@ def validate_settings(cfg: ScrapeSettings) -> None:
             f"must be positive and at most collection_interval ({float(cfg.collection_interval):g}s)")
     require(not (cfg.bearer_token and cfg.bearer_token_file), "bearer_token_file",
             "set either bearer_token or bearer_token_file, not both")
-    require(not cfg.bearer_token_file or Path(cfg.bearer_token_file).expanduser().is_file(),
-            "bearer_token_file", f"file {cfg.bearer_token_file!r} does not exist")
+    if cfg.bearer_token_file:
+        require_file("bearer_token_file", cfg.bearer_token_file)
     require(not cfg.basic_auth.enabled() or not (cfg.bearer_token or cfg.bearer_token_file), "basic_auth",
             "use basic_auth or a bearer token, not both")
 
