@@ -75,6 +75,56 @@ service:
         assert words in out, words
 
 
+def test_every_problem_of_every_component_is_reported_in_one_run(tmp_path, capsys):
+    """Before, a component's validate() stopped at its first problem and did not run at all beside a
+    wrong type: 4 of these 12 problems were reported (jobs.windows: [] and
+    prometheus.metric_expiration: 0s among those left out)."""
+    path = write(tmp_path, """
+receivers:
+  sim: {nodes: 0, gpus_per_node: x, start_time: yesterday}
+processors:
+  ofu: {}
+  jobs: {windows: [], resolution: abc, max_gap: 1s}
+exporters:
+  prometheus: {endpoint: "nohost", metric_expiration: 0s, namespace: "9bad"}
+  file: {path: /nonexistent/x.jsonl, compression: lz4, rotation: {max_megabytes: 0}}
+service:
+  pipelines:
+    metrics: {receivers: [sim], processors: [ofu, jobs], exporters: [prometheus, file]}
+""")
+    code, out = validate(capsys, path)
+    reported = {tuple(line.split(": ")[1:3]) for line in out.splitlines() if line.startswith(f"  {path}: ")}
+    assert code == 1 and reported == {
+        ("receivers.sim", "nodes"), ("receivers.sim", "gpus_per_node"), ("receivers.sim", "start_time"),
+        ("processors.jobs", "windows"), ("processors.jobs", "resolution"), ("processors.jobs", "max_gap"),
+        ("exporters.prometheus", "endpoint"), ("exporters.prometheus", "metric_expiration"),
+        ("exporters.prometheus", "namespace"),
+        ("exporters.file", "path"), ("exporters.file", "compression"), ("exporters.file", "rotation.max_megabytes"),
+    }, out
+    assert "12 problems:" in out
+
+
+def test_checks_on_a_key_of_the_wrong_type_are_not_run_on_its_default(tmp_path, capsys):
+    """validate() runs on the defaults of keys whose value had the wrong type; what it finds about
+    them (or from them: "at least resolution") is not reported, the type error is."""
+    path = write(tmp_path, """
+receivers:
+  sim: {}
+processors:
+  ofu: {}
+  jobs: {resolution: 1h, windows: [10s], job_timeout: [1]}
+exporters:
+  file: {path: out.jsonl}
+service:
+  pipelines:
+    metrics: {receivers: [sim], processors: [ofu, jobs], exporters: [file]}
+""")
+    code, out = validate(capsys, path)
+    assert code == 1 and "job_timeout: expected a duration" in out
+    assert "windows[0]: must be at least resolution" in out  # about keys that were read: still checked
+    assert "job_timeout: must be at least resolution" not in out and "silence_timeout" not in out, out
+
+
 def test_bare_env_references_expand_as_in_the_collector(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DCGM_EXPORTER_URL", "http://gpu-node-01:9400/metrics")
     monkeypatch.setenv("SCRAPE_S", "15")

@@ -340,3 +340,14 @@ def test_validate_of_a_path_too_long_says_so_without_a_traceback(tmp_path):
     done = _cli("validate", "--config", str(path))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "exporters.file: path:" in done.stderr and "File name too long" in done.stderr, done.stderr
+
+
+def test_a_required_key_of_the_wrong_type_is_a_config_error():
+    """Found by benchmarks/fuzz.py once validate() ran beside type errors: a required key whose value
+    had the wrong type left no value to build the config with (TypeError from its __init__)."""
+    from otel_ofu.pipeline.config import FieldError, build_config
+    from otel_ofu.receivers.sim import SimReceiverConfig
+
+    with pytest.raises(FieldError) as error:
+        build_config(SimReceiverConfig, {"nodes": 0, "jobs": [{"scenario": ["steady"], "gpus": 1}]})
+    assert {e.key for e in error.value.all} == {"jobs[0].scenario", "nodes"}, error.value.all

@@ -10,7 +10,7 @@ from otel_ofu.attribution.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCE_N
 from otel_ofu.attribution.rules import RuleConfig
 from otel_ofu.core.metrics import TRAINING_REPORT_METRICS
 from otel_ofu.core.model import NO_JOB
-from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, invalid, require
 
 # Job ids that mean "no job known": attribution may fill these in without ``override``.
 UNSET_JOBS = frozenset({"", NO_JOB, "unknown"})
@@ -66,7 +66,7 @@ class KubernetesApiSourceConfig:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise FieldError(f"copy_labels[{i}]", f"not a regular expression ({exc}): {pattern!r}") from None
+                invalid(f"copy_labels[{i}]", f"not a regular expression ({exc}): {pattern!r}")
         for i, kind in enumerate(self.owner_lookups):
             require(bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(\.[a-z0-9.-]+)?", kind)), f"owner_lookups[{i}]",
                     f"expected a kind such as RayCluster or Job.batch, got {kind!r}")

@@ -34,7 +34,7 @@ from typing import Any
 from otel_ofu.core.metrics import METRICS
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, GpuKey, MetricPoint, gpu_key, names_a_gpu
 from otel_ofu.pipeline.component import Context, Exporter, Factory
-from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, invalid, require
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
 
 DEFAULT_ENDPOINT = "127.0.0.1:9464"  # the OpenTelemetry SDKs' Prometheus exporter port
@@ -170,7 +170,7 @@ class PrometheusExporterConfig:
         try:
             parse_endpoint(self.endpoint)
         except ValueError as exc:
-            raise FieldError("endpoint", str(exc)) from None
+            invalid("endpoint", str(exc))
         require(self.metric_expiration > 0, "metric_expiration", "must be positive")
         require(not self.namespace or re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace) is not None,
                 "namespace", f"must be a valid Prometheus name prefix, got {self.namespace!r}")

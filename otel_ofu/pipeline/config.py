@@ -289,10 +289,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 
 def build_config(cls: type, data: Mapping[str, Any] | None, prefix: str = "") -> Any:
-    """Instantiate config dataclass ``cls`` from ``data``; raises FieldError naming the key.
+    """Instantiate config dataclass ``cls`` from ``data``; raises FieldError naming every key at fault.
 
-    Unknown keys, wrong types and missing required keys are all collected (``FieldError.all``)
-    before ``validate()`` runs on a config that was built.
+    Unknown keys, wrong types and missing required keys are all collected (``FieldError.all``),
+    and ``validate()`` runs even when some keys had the wrong type (on the defaults in their
+    place, its findings about those keys left out), so one run reports every problem.
     """
     data = data or {}
     if not isinstance(data, Mapping):
@@ -306,32 +307,83 @@ def build_config(cls: type, data: Mapping[str, Any] | None, prefix: str = "") ->
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(sorted(fields))})"
             errors.append(FieldError(f"{prefix}{key}", f"unknown key{hint}"))
     kwargs = {}
+    bad: set[str] = set()  # fields whose value could not be converted: validate() sees their defaults
+    missing = False
     for name, f in fields.items():
         if name in data:
             try:
                 kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
             except FieldError as exc:
                 errors.append(exc)
+                bad.add(name)
+                missing |= f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             errors.append(FieldError(f"{prefix}{name}", "required key is missing"))
-    if errors:
+            missing = True
+    if missing:  # a required key without a usable value: no instance to validate
         raise FieldError.combine(errors)
     instance = cls(**kwargs)
-    validate = getattr(instance, "validate", None)
-    if validate is not None:
-        try:
-            validate()
-        except FieldError as exc:
-            if prefix and not exc.key.startswith(prefix):
-                raise FieldError(f"{prefix}{exc.key}", exc.message) from None
-            raise
+    problems = [p for p in _validate(instance) if not _about(p, bad)]
+    errors += [p if not prefix or p.key.startswith(prefix) else FieldError(f"{prefix}{p.key}", p.message)
+               for p in problems]
+    if errors:
+        raise FieldError.combine(errors)
     return instance
 
 
-def require(condition: bool, key: str, message: str) -> None:
-    """For ``validate()`` methods: raise FieldError(key, message) unless condition holds."""
-    if not condition:
-        raise FieldError(key, message)
+_problems: contextvars.ContextVar[list[FieldError] | None] = contextvars.ContextVar("config_problems", default=None)
+
+
+def _validate(instance: Any) -> list[FieldError]:
+    """Every problem ``instance.validate()`` finds: :func:`require` records them and goes on.
+
+    An exception other than FieldError after a problem was found is a consequence of that
+    problem (a check that assumed an earlier one passed) and ends the checks quietly; one
+    before any problem is a bug and is raised.
+    """
+    validate = getattr(instance, "validate", None)
+    if validate is None:
+        return []
+    found: list[FieldError] = []
+    token = _problems.set(found)
+    try:
+        validate()
+    except FieldError as exc:
+        found += exc.all
+    except Exception:
+        if not found:
+            raise
+    finally:
+        _problems.reset(token)
+    return found
+
+
+def _about(problem: FieldError, fields: set[str]) -> bool:
+    """A problem about one of ``fields`` (by key, or naming it: "must be at least resolution")."""
+    return any(problem.key == f or problem.key.startswith((f + ".", f + "["))
+               or re.search(rf"\b{re.escape(f)}\b", problem.message) for f in fields)
+
+
+def require(condition: bool, key: str, message: str) -> bool:
+    """For ``validate()`` methods: unless ``condition`` holds, a problem with ``key``.
+
+    Under :func:`build_config` the problem is recorded and validation goes on (every problem is
+    reported in one run), and the result says whether the condition held; called elsewhere it
+    raises FieldError(key, message).
+    """
+    if condition:
+        return True
+    error = FieldError(key, message)
+    found = _problems.get()
+    if found is None:
+        raise error
+    found.append(error)
+    return False
+
+
+def invalid(key: str, message: str) -> None:
+    """For ``validate()`` methods: a problem with ``key`` (recorded, as by :func:`require`)."""
+    require(False, key, message)
 
 
 PathKind = Literal["file", "dir", "other", "missing"]

@@ -35,7 +35,7 @@ from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricIn
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
-from otel_ofu.pipeline.config import Duration, FieldError, build_config, require, require_file
+from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
 
@@ -101,7 +101,7 @@ class ProtocolConfig:
         try:
             parse_endpoint(self.endpoint)
         except ValueError as exc:
-            raise FieldError("endpoint", str(exc)) from None
+            invalid("endpoint", str(exc))
 
 
 @dataclass

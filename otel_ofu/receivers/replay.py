@@ -43,7 +43,7 @@ from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample, MetricPoint
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
-from otel_ofu.pipeline.config import Duration, FieldError, path_kind, require
+from otel_ofu.pipeline.config import Duration, invalid, path_kind, require
 
 SOURCE = "replay"
 FORMATS = ("dmon", "csv", "otlp_json")
@@ -502,7 +502,7 @@ class ReplayReceiverConfig:
             try:
                 parse_timestamp(self.start_time)
             except ValueError:
-                raise FieldError("start_time", f"expected ISO 8601 or unix seconds, got {self.start_time!r}") from None
+                invalid("start_time", f"expected ISO 8601 or unix seconds, got {self.start_time!r}")
 
     def output_kind(self) -> str:
         """A replay of OTLP JSON sends finished points; dmon and CSV send GPU samples for the ofu processor."""

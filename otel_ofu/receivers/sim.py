@@ -16,7 +16,7 @@ from typing import Literal
 from otel_ofu.core import specs
 from otel_ofu.core.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
-from otel_ofu.pipeline.config import Duration, FieldError, require
+from otel_ofu.pipeline.config import Duration, invalid, require
 from otel_ofu.sim import fleet as sim
 
 MAX_NODES = 100_000
@@ -131,10 +131,12 @@ class SimReceiverConfig:
 
     def validate(self) -> None:
         # Upper bounds: the fleet is built in memory (found by benchmarks/fuzz.py: nodes 2^47 hung validation).
-        require(self.nodes >= 1, "nodes", "must be at least 1")
-        require(self.gpus_per_node >= 1, "gpus_per_node", "must be at least 1")
-        require(self.nodes <= MAX_NODES, "nodes", f"must be at most {MAX_NODES}")
-        require(self.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node", f"must be at most {MAX_GPUS_PER_NODE}")
+        # The job checks below build the fleet's job list: only for a fleet of a size that can be built.
+        sized = all([require(self.nodes >= 1, "nodes", "must be at least 1"),
+                     require(self.gpus_per_node >= 1, "gpus_per_node", "must be at least 1"),
+                     require(self.nodes <= MAX_NODES, "nodes", f"must be at most {MAX_NODES}"),
+                     require(self.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node",
+                             f"must be at most {MAX_GPUS_PER_NODE}")])
         require(bool(self.models), "models", "at least one GPU model is required")
         for i, model in enumerate(self.models):
             require(specs.find_spec(model) is not None, f"models[{i}]",
@@ -149,7 +151,9 @@ class SimReceiverConfig:
             try:
                 datetime.fromisoformat(self.start_time)
             except ValueError:
-                raise FieldError("start_time", f"expected ISO 8601, got {self.start_time!r}") from None
+                invalid("start_time", f"expected ISO 8601, got {self.start_time!r}")
+        if not sized:
+            return
         for i, job in enumerate(self.job_specs()):
             if job.node is not None:
                 require(0 <= job.node < self.nodes, f"jobs[{i}].node", f"must be within [0, {self.nodes - 1}]")

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 from otel_ofu import __version__
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.pipeline.component import Context
-from otel_ofu.pipeline.config import FieldError, require, require_file
+from otel_ofu.pipeline.config import invalid, require, require_file
 
 DEFAULT_PATH = "/metrics"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a node's dcgm-exporter page is ~100 KiB; this only stops runaways
@@ -168,13 +168,16 @@ def validate_settings(cfg: ScrapeSettings) -> None:
             "set exactly one of endpoint (a URL) or endpoints (a list of URLs)")
     keyed = [("endpoint", cfg.endpoint)] if cfg.endpoint else [
         (f"endpoints[{i}]", e) for i, e in enumerate(cfg.endpoints)]
+    readable = True
     for key, url in keyed:
         try:
             normalize_endpoint(url)
         except ValueError as exc:
-            raise FieldError(key, str(exc)) from None
-    urls = target_urls(cfg)
-    require(len(set(urls)) == len(urls), "endpoints", "lists the same endpoint twice")
+            invalid(key, str(exc))
+            readable = False
+    if readable:
+        urls = target_urls(cfg)
+        require(len(set(urls)) == len(urls), "endpoints", "lists the same endpoint twice")
     require(cfg.collection_interval > 0, "collection_interval", "must be positive")
     require(cfg.scrape_timeout is None or 0 < cfg.scrape_timeout <= cfg.collection_interval,
             "scrape_timeout",
