@@ -195,7 +195,7 @@ class Script:
 def inline_delivery(script: Script, **options) -> tuple[Delivery, Telemetry, list[float]]:
     """A queue-less delivery (sends on the caller's thread) whose waits are recorded, not slept."""
     telemetry = Telemetry()
-    opts = DeliveryOptions(queue_enabled=False, initial_interval=1.0, max_interval=4.0, **options)
+    opts = DeliveryOptions(initial_interval=1.0, max_interval=4.0, **options)
     delivery = Delivery("otlp/t", script, None, opts, telemetry, __import__("logging").getLogger("t"))
     waits: list[float] = []
     delivery.wait = lambda seconds: waits.append(seconds) or False

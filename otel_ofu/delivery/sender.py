@@ -52,7 +52,9 @@ _RELEASE = "release"  # not sent, shutting down: keep it (disk) or count it (mem
 
 @dataclass
 class DeliveryOptions:
-    queue_enabled: bool = True
+    """How a :class:`Delivery` sends (sending_queue and retry_on_failure settings). Whether there is a
+    queue at all is the ``queue`` given beside it (None: each batch sent inline)."""
+
     num_consumers: int = 10  # the Collector's; idle consumers block in take() and cost nothing
     block_on_overflow: bool = False
     block_timeout: float = 30.0

@@ -47,7 +47,7 @@ class OtlpExporter(Exporter):
                 else MemoryStore()
             queue = BoundedQueue(store, queue_cfg.queue_size, queue_cfg.sizer)
         options = DeliveryOptions(
-            queue_enabled=queue_cfg.enabled, num_consumers=queue_cfg.num_consumers,
+            num_consumers=queue_cfg.num_consumers,
             block_on_overflow=queue_cfg.block_on_overflow, block_timeout=float(queue_cfg.block_timeout),
             drain_timeout=float(queue_cfg.drain_timeout), retry_enabled=retry.enabled,
             initial_interval=float(retry.initial_interval), max_interval=float(retry.max_interval),
