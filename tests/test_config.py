@@ -99,6 +99,26 @@ def test_every_shipped_otel_ofu_config_is_valid(path, monkeypatch):
     load_config(str(path))
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "collector-config").glob("otelcol-*.yaml")), ids=lambda p: p.name)
+def test_validate_says_a_collector_config_is_one_and_how_to_check_it(path):
+    """Before, the shipped Collector configs failed `otel-ofu validate` with unknown types and unset
+    variables, and nothing said they are the Collector's."""
+    done = subprocess.run([sys.executable, "-m", "otel_ofu", "validate", "--config", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "this is an OpenTelemetry Collector config" in done.stderr, done.stderr
+    assert f"otelcol validate --config {path}" in done.stderr and "collector/validate-configs.sh" in done.stderr
+    assert "environment variable" not in done.stderr and "unknown" not in done.stderr  # nothing else to fix
+
+
+def test_collector_only_types_are_not_otel_ofu_types():
+    from otel_ofu.pipeline import registry
+    from otel_ofu.pipeline.config import COLLECTOR_ONLY_TYPES
+
+    for section, types in COLLECTOR_ONLY_TYPES.items():
+        assert not types & set(registry.factories()[section]), section
+
+
 def test_optional_nested_config_reports_the_inner_key():
     from dataclasses import dataclass
 

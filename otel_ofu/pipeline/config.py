@@ -485,6 +485,67 @@ def _alias_problem(doc: Any) -> str | None:
     return None
 
 
+# Component types of the OpenTelemetry Collector (core and contrib) that otel-ofu does not have:
+# a config declaring one is a Collector config (tests check none is an otel-ofu type).
+COLLECTOR_ONLY_TYPES: dict[str, frozenset[str]] = {
+    "receivers": frozenset({
+        "hostmetrics", "filelog", "kubeletstats", "k8s_cluster", "k8s_events", "k8sobjects", "jaeger", "zipkin",
+        "kafka", "otlpjsonfile", "journald", "nvidiagpu", "statsd", "syslog", "opencensus", "carbon",
+        "fluentforward", "receiver_creator", "prometheus_simple", "httpcheck", "docker_stats", "redis",
+        "postgresql", "mysql", "awscloudwatch"}),
+    "processors": frozenset({
+        "batch", "memory_limiter", "filter", "transform", "resource", "attributes", "k8sattributes",
+        "resourcedetection", "groupbyattrs", "groupbytrace", "probabilistic_sampler", "tail_sampling", "routing",
+        "cumulativetodelta", "deltatocumulative", "deltatorate", "metricstransform", "metricsgeneration",
+        "redaction", "span", "interval", "logdedup"}),
+    "exporters": frozenset({
+        "debug", "logging", "nop", "prometheusremotewrite", "load_balancing", "loadbalancing", "otlp_grpc",
+        "otlp_http", "kafka", "loki", "elasticsearch", "googlecloud", "googlemanagedprometheus", "awsemf",
+        "awsxray", "datadog", "clickhouse", "splunk_hec", "influxdb", "opensearch", "zipkin", "sapm",
+        "signalfx", "azuremonitor"}),
+}
+# Keys of component types both have that only the Collector's component takes.
+COLLECTOR_ONLY_KEYS: dict[tuple[str, str], frozenset[str]] = {
+    ("exporters", "prometheus"): frozenset({"resource_constant_labels", "translation_strategy",
+                                            "enable_open_metrics", "without_scope_info", "without_type_suffix",
+                                            "without_units"}),
+    ("receivers", "prometheus"): frozenset({"config", "api_server", "target_allocator"}),
+}
+COLLECTOR_VALIDATE_HINT = ("check it with the Collector: `otelcol validate --config FILE` (the repository's "
+                           "collector/validate-configs.sh validates the shipped collector-config/otelcol-*.yaml "
+                           "with the otelcol-ofu build); otel-ofu's own configs are in docs/config.md")
+
+
+def collector_config_evidence(doc: Mapping[str, Any]) -> list[str]:
+    """Why ``doc`` looks like an OpenTelemetry Collector config, not otel-ofu's (empty: it does not).
+
+    Told by what only the Collector has: its component types (``batch``, ``memory_limiter``,
+    ``debug``, ...), keys only its components take (the prometheus receiver's ``config:
+    {scrape_configs: ...}``), ``extensions``/``connectors`` with components, its own telemetry
+    (``service.telemetry.metrics``; otel-ofu's is the selftelemetry receiver). Checked before
+    ``${env:...}`` substitution, so a Collector config's variables do not hide what it is.
+    """
+    evidence = []
+    for section, only in COLLECTOR_ONLY_TYPES.items():
+        entries = doc.get(section)
+        if isinstance(entries, dict):
+            found = sorted({component_type(str(k)) for k in entries} & only)
+            evidence += [f"{section[:-1]} '{t}'" for t in found]
+    for (section, ctype), keys in COLLECTOR_ONLY_KEYS.items():
+        entries = doc.get(section)
+        for comp_id, body in (entries.items() if isinstance(entries, dict) else ()):
+            if component_type(str(comp_id)) == ctype and isinstance(body, dict) and set(body) & keys:
+                evidence.append(f"{section[:-1]} '{comp_id}' with {', '.join(sorted(set(body) & keys))}")
+    for section in ("extensions", "connectors"):
+        if isinstance(doc.get(section), dict) and doc[section]:
+            evidence.append(f"{section} ({', '.join(sorted(str(k) for k in doc[section]))})")
+    service = doc.get("service")
+    telemetry = service.get("telemetry") if isinstance(service, dict) else None
+    if isinstance(telemetry, dict) and set(telemetry) - {"logs"}:  # otel-ofu's own metrics: the selftelemetry receiver
+        evidence.append(f"service.telemetry.{', '.join(sorted(str(k) for k in set(telemetry) - {'logs'}))}")
+    return evidence
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -508,6 +569,11 @@ def load_document(path: str | Path) -> dict[str, Any]:
     problem = _alias_problem(doc)
     if problem:
         raise ConfigError(problem, file=str(path))
+    evidence = collector_config_evidence(doc)
+    if evidence:
+        raise ConfigError(f"this is an OpenTelemetry Collector config, not an otel-ofu one ({', '.join(evidence)} "
+                          f"are the Collector's): {COLLECTOR_VALIDATE_HINT.replace('FILE', str(path))}",
+                          file=str(path))
     try:
         return substitute_env(doc)
     except ConfigError as exc:
