@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+import yaml
 
 from otel_ofu.cli import docs
 from otel_ofu.core import attributes, metrics
@@ -420,3 +422,85 @@ def test_component_blocks_in_the_docs_are_valid_configs():
                 checked += 1
     assert checked > 30
     assert not problems, "\n".join(problems)
+
+
+# --- config snippets: what a reader copies must validate -------------------------------------
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```ya?ml[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
+# What the docs tell a deployment to set (the node name from the downward API); any other
+# ${env:NAME} a snippet uses without a default stands for a value the reader supplies.
+_DOCUMENTED_ENV = {"K8S_NODE_NAME": "node-1"}
+
+
+def _readers_environment(text: str) -> dict[str, str]:
+    """The environment a snippet is checked in: this process's, what the docs tell a deployment to
+    set, and a placeholder for each variable the snippet uses without a default (the reader's own)."""
+    unset = {m[1] for m in re.finditer(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}", text)}
+    return {**{name: "placeholder" for name in unset}, **_DOCUMENTED_ENV, **os.environ}
+
+
+def config_snippets() -> list[tuple[str, str]]:
+    """(file:line, text) of every YAML block in README.md and docs/ that is an otel-ofu config or part of one
+    (top-level receivers, processors, exporters or service); Collector configs, Helm values, manifests are not."""
+    from otel_ofu.pipeline.config import SECTIONS, collector_config_evidence
+
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = path.read_text()
+        for match in _FENCE.finditer(text):
+            body = "\n".join(line[len(match["indent"]):] for line in match["body"].splitlines())
+            try:
+                doc = yaml.safe_load(body)
+            except yaml.YAMLError:
+                continue
+            if isinstance(doc, dict) and set(doc) & {*SECTIONS, "service"} and not collector_config_evidence(doc):
+                line = text[:match.start()].count("\n") + 1
+                out.append((f"{path.relative_to(ROOT)}:{line}", body))
+    return out
+
+
+def _machine_specific(message: str) -> bool:
+    """A file or directory the snippet names is not on this machine: the reader's own paths."""
+    return "does not exist" in message
+
+
+@pytest.mark.parametrize("where, text", config_snippets(), ids=[w for w, _ in config_snippets()])
+def test_every_config_snippet_in_the_docs_validates(where, text):
+    """A snippet with service.pipelines must be a whole config that `otel-ofu validate` passes (as
+    written: docs/audit.md's join pipeline named an exporter it did not configure); a snippet of a
+    few components must have every key right. Only paths of the reader's machine are not checked."""
+    from otel_ofu.pipeline.config import (
+        SECTIONS,
+        ConfigError,
+        FieldError,
+        build_config,
+        component_type,
+        parse_service_config,
+        substitute_env,
+    )
+
+    doc = substitute_env(yaml.safe_load(text), _readers_environment(text))
+    problems: list[str] = []
+    if isinstance(doc.get("service"), dict) and "pipelines" in doc["service"]:
+        try:
+            parse_service_config(doc, where, registry.factories())
+        except ConfigError as exc:
+            problems = [p.format() for p in exc.problems if not _machine_specific(p.message)]
+    else:
+        for section in SECTIONS:
+            for comp_id, body in (doc.get(section) or {}).items():
+                factory = registry.factories()[section].get(component_type(str(comp_id)))
+                if factory is None:
+                    problems.append(f"{section}.{comp_id}: no such {section[:-1]} type")
+                    continue
+                try:
+                    build_config(factory.config_type, body)
+                except FieldError as exc:
+                    problems += [f"{section}.{comp_id}: {e}" for e in exc.all if not _machine_specific(e.message)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_snippet_check_reads_indented_blocks_and_finds_the_join_pipeline():
+    snippets = dict(config_snippets())
+    assert any(w.startswith("docs/audit.md") and "prometheus:" in t and "endpoint" in t for w, t in snippets.items())
+    assert any(w.startswith("docs/audit.md") and "dcgm_exporter" in t and "service:" in t for w, t in snippets.items())
