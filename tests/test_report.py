@@ -2,12 +2,15 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from otel_ofu.cli.main import main
+from otel_ofu.core.model import Batch as PointBatch
+from otel_ofu.core.model import MetricPoint, attrs
 from otel_ofu.exporters.file import FileExporter, FileExporterConfig
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.otlp import codec as otlp
@@ -16,7 +19,7 @@ from otel_ofu.pipeline.config import build_config
 from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
-from otel_ofu.report.build import build_report, metric_points
+from otel_ofu.report.build import REPORT_FIELDS, build_report, json_field_paths, metric_points
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "collector-config" / "demo.yaml"
@@ -130,7 +133,9 @@ def test_terminal_table(recording, capsys):
     header = next(line for line in out.splitlines() if line.startswith("job "))
     for column in ("GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings"):
         assert column in header
-    rows = [line.split()[0] for line in out.splitlines()[4:10]]
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("----")) + 1
+    rows = [line.split()[0] for line in lines[first:first + 6]]
     assert rows[0] == "gpt-mixed-precision" or rows[0] == "llama-70b-pretrain"
     assert "Findings (recorded: the ofu.finding events the jobs processor logged while it ran): 2" in out
     assert "flop_formula_overcount" in out
@@ -212,3 +217,95 @@ def test_build_report_keeps_timelines_for_the_plots(recording):
     moe = next(j for j in report.jobs if j.summary.job_id == "moe-236b")
     assert len(moe.timeline) >= MINUTES - 2 and moe.truth
     assert all(mfu is not None and mfu > ofu for _, ofu, mfu, _ in moe.timeline)
+
+
+# --- what the report says next (issue 23, item 10) ----------------------------------------------
+
+
+def test_the_json_has_exactly_the_documented_fields(recording, capsys):
+    """docs/report.md's field list is generated from REPORT_FIELDS; a report must match it."""
+    data = report_json(capsys, recording)
+    assert any(j["findings"] for j in data["jobs"]) and data["gpus"] and data["inputs"]  # every part present
+    assert json_field_paths(data) == set(REPORT_FIELDS)
+
+
+def test_the_table_leads_with_the_fleet_ofu_the_json_gives(recording, capsys):
+    fleet = report_json(capsys, recording)["fleet"]
+    assert main(["report", str(recording)]) == 0
+    out = capsys.readouterr().out
+    assert fleet["ofu_mean"] < fleet["job_ofu_mean"]  # idle GPUs count in the fleet's figure
+    assert (f"Fleet OFU {fleet['ofu_mean']:.1%} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs included; "
+            f"jobs: {fleet['job_ofu_mean']:.1%} of the {fleet['job_gpu_hours']:.2f} GPU h they held.") in out
+
+
+def test_each_finding_says_what_its_cause_means_and_what_to_do(recording, capsys):
+    data = report_json(capsys, recording)
+    findings = {f["cause"]: f for j in data["jobs"] for f in j["findings"]}
+    assert set(findings) == {"flop_formula_overcount", "sustained_ofu_drop"}
+    assert "FLOP formula counts work that never ran" in findings["flop_formula_overcount"]["meaning"]
+    assert "TORCH_DISTRIBUTED_DEBUG" in findings["sustained_ofu_drop"]["action"]
+    assert main(["report", str(recording)]) == 0
+    out = capsys.readouterr().out
+    for finding in findings.values():
+        assert f"{finding['cause']}: {finding['meaning']}. What to do: {finding['action']}." in out
+
+
+def test_recorded_findings_that_a_recomputation_would_not_give_are_explained(recording, tmp_path, capsys):
+    agree = report_json(capsys, recording)
+    assert (agree["findings_source"], agree["findings_count"], agree["findings_recomputed_count"]) == ("recorded", 2, 2)
+    assert agree["findings_note"] is None
+    doc = yaml.safe_load(DEMO.read_text())
+    doc["processors"]["jobs"]["audit"]["min_gap_pp"] = 50  # the MoE job's gap is under 50 pp
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump(doc))
+    differ = report_json(capsys, recording, "--config", strict)
+    assert (differ["findings_source"], differ["findings_count"], differ["findings_recomputed_count"]) == (
+        "recorded", 2, 1)
+    assert "there are 1 finding(s), not the 2 recorded" in differ["findings_note"]
+    assert main(["report", str(recording), "--config", str(strict)]) == 0
+    assert differ["findings_note"] in capsys.readouterr().out
+    recomputed = report_json(capsys, recording, "--recompute")
+    assert recomputed["findings_recomputed_count"] is None and recomputed["findings_note"] is None
+
+
+def test_flops_unknown_says_to_declare_the_precision(tmp_path, capsys):
+    """A job whose precision nobody declared: OFU, but no FLOPs, and the report says how to fix that."""
+    path = tmp_path / "no-precision.jsonl"
+    exporter = FileExporter(FileExporterConfig(path=str(path)), Context("file"))
+    exporter.start()
+    for minute in range(10):
+        t = int((START + 60 * minute) * 1e9)
+        resource = attrs({"host.name": "node-1", "hw.id": "GPU-1", "hw.model": "NVIDIA H100 80GB HBM3",
+                          "gpu.index": "0", "ofu.job.id": "eval-run"})
+        exporter.export(PointBatch(points=[MetricPoint("gpu.ofu", 0.3, t, resource, (), "1", False,
+                                                       t - 60 * 10**9)]))
+    exporter.shutdown()
+    (job,) = report_json(capsys, path)["jobs"]
+    assert job["flops"] is None and job["ofu_mean"] == pytest.approx(0.3)
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "FLOPs '-' (eval-run): the job's precision is unknown" in out
+    assert "ofu.dev/precision" in out and "OFU_PRECISION" in out
+
+
+def test_a_dmon_recording_says_what_it_lacks(tmp_path, capsys):
+    dmon = ROOT / "tests" / "data" / "replay" / "h100-dmon.txt"
+    assert main(["report", str(dmon)]) == 1
+    assert "--model 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().err
+    assert main(["report", str(dmon), "--model", "NVIDIA H100 80GB HBM3"]) == 0
+    out = capsys.readouterr().out
+    assert "come from a dmon recording, which names no job" in out
+    for pointer in set(re.findall(r"docs/[\w/.-]+\.md", out)):
+        assert (ROOT / pointer).is_file(), pointer
+
+
+def test_every_docs_page_the_code_names_exists():
+    """Messages point users at docs/...: each page must be there (docs/attribution.md was not)."""
+    named = {}
+    for source in (ROOT / "otel_ofu").rglob("*.py"):
+        for page in re.findall(r"docs/[\w/.-]+?\.md", source.read_text()):
+            if page != "docs/x.md":  # cli/docs.py's docstring: "docs/x.md named in comments"
+                named.setdefault(page, source.relative_to(ROOT))
+    assert "docs/audit.md" in named
+    missing = {page: str(where) for page, where in named.items() if not (ROOT / page).is_file()}
+    assert not missing, missing

@@ -169,7 +169,7 @@ def test_dmon_and_csv_are_read_directly(tmp_path, capsys):
 def test_without_jobs_the_gpus_are_shown_and_the_message_says_why(capsys):
     assert main(["report", str(DMON), "--model", "NVIDIA H100 80GB HBM3"]) == 0
     out = capsys.readouterr().out
-    assert "No job was attributed: the 2 GPUs below sent gpu.ofu without an ofu.job.id" in out
+    assert "No job: the 2 GPUs below come from a dmon recording, which names no job" in out
     assert "GPU 0" in out and "GPU 1" in out and "85." in out
     assert "record the output of the ofu processor" not in out
 
@@ -178,7 +178,7 @@ def test_recorded_findings_say_what_they_are_and_why_recomputing_differs(demo, c
     assert main(["report", str(demo["deaf"])]) == 0
     out = capsys.readouterr().out
     assert "Findings (recorded: the ofu.finding events the jobs processor logged while it ran): 1" in out
-    assert "recomputed from these points with default jobs settings, there are 2 finding(s), not 1" in out
+    assert "Recomputed from these points with default jobs settings, there are 2 finding(s), not the 1 recorded" in out
     assert main(["report", str(demo["deaf"]), "--recompute"]) == 0
     assert "as --recompute asks" in capsys.readouterr().out
     assert main(["report", str(demo["node0"])]) == 0

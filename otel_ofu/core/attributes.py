@@ -1,6 +1,6 @@
 """Every resource and point attribute otel-ofu sets: name, where it sits, meaning, who sets it.
 
-The attribute half of the registry beside ``metrics.py``: ``docs/attributes.md``, the metric
+The attribute half of the registry beside ``metrics.py``: docs/metrics.md's attribute tables, the metric
 table's attribute column and each component page's attribute list are generated from it
 (``python -m otel_ofu.cli.docs``), and tests/test_docs.py checks that every attribute name the
 code defines or sets is here. Names the code uses live in ``model.py`` (GPU and job identity),

@@ -27,7 +27,7 @@ UNKNOWN_PRECISION = "unknown"
 # Spellings users and frameworks print, mapped to the table's keys. Keys are compared after
 # :func:`_precision_token` (lowercase; module prefixes such as ``torch.``/``jnp.``, quotes and
 # ``dtype(...)`` removed; ``-``, ``_``, ``.`` and spaces dropped; Lightning's ``-mixed`` /
-# ``-true`` suffixes dropped). docs/precision.md lists where each spelling comes from.
+# ``-true`` suffixes dropped). docs/gpus.md ("Precision spellings") lists where each comes from.
 _PRECISION_ALIASES = {
     # TF32: the tensor-core path of FP32 GEMMs (PyTorch allow_tf32, JAX "tensorfloat32").
     "tf32": "tf32", "tensorfloat32": "tf32",

@@ -14,6 +14,38 @@ FLOP_FORMULA_OVERCOUNT = "flop_formula_overcount"  # reported MFU above OFU
 UNCOUNTED_PADDING_OR_RECOMPUTE = "uncounted_padding_or_recompute"  # OFU far above reported MFU
 SUSTAINED_DROP = "sustained_ofu_drop"  # OFU well below the job's own baseline
 
+
+@dataclass(frozen=True)
+class Cause:
+    """What a cause code means, and what the person who owns the job can do about it."""
+
+    meaning: str
+    action: str
+
+
+CAUSES: dict[str, Cause] = {
+    FLOP_FORMULA_OVERCOUNT: Cause(
+        "the job reports more MFU than its tensor cores did: its FLOP formula counts work that never ran",
+        "check the formula the framework uses (MoE experts counted at full hidden size, attention or "
+        "embedding FLOPs counted twice) and the peak it divides by (the peak at the precision in use); "
+        "until it is fixed, trust OFU"),
+    UNCOUNTED_PADDING_OR_RECOMPUTE: Cause(
+        "the tensor cores did far more work than the job's FLOP formula counts",
+        "add what the formula leaves out (activation recomputation, padded sequences, layers without "
+        "FLOP accounting such as Mamba blocks), or report achieved TFLOP/s instead of MFU"),
+    SUSTAINED_DROP: Cause(
+        "the job's OFU fell well below its own recent baseline and stayed there",
+        "look at what changed when it began ('since'): a debug setting (TORCH_DISTRIBUTED_DEBUG=DETAIL "
+        "serialises NCCL calls), a slow node or link, data loading, a new software version"),
+}
+
+
+def cause_of(code: str) -> Cause:
+    """The meaning and action of a cause code; a code this version does not know (a newer
+    recording) says so rather than failing."""
+    return CAUSES.get(code) or Cause(f"cause {code!r} (not known to this version of otel-ofu)",
+                                     "see the version of otel-ofu that recorded it")
+
 OPEN = "open"
 CLOSE = "close"
 

@@ -51,7 +51,7 @@ from otel_ofu.core.model import (
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.findings import MFU_GAP
+from otel_ofu.jobs.findings import MFU_GAP, cause_of
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
@@ -417,7 +417,9 @@ def _clean(value: Any) -> Any:
 
 def _finding_record(kind: str, cause: str, fid: str, opened: float, since: float, closed: float | None,
                     numbers: dict[str, Any], close_numbers: dict[str, Any], job_start: float) -> dict[str, Any]:
-    return {"kind": kind, "cause": cause, "id": fid, "time": _iso(opened), "time_unix_nano": int(round(opened * 1e9)),
+    explained = cause_of(cause)
+    return {"kind": kind, "cause": cause, "meaning": explained.meaning, "action": explained.action, "id": fid,
+            "time": _iso(opened), "time_unix_nano": int(round(opened * 1e9)),
             "minutes_into_job": round((opened - job_start) / 60.0, 2), "since": _iso(since), "closed": _iso(closed),
             "numbers": numbers, "close_numbers": close_numbers}
 
@@ -521,6 +523,11 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         collect(book.observe(batch))
     collect(book.close_all("end_of_recording"))
     if not gpus:
+        replayed = [s for s in sources if s.format in ("dmon", "csv")]
+        if replayed and not options.model:
+            raise ReportError(f"{label}: no {OFU_METRIC} from the {replayed[0].format} recording: it names no GPU "
+                              "model, and OFU needs the model's reference clock. Give it: --model 'NVIDIA H100 "
+                              "80GB HBM3' (docs/gpus.md lists the models)")
         raise ReportError(f"{label}: no {OFU_METRIC} points: record the output of the ofu processor (the file "
                           "exporter after ofu), or give a dmon/CSV recording, which is computed here")
 
@@ -586,23 +593,126 @@ def report_json(report: Report) -> dict[str, Any]:
     book = report.book
     attributed = sum(j.summary.totals.gpu_seconds for j in report.jobs)
     ofu_seconds = sum(j.summary.totals.ofu_gpu_seconds for j in report.jobs)
+    shown = sum(len(j.findings) for j in report.jobs)
+    recorded_ = report.findings_source == "recorded"
     return _clean({
         "source": report.source, "lines": report.lines, "start": _iso(report.start), "end": _iso(report.end),
         "inputs": [input_record(s) for s in report.inputs],
         "findings_source": report.findings_source,
-        "findings_recomputed": report.recomputed_findings,
+        "findings_count": shown,
+        "findings_recomputed_count": report.recomputed_findings if recorded_ else None,
+        "findings_note": findings_note(report) or None,
         "fleet": {"gpus": report.gpu_count, "jobs": len(report.jobs),
                   "gpu_hours": (attributed + book.unattributed.gpu_seconds) / 3600.0,
                   "job_gpu_hours": attributed / 3600.0,
                   "unattributed_gpu_hours": book.unattributed.gpu_hours,
-                  "job_ofu_mean": ofu_seconds / attributed if attributed else None,
-                  # Every GPU's time, with a job or not: what a fleet OFU panel shows.
                   "ofu_mean": _ratio(ofu_seconds + book.unattributed.ofu_gpu_seconds,
                                      attributed + book.unattributed.gpu_seconds),
+                  "job_ofu_mean": ofu_seconds / attributed if attributed else None,
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs)},
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
+
+
+# The JSON of ``otel-ofu report --json``, field by field: docs/report.md's list is generated from
+# this (``python -m otel_ofu.cli.docs``) and tests/test_report.py checks that a report has exactly
+# these fields. ``[]`` marks a list's items; a field whose meaning starts with "mapping" is a
+# mapping whose keys vary (not listed).
+REPORT_FIELDS: dict[str, str] = {
+    "source": "the file read, or how many",
+    "lines": "lines (or dmon/CSV rows) read, all files together",
+    "start": "the first data time (ISO 8601, UTC)",
+    "end": "the last data time",
+    "inputs[].path": "a file read, in data-time order",
+    "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data",
+    "inputs[].compression": "`gzip`, `zstd`, ... as recognised by the first bytes; null for none",
+    "inputs[].lines": "its lines",
+    "inputs[].start": "its first data time",
+    "inputs[].end": "its last data time",
+    "inputs[].partial_tail_skipped": "true when a crash's partly written last line was skipped",
+    "inputs[].notes": "what else was skipped or assumed, as sentences",
+    "findings_source": "where the findings come from: `recorded` (the `ofu.finding.*` events the jobs processor "
+                       "logged while it ran) or `recomputed` (from the points here, with --recompute or when the "
+                       "recording holds no finding events)",
+    "findings_count": "findings listed under `jobs`, all jobs together",
+    "findings_recomputed_count": "with `findings_source` `recorded`: how many a recomputation from the same points "
+                                 "gives with this report's settings (a difference is explained in `findings_note`); "
+                                 "null when the findings are recomputed already",
+    "findings_note": "why the recorded and the recomputed findings differ, and how to see the others; null when they "
+                     "agree",
+    "fleet.gpus": "distinct GPUs (and MIG instances) seen",
+    "fleet.jobs": "jobs seen",
+    "fleet.gpu_hours": "GPU time of every GPU, with a job or not",
+    "fleet.job_gpu_hours": "GPU time held by jobs",
+    "fleet.unattributed_gpu_hours": "GPU time without a job (idle, or not attributed)",
+    "fleet.ofu_mean": "the fleet's OFU: time-weighted over every GPU's time, with a job or not (idle GPUs count, "
+                      "at their OFU); what a fleet OFU panel shows, and the figure the table prints first",
+    "fleet.job_ofu_mean": "OFU over the GPU time jobs held only: how well the jobs use what they hold",
+    "fleet.wasted_gpu_hours": "GPU time x (1 - OFU), jobs together",
+    "jobs[].job_id": "the job (`ofu.job.id`); jobs are sorted by wasted GPU hours",
+    "jobs[].start": "its first window's start",
+    "jobs[].end": "its last window's end",
+    "jobs[].end_reason": "`end_of_recording`, or why it ended (`timeout`, `silent`)",
+    "jobs[].duration_hours": "end - start",
+    "jobs[].gpus": "distinct GPUs over its life",
+    "jobs[].peak_gpus": "the most GPUs at once",
+    "jobs[].gpu_hours": "GPU time it held",
+    "jobs[].ofu_mean": "OFU, time-weighted over its GPU time",
+    "jobs[].ofu_p10": "10th percentile of its GPU windows' OFU, weighted by their length (0.1 pp buckets)",
+    "jobs[].ofu_p50": "the median, likewise",
+    "jobs[].ofu_p90": "the 90th percentile, likewise",
+    "jobs[].flops": "floating-point operations its tensor cores did (OFU x the dense peak at its precision); null "
+                    "when its precision is unknown",
+    "jobs[].flops_per_gpu_s": "flops per GPU second of known precision",
+    "jobs[].wasted_gpu_hours": "GPU time x (1 - OFU)",
+    "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
+    "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
+    "jobs[].findings[].kind": "`mfu_gap` (the MFU audit) or `regression`",
+    "jobs[].findings[].cause": "the likely cause, a code: `flop_formula_overcount`, "
+                               "`uncounted_padding_or_recompute`, `sustained_ofu_drop`",
+    "jobs[].findings[].meaning": "the cause in words",
+    "jobs[].findings[].action": "what to do about it",
+    "jobs[].findings[].id": "`<job>/<kind>/<n>`: pairs the open and close events",
+    "jobs[].findings[].time": "when it was raised (data time)",
+    "jobs[].findings[].time_unix_nano": "the same, in nanoseconds",
+    "jobs[].findings[].minutes_into_job": "the same, from the job's start",
+    "jobs[].findings[].since": "when the condition began",
+    "jobs[].findings[].closed": "when it cleared or closed with its job; null while open",
+    "jobs[].findings[].numbers": "mapping: the numbers at open (`mfu_gap`: `mfu_reported`, `ofu`, `gap_pp`, "
+                                 "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`)",
+    "jobs[].findings[].close_numbers": "mapping: the numbers at close (`reason`: `job_end` when it closed with its "
+                                       "job)",
+    "gpus[].host": "the GPU's host",
+    "gpus[].gpu": "its index on the host",
+    "gpus[].uuid": "its UUID",
+    "gpus[].mig_instance": "the MIG instance; null for a whole GPU",
+    "gpus[].model": "its model name",
+    "gpus[].gpu_hours": "its GPU time",
+    "gpus[].ofu_mean": "its OFU, time-weighted",
+    "gpus[].ofu_p50": "the median of its windows' OFU",
+    "gpus[].jobs": "the jobs seen on it",
+}
+
+
+def json_field_paths(value: Any, prefix: str = "") -> set[str]:
+    """The field paths of a report's JSON, as REPORT_FIELDS writes them: leaves, lists of values and
+    the mappings marked there (not entered); objects and lists of objects are entered."""
+    if isinstance(value, dict) and not REPORT_FIELDS.get(prefix, "").startswith("mapping"):
+        return {path for key, item in value.items()
+                for path in json_field_paths(item, f"{prefix}.{key}" if prefix else str(key))}
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        return {path for item in value for path in json_field_paths(item, f"{prefix}[]")}
+    if isinstance(value, list) and not value and prefix not in REPORT_FIELDS:
+        return set()  # an empty list of objects: no fields to see
+    return {prefix}
+
+
+def report_fields_table() -> str:
+    """docs/report.md's list of the JSON fields."""
+    rows = ["| field | meaning |", "|---|---|"]
+    rows += [f"| `{path}` | {meaning} |" for path, meaning in REPORT_FIELDS.items()]
+    return "\n".join(rows)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -640,7 +750,9 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
         closed = "; open until the job ended"
     else:
         closed = f"; cleared {f['closed']}"
-    return f"  {job_id}: {f['kind']} {when}: {what}{closed}"
+    explained = cause_of(f["cause"])
+    return (f"  {job_id}: {f['kind']} {when}: {what}{closed}\n"
+            f"    {f['cause']}: {explained.meaning}. What to do: {explained.action}.")
 
 
 TABLE_COLUMNS = ("job", "GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings")
@@ -691,18 +803,26 @@ def _inputs_lines(report: Report) -> list[str]:
     return [*out, ""]
 
 
+def findings_note(report: Report) -> str:
+    """Why the recorded findings shown differ from what the points give here ("" when they agree)."""
+    shown = sum(len(j.findings) for j in report.jobs)
+    if report.findings_source != "recorded" or report.recomputed_findings == shown:
+        return ""
+    return (f"Recomputed from these points with {report.config_source}, there are {report.recomputed_findings} "
+            f"finding(s), not the {shown} recorded. The jobs processor decided with its own settings and the data "
+            "it had then (it may have seen a job from before this recording, or used other thresholds): "
+            "--recompute lists the recomputed ones, --config FILE takes the settings from your pipeline config.")
+
+
 def findings_lines(report: Report) -> list[str]:
     """The findings, saying which the user is looking at and, when the other source differs, why."""
-    findings = [finding_line(j.summary.job_id, f) for j in report.jobs for f in j.findings]
-    count = len(findings) or "none"
+    findings = [line for j in report.jobs for f in j.findings for line in finding_line(j.summary.job_id, f).split("\n")]
+    count = sum(len(j.findings) for j in report.jobs) or "none"
     if report.findings_source == "recorded":
         out = [f"Findings (recorded: the ofu.finding events the jobs processor logged while it ran): {count}"]
-        if report.recomputed_findings != len(findings):
-            out.insert(0, f"Note: recomputed from these points with {report.config_source}, there are "
-                          f"{report.recomputed_findings} finding(s), not {len(findings)}. The jobs processor decided "
-                          "with its own settings and the data it had then (it may have seen a job from before "
-                          "this recording, or with other thresholds): --recompute lists the recomputed ones, "
-                          "--config FILE takes the settings from your pipeline config.")
+        note = findings_note(report)
+        if note:
+            out.insert(0, f"Note: {note}")
     elif report.recorded_events:
         out = [f"Findings (recomputed from the points with {report.config_source}, as --recompute asks; the "
                f"recording's own finding events are not shown): {count}"]
@@ -712,6 +832,34 @@ def findings_lines(report: Report) -> list[str]:
     return out + findings
 
 
+ATTRIBUTION_DOCS = "docs/components/processors/attribution.md"
+
+
+def flops_hint(report: Report) -> list[str]:
+    """Why a job's FLOPs are "-", and how to get them."""
+    unknown = [j.summary.job_id for j in report.jobs if not j.summary.totals.flops_known]
+    if not unknown:
+        return []
+    which = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return ["", f"FLOPs '-' ({which}): the job's precision is unknown, so its FLOPs cannot be counted (OFU does "
+                "not need it). Declare it: the pod annotation or label ofu.dev/precision, OFU_PRECISION in the job's "
+                f"environment, or an attribution rule ({ATTRIBUTION_DOCS}#precedence)."]
+
+
+def no_jobs_hint(report: Report, gpus: int) -> str:
+    """What to do when no GPU had a job: depends on what was recorded."""
+    formats = {s.format for s in report.inputs if s.format}
+    if formats and formats <= {"dmon", "csv"}:
+        csv_note = " (a CSV can, in a job or hpc_job column)" if "csv" in formats else ""
+        return (f"No job: the {gpus} GPUs below come from a {'/'.join(sorted(formats))} recording, which names no "
+                f"job{csv_note}. For per-job answers, record the file exporter's output of a pipeline with the "
+                f"attribution processor ({ATTRIBUTION_DOCS}).")
+    ignored = ", ".join(repr(j) for j in report.book.config.ignore_jobs)
+    return (f"No job was attributed: the {gpus} GPUs below sent {OFU_METRIC} without an ofu.job.id (or only ids "
+            f"the jobs settings ignore: {ignored}). Name jobs with the attribution processor before ofu "
+            f"({ATTRIBUTION_DOCS}).")
+
+
 def render_table(report: Report, show_gpus: bool = False) -> str:
     data = report_json(report)
     fleet = data["fleet"]
@@ -719,15 +867,17 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
     out.append(f"{report.source}: {report.lines} lines, {_iso(report.start)} .. {_iso(report.end)} (data time); "
                f"{fleet['gpus']} GPUs, {len(report.jobs)} jobs, {fleet['gpu_hours']:.2f} GPU h "
                f"({fleet['unattributed_gpu_hours']:.2f} without a job)")
+    jobs_part = (f"; jobs: {_pct(fleet['job_ofu_mean'])} of the {fleet['job_gpu_hours']:.2f} GPU h they held"
+                 if report.jobs else "")
+    out.append(f"Fleet OFU {_pct(fleet['ofu_mean'])} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs "
+               f"included{jobs_part}.")
     out.append("")
     if report.jobs:
         out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
+        out += flops_hint(report)
         out.append("")
     else:
-        ignored = ", ".join(repr(j) for j in report.book.config.ignore_jobs)
-        out.append(f"No job was attributed: the {fleet['gpus']} GPUs below sent {OFU_METRIC} without an ofu.job.id "
-                   f"(or only ids the jobs settings ignore: {ignored}). Name jobs with the attribution processor "
-                   "before ofu (docs/attribution.md).")
+        out.append(no_jobs_hint(report, fleet["gpus"]))
         out.append("")
     if show_gpus or not report.jobs:
         out += gpu_table(report)
