@@ -26,6 +26,7 @@ PREFER = {"job": "moe-236b", "namespace": "pretraining"}
 # Targets the demo cannot fill, and why. Every panel still has to return series.
 NO_DEMO_DATA = {
     "otel_ofu_pipeline_dropped_total": "no processor or exporter fails in the demo",
+    "otel_ofu_scrape_up": "the demo's sim receiver scrapes no endpoint",
 }
 
 

@@ -546,6 +546,29 @@ def self_telemetry() -> dict[str, Any]:
         return target(f"sum by (service_instance_id, {by}) (rate({metric}{{{SELF_SEL}}}[$__rate_interval]))", legend)
 
     rows = [
+        ("Sources", [
+            Panel("state-timeline", "Sources: each receiver's state, and scrape endpoints down",
+                  "What each receiver is doing (otel_ofu_receiver_status): ok, or why not: scrape_failed (an "
+                  "endpoint does not answer), empty (it answers with none of the metrics read), starting (never "
+                  "read anything: a source never seen), the GPU receivers' states (hostengine_unreachable, "
+                  "profiling_in_use, ...). Below them, each scraped endpoint while it is down "
+                  "(otel_ofu_scrape_up = 0). Alert: OtelOfuSourceDown.", COUNT,
+                  [target(f'max by (service_instance_id, receiver, state) (otel_ofu_receiver_status{{{SELF_SEL}, '
+                          f'gpu=""}}) == 1', "{{service_instance_id}} {{receiver}}: {{state}}"),
+                   target(f"min by (service_instance_id, endpoint) (otel_ofu_scrape_up{{{SELF_SEL}}}) == 0",
+                          "{{service_instance_id}} {{endpoint}}: down")], 24, 8,
+                  thresholds=[{"color": "red", "value": None}],
+                  overrides=[{"matcher": {"id": "byRegexp", "options": ".*: (ok|finished)$"},
+                              "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "green"}}]}],
+                  options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8, "alignValue": "left",
+                           "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+                           "tooltip": {"mode": "single", "sort": "none"}},
+                  defaults={"color": {"mode": "thresholds"},
+                            "mappings": [{"type": "value", "options": {"1": {"text": "in this state"},
+                                                                       "0": {"text": "down"}}}]},
+                  custom={"lineWidth": 0, "fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False,
+                                                                          "viz": False}}),
+        ]),
         ("In", [
             stat("Instances", "otel-ofu processes sending self-telemetry now (the selftelemetry receiver in a "
                  "pipeline to this data source).", COUNT,
@@ -596,8 +619,8 @@ def self_telemetry() -> dict[str, Any]:
         ]),
     ]
     return dashboard("otel-ofu-self", "otel-ofu / Self-telemetry",
-                     "otel-ofu's own health per instance: items in, windows dropped and why, exporter queue, sent, "
-                     "retried and dropped.", variables, rows, time_from="now-1h")
+                     "otel-ofu's own health per instance: each source's state, items in, windows dropped and why, "
+                     "exporter queue, sent, retried and dropped.", variables, rows, time_from="now-1h")
 
 
 DASHBOARDS = {"otel-ofu-fleet.json": fleet, "otel-ofu-job.json": job, "otel-ofu-gpu.json": gpu,

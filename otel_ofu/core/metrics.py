@@ -95,6 +95,16 @@ RECEIVER_ACCEPTED = register(MetricInfo(
     "Self-telemetry: items (GPU windows, metric points, events) each receiver handed to its pipelines, "
     "by receiver.")).name
 
+RECEIVER_STATUS = register(MetricInfo(
+    "otel_ofu.receiver.status", "{state}", "gauge",
+    "1 for the state each receiver is in, 0 for the states it left (attributes receiver and state): ok; "
+    "starting (nothing read yet: a source never seen); scrape_failed or empty (dcgm_exporter, prometheus: an "
+    "endpoint is unreachable, or answers with nothing to read; otel_ofu.scrape.up says which); finished or failed "
+    "(a replay at its end); the GPU receivers' own states (dcgm_missing, hostengine_unreachable, "
+    "profiling_not_supported, profiling_no_permission, profiling_in_use, profiling_paused, nvml_missing, "
+    "gpm_unsupported, gpu_lost, ...; per-GPU states carry attribute gpu). See "
+    "docs/components/receivers/dcgm.md, Failure states.")).name
+
 # Self-telemetry of the otlp/otlphttp exporters' sending queue (otel_ofu.delivery); attribute
 # ``exporter`` is the exporter id, ``signal`` metrics|logs, ``reason`` why (docs/components/exporters/otlp.md).
 register(MetricInfo("otel_ofu.exporter.queue.size", "{sizer_unit}", "gauge",
@@ -121,6 +131,8 @@ _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.
 _EMITTED_BY: dict[str, tuple[str, ...]] = {
     **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
     "sim.gpu.mfu.true": ("receivers/sim",),
+    "otel_ofu.receiver.status": tuple(f"receivers/{r}" for r in ("dcgm", "dcgm_exporter", "nvml", "otlp",
+                                                                   "prometheus", "replay", "selftelemetry", "sim")),
     "training.mfu": ("receivers/sim", "receivers/prometheus"),
     "training.tflops_per_gpu": ("receivers/prometheus",),
     **{name: ("exporters/otlp", "exporters/otlphttp") for name in METRICS if name.startswith("otel_ofu.exporter.")},

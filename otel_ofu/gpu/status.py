@@ -13,20 +13,14 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.metrics import METRICS, RECEIVER_STATUS
 from otel_ofu.core.model import HOST_NAME, HW_VENDOR, MetricPoint, attrs
 from otel_ofu.core.values import DCGM_FP64_BLANK
-from otel_ofu.pipeline.telemetry import Telemetry
+from otel_ofu.pipeline.telemetry import STARTING, Telemetry
 
-STATUS_METRIC = register(MetricInfo(
-    "otel_ofu.receiver.status", "{state}", "gauge",
-    "1 for the state a GPU receiver (dcgm, nvml) is in, by attributes receiver and state (ok, dcgm_missing, "
-    "hostengine_unreachable, profiling_not_supported, profiling_no_permission, profiling_in_use, profiling_paused, "
-    "nvml_missing, gpm_unsupported, gpu_lost, ...); per-GPU states carry the GPU's resource. See "
-    "docs/components/receivers/dcgm.md, Failure states.", emitted_by=("receivers/dcgm", "receivers/nvml")))
+STATUS_METRIC = METRICS[RECEIVER_STATUS]
 
 OK = "ok"
-STARTING = "starting"
 
 # A sample's tensor activity when the receiver knows *why* there is none: the DCGM blank
 # encodings, which values.clean() turns into the matching ofu.drop.reason (never into 0).
@@ -65,8 +59,7 @@ class StatusReporter:
             self.message = message or self.message
             return False
         previous = self.state
-        self.telemetry.set(STATUS_METRIC.name, 0, receiver=self.receiver_id, state=previous)
-        self.telemetry.set(STATUS_METRIC.name, 1, receiver=self.receiver_id, state=state)
+        self.telemetry.receiver_state(self.receiver_id, state)
         self.state, self.message = state, message
         if state == OK:
             self.log.info("%s: %s%s", self.receiver_id, "reading counters" if not message else message,
@@ -89,14 +82,12 @@ class StatusReporter:
         if entry is not None and entry.state == state:
             entry.message = message or entry.message
             return False
-        if entry is not None:
-            self.telemetry.set(STATUS_METRIC.name, 0, receiver=self.receiver_id, state=entry.state, gpu=key)
+        self.telemetry.receiver_state(self.receiver_id, state, gpu=key)
         if state == OK:
             del self._gpus[key]
             self.log.info("%s: GPU %s is back: %s", self.receiver_id, key, message or "reading counters")
             return True
         self._gpus[key] = _Entry(state, message, {k: str(v) for k, v in (resource or {}).items() if v is not None})
-        self.telemetry.set(STATUS_METRIC.name, 1, receiver=self.receiver_id, state=state, gpu=key)
         self.log.warning("%s: GPU %s: %s: %s", self.receiver_id, key, state, message)
         return True
 

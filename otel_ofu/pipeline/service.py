@@ -22,7 +22,7 @@ from otel_ofu.core.model import Batch
 from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.component import Component, Context, Exporter, Processor, Receiver
 from otel_ofu.pipeline.config import ConfigError, ServiceConfig, component_type, load_document, parse_service_config
-from otel_ofu.pipeline.telemetry import Telemetry
+from otel_ofu.pipeline.telemetry import STARTING, Telemetry
 
 log = logging.getLogger("otel_ofu.service")
 
@@ -119,10 +119,17 @@ def _fan_out(pipelines: list[Pipeline]):
 
 
 def _counted(consume, telemetry: Telemetry, receiver_id: str):
-    """Count what a receiver hands in (otel_ofu.receiver.accepted): the self-telemetry's "points in"."""
+    """Count what a receiver hands in (otel_ofu.receiver.accepted): the self-telemetry's "points in".
+
+    A receiver is ``starting`` until it hands in its first batch, then ``ok`` unless it says
+    otherwise (otel_ofu.receiver.status): one that stays ``starting`` has never read its source.
+    """
+    telemetry.receiver_state(receiver_id, STARTING)
 
     def consume_counted(batch: Batch) -> None:
         telemetry.add(RECEIVER_ACCEPTED, len(batch), receiver=receiver_id)
+        if telemetry.state_of(receiver_id) == STARTING:
+            telemetry.receiver_state(receiver_id, "ok")
         consume(batch)
 
     return consume_counted
@@ -172,6 +179,9 @@ class Service:
 
     def _receiver_finished(self) -> None:
         """A finite receiver ended: with exit_when_done, stop once all of them have."""
+        for rid, receiver in self.receivers.items():
+            if receiver.is_finite() and receiver.is_finished():
+                self.telemetry.receiver_state(rid, "failed" if receiver.failure() is not None else "finished")
         if not self.exit_when_done:
             return
         finite = [r for r in self.receivers.values() if r.is_finite()]

@@ -11,8 +11,10 @@ import threading
 import time
 from typing import Any
 
-from otel_ofu.core.metrics import METRICS
+from otel_ofu.core.metrics import METRICS, RECEIVER_STATUS
 from otel_ofu.core.model import Attributes, MetricPoint, attrs
+
+STARTING = "starting"  # a receiver's state until it has read something
 
 
 class Telemetry:
@@ -20,7 +22,29 @@ class Telemetry:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, Attributes], float] = {}
         self._gauges: dict[tuple[str, Attributes], float] = {}
+        self._states: dict[tuple[str, Attributes], str] = {}
         self.start_time_unix_nano = time.time_ns()
+
+    def receiver_state(self, receiver: str, state: str, **attributes: Any) -> str | None:
+        """Put a receiver (or, with attributes such as gpu=..., one of its GPUs) in ``state``.
+
+        ``otel_ofu.receiver.status`` is 1 for the new state and 0 for the one it left, so a
+        dashboard or alert sees what each receiver is doing. Returns the previous state.
+        """
+        key = (receiver, attrs(attributes))
+        with self._lock:
+            previous = self._states.get(key)
+            if previous != state:
+                if previous is not None:
+                    self._gauges[(RECEIVER_STATUS, attrs({**attributes, "receiver": receiver,
+                                                          "state": previous}))] = 0.0
+                self._gauges[(RECEIVER_STATUS, attrs({**attributes, "receiver": receiver, "state": state}))] = 1.0
+                self._states[key] = state
+        return previous
+
+    def state_of(self, receiver: str, **attributes: Any) -> str | None:
+        with self._lock:
+            return self._states.get((receiver, attrs(attributes)))
 
     def add(self, name: str, value: float = 1.0, **attributes: Any) -> None:
         key = (name, attrs(attributes))

@@ -334,6 +334,8 @@ class OtlpReceiver(Receiver):
         except Exception:
             self.shutdown()
             raise
+        # A push receiver is working once it listens: waiting for senders is not a fault.
+        self.context.telemetry.receiver_state(self.context.component_id, "ok")
 
     def _warn_if_exposed(self, protocol: str, cfg: ProtocolConfig, host: str) -> None:
         if is_loopback(host):

@@ -271,6 +271,7 @@ class ScrapePool:
         self.what = what  # what a page yields, for the recovery log line
         self._executor: ThreadPoolExecutor | None = None
         self._last_reason: dict[str, str | None] = {}
+        self._empty: set[str] = set()  # endpoints whose last scrape gave nothing to read
 
     def scrape(self, parse: Callable[[str, str, int], Sequence[T]]) -> list[T]:
         if self._executor is None:
@@ -281,9 +282,29 @@ class ScrapePool:
         except (OSError, ssl.SSLError) as exc:
             for url in self.urls:
                 self._failed(url, ScrapeError("tls", f"cannot load the TLS settings: {exc}"))
+            self._report_state([])
             return []
         results = list(self._executor.map(lambda url: self._scrape(url, context, parse), self.urls))
+        self._report_state([url for url, result in zip(self.urls, results, strict=True)
+                            if not result and not self._last_reason.get(url)])
         return [item for result in results for item in result]
+
+    def _report_state(self, empty: list[str]) -> None:
+        """The receiver's state (otel_ofu.receiver.status) after a round: scrape_failed while an endpoint
+        fails, empty while one answers with nothing to read (a page without the metrics read here, which
+        Prometheus would see as an otel-ofu that is up with no series), else ok."""
+        for url in empty:
+            if url not in self._empty:
+                self.log.warning("scrape of %s succeeded but gave no %s: the page has none of the metrics this "
+                                 "receiver reads (the wrong URL, or the exporter serves nothing yet); other endpoints "
+                                 "carry on", url, self.what)
+        for url in self._empty - set(empty):
+            if not self._last_reason.get(url):
+                self.log.info("%s: %s again", url, self.what)
+        self._empty = set(empty)
+        failed = any(self._last_reason.get(url) for url in self.urls)
+        self.context.telemetry.receiver_state(self.context.component_id,
+                                              "scrape_failed" if failed else "empty" if empty else "ok")
 
     def _scrape(self, url: str, context: ssl.SSLContext | None, parse: Callable[[str, str, int], Sequence[T]]
                 ) -> Sequence[T]:
