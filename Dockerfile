@@ -57,8 +57,8 @@ WORKDIR /tmp
 USER 10001:10001
 EXPOSE 9464
 # Healthy while the prometheus exporter answers (the default config and the chart's agent serve
-# it on :9464); set OTEL_OFU_HEALTH_URL for another port. Kubernetes uses the chart's probes.
+# it on :9464); set OFU_HEALTH_URL for another port. Kubernetes uses the chart's probes.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('OTEL_OFU_HEALTH_URL', 'http://127.0.0.1:9464/metrics'), timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('OFU_HEALTH_URL', 'http://127.0.0.1:9464/metrics'), timeout=4)"]
 ENTRYPOINT ["otel-ofu"]
 CMD ["run", "--config", "/app/collector-config/prometheus.yaml"]

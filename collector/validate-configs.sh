@@ -5,7 +5,7 @@
 #   OTELCOL=/path/to/otelcol-ofu collector/validate-configs.sh
 #
 # Env vars the configs reference without a default get a throwaway placeholder if unset
-# (OTELCOL_FILE_PATH, OFU_JOBS_ENDPOINTS), so validation does not depend on the caller's environment.
+# (OFU_COLLECTOR_FILE_PATH, OFU_JOBS_ENDPOINTS), so validation does not depend on the caller's environment.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +25,7 @@ fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-export OTELCOL_FILE_PATH="${OTELCOL_FILE_PATH:-$tmp/validate-sink.jsonl}"
+export OFU_COLLECTOR_FILE_PATH="${OFU_COLLECTOR_FILE_PATH:-$tmp/validate-sink.jsonl}"
 export OFU_JOBS_ENDPOINTS="${OFU_JOBS_ENDPOINTS:-[127.0.0.1:14317, 127.0.0.1:14327]}"
 
 failed=0

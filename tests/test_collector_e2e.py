@@ -58,10 +58,12 @@ def start_processor_stage(otelcol: str, tmp_path: Path, processes: list[Process]
     wait_for("otel-ofu's otlp receiver", lambda: require_alive(*processes) or port_open(o_grpc),
              diagnostics=diagnostics(processes))
     start_collector(otelcol, CONFIGS / "otelcol-ofu-processor.yaml",
-                    {"OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{c_grpc}", "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{c_http}",
-                     "OTELCOL_RETURN_ENDPOINT": f"127.0.0.1:{c_return}", "OFU_OTLP_ENDPOINT": f"127.0.0.1:{o_grpc}",
-                     "DCGM_EXPORTER_TARGET": f"127.0.0.1:{dcgm_exporter_port}", "DCGM_EXPORTER_INTERVAL": "1s",
-                     "OTELCOL_FILE_PATH": str(sink)}, tmp_path, processes, [c_grpc, c_return])
+                    {"OFU_COLLECTOR_GRPC_ENDPOINT": f"127.0.0.1:{c_grpc}",
+                     "OFU_COLLECTOR_HTTP_ENDPOINT": f"127.0.0.1:{c_http}",
+                     "OFU_COLLECTOR_RETURN_ENDPOINT": f"127.0.0.1:{c_return}",
+                     "OFU_OTLP_ENDPOINT": f"127.0.0.1:{o_grpc}",
+                     "OFU_DCGM_EXPORTER_TARGET": f"127.0.0.1:{dcgm_exporter_port}", "DCGM_EXPORTER_INTERVAL": "1000",
+                     "OFU_COLLECTOR_FILE_PATH": str(sink)}, tmp_path, processes, [c_grpc, c_return])
     return c_grpc
 
 
@@ -80,8 +82,8 @@ def test_sidecar_exports_ofu_to_the_collector_with_resources(otelcol, tmp_path, 
     grpc_port, http_port = free_ports(2)
     sink = tmp_path / "collector.jsonl"
     start_collector(otelcol, CONFIGS / "otelcol-sidecar-sink.yaml",
-                    {"OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
-                     "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{http_port}", "OTELCOL_FILE_PATH": str(sink)},
+                    {"OFU_COLLECTOR_GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+                     "OFU_COLLECTOR_HTTP_ENDPOINT": f"127.0.0.1:{http_port}", "OFU_COLLECTOR_FILE_PATH": str(sink)},
                     tmp_path, processes, [grpc_port, http_port])
 
     # The shipped sidecar config, plus a file exporter: what otel-ofu sent, to compare with.
@@ -93,7 +95,7 @@ def test_sidecar_exports_ofu_to_the_collector_with_resources(otelcol, tmp_path, 
     config = tmp_path / "sidecar.yaml"
     config.write_text(yaml.safe_dump(doc))
     ofu = Process("otel-ofu", otel_ofu_command(config), tmp_path / "otel-ofu.log",
-                  {"OTEL_OFU_OTLP_ENDPOINT": f"127.0.0.1:{grpc_port}", "OTEL_OFU_QUEUE_DIR": str(tmp_path / "queue")})
+                  {"OFU_OTLP_ENDPOINT": f"127.0.0.1:{grpc_port}", "OFU_QUEUE_DIR": str(tmp_path / "queue")})
     processes.append(ofu)
 
     def ofu_points(path: Path):

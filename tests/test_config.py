@@ -20,7 +20,7 @@ ROOT = Path(__file__).parent.parent
         ("unknown-component.yaml", "receivers.simm", None, "unknown receiver type 'simm'"),
         ("bad-key.yaml", "receivers.sim", "nodez", "did you mean 'nodes'"),
         ("bad-type.yaml", "receivers.sim", "nodes", "expected an integer"),
-        ("missing-env.yaml", None, "exporters.file.path", "OTEL_OFU_TEST_SURELY_UNSET is not set"),
+        ("missing-env.yaml", None, "exporters.file.path", "OFU_TEST_SURELY_UNSET is not set"),
         ("undefined-reference.yaml", "service.pipelines.metrics", "processors", "'ofu', which is not configured"),
         ("bad-duration.yaml", "receivers.sim", "collection_interval", "expected a duration"),
         ("bad-nested.yaml", "receivers.sim", "jobs[0].mfu", "within [0, 1]"),
@@ -135,3 +135,49 @@ def test_optional_nested_config_reports_the_inner_key():
     with pytest.raises(FieldError) as info:
         build_config(Outer, {"inner": {"size": "big"}})
     assert info.value.key == "inner.size" and "expected an integer" in info.value.message
+
+
+# --- a value from the environment: read in its owner's unit, and named when it is wrong ------------
+
+QUICK_PATH = Path(__file__).resolve().parent.parent / "collector-config" / "dcgm-exporter.yaml"
+
+
+def quick_path_config(monkeypatch, **env: str):
+    for name in ("DCGM_EXPORTER_INTERVAL", "OFU_DCGM_EXPORTER_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return load_config(QUICK_PATH)
+
+
+def test_dcgm_exporter_interval_is_read_in_milliseconds_as_dcgm_exporter_reads_it(monkeypatch):
+    """DCGM_EXPORTER_INTERVAL=10000 is what a user copies from dcgm-exporter's -c: 10 s."""
+    config = quick_path_config(monkeypatch, DCGM_EXPORTER_INTERVAL="10000")
+    receiver = config.components["receivers"]["dcgm_exporter"]
+    assert (receiver.collection_interval, receiver.exporter_collect_interval) == (10.0, 10.0)
+    assert config.components["processors"]["jobs"].default_interval == 10.0
+    assert not config.warnings
+    unset = quick_path_config(monkeypatch)
+    assert unset.components["receivers"]["dcgm_exporter"].collection_interval == 30.0  # dcgm-exporter's default
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(monkeypatch):
+    with pytest.raises(ConfigError) as caught:
+        quick_path_config(monkeypatch, DCGM_EXPORTER_INTERVAL="10s")
+    message = str(caught.value)
+    assert "receivers.dcgm_exporter: collection_interval:" in message
+    assert "DCGM_EXPORTER_INTERVAL='10s'" in message and "${env:DCGM_EXPORTER_INTERVAL:-30000}ms" in message
+
+
+def test_an_interval_longer_than_max_gap_is_named_where_it_is_written(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("receivers: {sim: {}}\nprocessors: {ofu: {}, jobs: {default_interval: '${env:OFU_T_IVL}'}}\n"
+                    "exporters: {file: {path: x.jsonl}}\n"
+                    "service: {pipelines: {metrics: {receivers: [sim], processors: [ofu, jobs], exporters: [file]}}}\n")
+    monkeypatch.setenv("OFU_T_IVL", "10000")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "processors.jobs: default_interval: 10000s is longer than max_gap (120s)" in message
+    assert "OFU_T_IVL='10000'" in message
+    assert "max_gap:" not in message  # not in the file: never the key named at fault

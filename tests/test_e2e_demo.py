@@ -15,7 +15,7 @@ ROOT = Path(__file__).parent.parent
 
 def run_demo(tmp_path, *extra, duration="4"):
     out = tmp_path / "demo.jsonl"
-    env = {**os.environ, "OTEL_OFU_DEMO_OUT": str(out)}
+    env = {**os.environ, "OFU_DEMO_OUT": str(out)}
     proc = subprocess.run([sys.executable, "-m", "otel_ofu", "run", "--config", "collector-config/demo.yaml",
                            "--duration", duration, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -56,7 +56,7 @@ def test_demo_runs_and_writes_otlp_json(tmp_path):
 
 def test_sigterm_stops_cleanly_and_flushes(tmp_path):
     out = tmp_path / "demo.jsonl"
-    env = {**os.environ, "OTEL_OFU_DEMO_OUT": str(out)}
+    env = {**os.environ, "OFU_DEMO_OUT": str(out)}
     proc = subprocess.Popen([sys.executable, "-m", "otel_ofu", "run", "--config", "collector-config/demo.yaml"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

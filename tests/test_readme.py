@@ -137,7 +137,9 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
     ofu_port, prom_port = free_ports(2)
     command = next(c for c in quick_commands() if "dcgm-exporter.yaml" in c)
     argv, env = argv_env(command, {"http://localhost:9400/metrics": f"{server.url}/metrics"})
-    env.update(OTEL_OFU_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ofu_port}", DCGM_EXPORTER_INTERVAL="1s")  # documented knobs
+    # The documented knobs: the listen address, dcgm-exporter's -c (milliseconds), where the recording goes.
+    env.update(OFU_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ofu_port}", DCGM_EXPORTER_INTERVAL="1000",
+               OFU_OUT=str(tmp_path / "dcgm-exporter-metrics.jsonl"))
     ofu = Process("otel-ofu", argv, tmp_path / "otel-ofu.log", env)
     try:
         def scraped() -> str | None:
@@ -175,6 +177,16 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
     finally:
         ofu.stop()
         server.close()
+    # "I have a recording" follows: the README's report command, in the directory of the recording.
+    import subprocess
+
+    report = next(c for c in quick_commands() if "report" in c and "dcgm-exporter-metrics" in c)
+    argv, env = argv_env(report)
+    done = subprocess.run(argv, cwd=tmp_path, env={**__import__("os").environ, **env}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for job in ("k8s:ml/train-a-0", "k8s:ml/train-b-0", "k8s:ml/infer-c-0", "k8s:ml/train-d-0"):
+        assert job in done.stdout, done.stdout
 
 
 def test_quick_path_recording(tmp_path):
@@ -188,7 +200,7 @@ def test_quick_path_recording(tmp_path):
     shutil.copy(data / "h100-dmon.txt", tmp_path / "node7.dmon")
     outputs = {}
     for command in quick_commands():
-        if "dcgm-exporter.yaml" in command:
+        if "dcgm-exporter" in command:  # the quick path above, and its recording
             continue
         argv, env = argv_env(command)
         done = subprocess.run(argv, cwd=tmp_path, env={**__import__("os").environ, **env}, capture_output=True,
@@ -198,6 +210,16 @@ def test_quick_path_recording(tmp_path):
     by_kind = {("dmon" if "node7.dmon" in c else "jsonl" if "recording.jsonl" in c else "?") +
                ("-replay" if "replay.yaml" in c else ""): out for c, out in outputs.items()}
     assert "llama-70b" in by_kind["jsonl"]
-    assert "No job was attributed: the 2 GPUs below" in by_kind["dmon"] and "GPU 0" in by_kind["dmon"]
+    assert "No job: the 2 GPUs below come from a dmon recording" in by_kind["dmon"] and "GPU 0" in by_kind["dmon"]
     replayed = (tmp_path / "replay-metrics.jsonl").read_text()  # the replay ended by itself and flushed
     assert replayed.count('"gpu.ofu"') >= 2 and '"stringValue":"0"' in replayed and '"stringValue":"1"' in replayed
+
+
+def test_the_quickstart_says_why_job_ofu_lags():
+    """job_ofu comes once per resolution of data time: the quickstart says so, with the default in force."""
+    from otel_ofu.cli.docs import format_duration
+    from otel_ofu.jobs.tracker import JobsConfig
+
+    text = (README.parent / "docs" / "quickstart.md").read_text()
+    assert "`job_ofu` lags `gpu_ofu`" in text
+    assert f"`resolution`, default `{format_duration(float(JobsConfig().resolution))}`" in text

@@ -327,7 +327,7 @@ def test_config_rejects_bad_settings(settings, key):
 
 def test_collector_config_validates():
     config = load_config(str(ROOT / "collector-config" / "dcgm.yaml"))
-    assert [p.receivers for p in config.pipelines] == [["dcgm"]]
+    assert [p.receivers for p in config.pipelines] == [["dcgm"], ["selftelemetry"]]
     with pytest.raises(ConfigError):
         load_config(str(ROOT / "collector-config" / "missing.yaml"))
 

@@ -255,4 +255,4 @@ def test_config_rejects_bad_settings(settings, key):
 
 def test_collector_config_validates():
     config = load_config(str(ROOT / "collector-config" / "nvml.yaml"))
-    assert [p.receivers for p in config.pipelines] == [["nvml"]]
+    assert [p.receivers for p in config.pipelines] == [["nvml"], ["selftelemetry"]]

@@ -71,7 +71,11 @@ class JobsConfig:
                 f"must be at least job_timeout ({self.job_timeout:g}s)")
         require(self.max_future > 0, "max_future", "must be positive")
         require(self.default_interval > 0, "default_interval", "must be positive")
-        require(self.max_gap >= self.default_interval, "max_gap", "must be at least default_interval")
+        # Named on default_interval: max_gap usually keeps its default, so it may not be in the file.
+        require(self.max_gap >= self.default_interval, "default_interval",
+                f"{self.default_interval:g}s is longer than max_gap ({self.max_gap:g}s), the longest gap between a "
+                "GPU's points that still counts as one stretch of work: give the sources' interval (dcgm-exporter's "
+                "-c counts milliseconds: -c 10000 is 10s), or raise max_gap")
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
         if self.storage is not None:
             require(bool(self.storage.strip()), "storage", "must be a directory path")

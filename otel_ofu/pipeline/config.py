@@ -78,7 +78,8 @@ class FieldError(ValueError):
 
 # --- warnings about values that are valid but probably not what was meant --------------------
 
-_warnings: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("config_warnings", default=None)
+_warnings: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("config_warnings",
+                                                                                        default=None)
 
 #: A bare number of seconds at or above this is ambiguous: 30000 is 8.3 hours, or 30 s in
 #: milliseconds as dcgm-exporter's -c and many other tools count them.
@@ -88,7 +89,7 @@ AMBIGUOUS_SECONDS = 1000
 def _warn(key: str, message: str) -> None:
     sink = _warnings.get()
     if sink is not None:
-        sink.append(f"{key}: {message}")
+        sink.append((key, message))
 
 
 def _human_seconds(seconds: float) -> str:
@@ -155,38 +156,46 @@ def _env_value(body: str, environ: Mapping[str, str], path: str) -> str:
 
 
 def substitute_env(value: Any, environ: Mapping[str, str] | None = None, path: str = "",
-                   errors: list[ConfigError] | None = None) -> Any:
+                   errors: list[ConfigError] | None = None, sources: dict[str, str] | None = None) -> Any:
     """Replace ``${env:NAME}``, ``${NAME}`` and ``${env:NAME:-default}`` in every string of a YAML tree.
 
     A string that is exactly one reference is re-read as YAML, so ``${env:PORT}`` can be an
     int, as in the Collector. ``$$`` is a literal ``$``. An unset variable without a default
     is an error naming it; every bad reference in the document is reported, not the first only.
+    ``sources``, when given, gets the key path of every substituted value with where it came
+    from (:func:`env_source`), so a problem with the value can name the variable.
     """
     environ = os.environ if environ is None else environ
     top = errors is None
     errors = [] if errors is None else errors
     if isinstance(value, dict):
-        out: Any = {k: substitute_env(v, environ, f"{path}.{k}" if path else str(k), errors) for k, v in value.items()}
+        out: Any = {k: substitute_env(v, environ, f"{path}.{k}" if path else str(k), errors, sources)
+                    for k, v in value.items()}
     elif isinstance(value, list):
-        out = [substitute_env(v, environ, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        out = [substitute_env(v, environ, f"{path}[{i}]", errors, sources) for i, v in enumerate(value)]
     elif not isinstance(value, str) or "$" not in value:
         out = value
     else:
         failed = False
+        used: list[str] = []
 
         def replace(match: re.Match[str]) -> str:
             nonlocal failed
             if match.group(0) == "$$":
                 return "$"
             try:
-                return _env_value(match.group(1), environ, path)
+                found = _env_value(match.group(1), environ, path)
             except ConfigError as exc:
                 errors.append(exc)
                 failed = True
                 return match.group(0)
+            used.append(env_source(match.group(1), environ))
+            return found
 
         whole = _ENV_REF.fullmatch(value)
         out = _ENV_REF.sub(replace, value)
+        if used and sources is not None:
+            sources[path] = f"{value} with {', '.join(used)}"
         if whole and whole.group(0) != "$$" and not failed:
             try:
                 out = yaml.safe_load(out) if out.strip() else out
@@ -195,6 +204,33 @@ def substitute_env(value: Any, environ: Mapping[str, str] | None = None, path: s
     if top and errors:
         raise ConfigError.combine(errors)
     return out
+
+
+def env_source(body: str, environ: Mapping[str, str]) -> str:
+    """How one reference's value was made, for messages: ``NAME='10000'`` or ``NAME unset: default '30s'``."""
+    scheme = _SCHEME.fullmatch(body)
+    name, _, default = (scheme.group(2) if scheme and scheme.group(1) == "env" else body).partition(":-")
+    if name in environ:
+        return f"{name}={environ[name]!r}"
+    return f"{name} unset: default {default!r}"
+
+
+class Document(dict):
+    """A config document after substitution, and the source of each substituted value by key path."""
+
+    def __init__(self, tree: Mapping[str, Any], sources: Mapping[str, str] | None = None):
+        super().__init__(tree)
+        self.sources: dict[str, str] = dict(sources or {})
+
+    def source_note(self, path: str) -> str:
+        """`` (from ${env:NAME} with NAME='...')`` for a key whose value, or a value above it, came
+        from the environment; "" otherwise. A reader fixes the variable, not the file."""
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.sources.get(".".join(parts[:end]))
+            if found is not None:
+                return f" (the value is {found})"
+        return ""
 
 
 # --- typed configs --------------------------------------------------------------------------
@@ -574,8 +610,9 @@ def load_document(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"this is an OpenTelemetry Collector config, not an otel-ofu one ({', '.join(evidence)} "
                           f"are the Collector's): {COLLECTOR_VALIDATE_HINT.replace('FILE', str(path))}",
                           file=str(path))
+    sources: dict[str, str] = {}
     try:
-        return substitute_env(doc)
+        return Document(substitute_env(doc, sources=sources), sources)
     except ConfigError as exc:
         raise exc.located(file=str(path)) from None
 
@@ -591,6 +628,9 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
 
     def fail(message: str, component: str | None = None, key: str | None = None) -> None:
         errors.append(ConfigError(message, file=file, component=component, key=key))
+
+    def note(path: str) -> str:
+        return doc.source_note(path) if isinstance(doc, Document) else ""
 
     unknown = set(doc) - {*SECTIONS, "service", "extensions", "connectors"}
     for key in sorted(unknown):
@@ -614,15 +654,16 @@ def parse_service_config(doc: dict[str, Any], file: str, factories: Mapping[str,
                 known = ", ".join(sorted(factories[section]))
                 fail(f"unknown {section[:-1]} type '{ctype}' (known: {known})", component=where)
                 continue
-            sink: list[str] = []
+            sink: list[tuple[str, str]] = []
             token = _warnings.set(sink)
             try:
                 built[comp_id] = build_config(factory.config_type, comp_data)
             except FieldError as exc:
-                errors += [ConfigError(e.message, file=file, component=where, key=e.key) for e in exc.all]
+                errors += [ConfigError(e.message + note(f"{where}.{e.key}"), file=file, component=where, key=e.key)
+                           for e in exc.all]
             finally:
                 _warnings.reset(token)
-            warnings += [f"{file}: {where}: {w}" for w in sink]
+            warnings += [f"{file}: {where}: {key}: {message}{note(f'{where}.{key}')}" for key, message in sink]
 
     pipelines: list[PipelineSpec] = []
     log_level, exit_when_done = "info", False
