@@ -164,13 +164,19 @@ def read_points(path: Path) -> list[MetricPoint]:
 
 
 class Process:
-    """A child process with its output in a log file, stopped gently at the end."""
+    """A child process with its output in a log file, stopped gently at the end.
 
-    def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None):
+    ``inherit=False``: only ``env`` and what runs Python at all (PATH, LANG, TMPDIR), as a
+    container gets only its own environment: nothing of the test's shell leaks in.
+    """
+
+    def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 inherit: bool = True):
         self.name, self.log = name, log
         self._file = open(log, "wb")
+        base = os.environ if inherit else {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TMPDIR")}
         self.proc = subprocess.Popen(args, stdout=self._file, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})})
+                                     env={**base, **(env or {})})
 
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""

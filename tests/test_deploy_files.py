@@ -16,6 +16,7 @@ from typing import Any
 
 import dockerfile
 import kubernetes_validate
+import pytest
 import yaml
 
 from tests.deploy_util import assert_otel_ofu_config_valid, container_env, pod_spec
@@ -110,7 +111,7 @@ def test_health_check_command_follows_the_prometheus_endpoint(tmp_path: Path) ->
     check = [c for c in stages[-1] if c.cmd == "HEALTHCHECK"][0].value[1:]
     assert check[0] == "python"
     (port,) = free_ports(1)
-    env = {**os.environ, "OTEL_OFU_HEALTH_URL": f"http://127.0.0.1:{port}/metrics"}
+    env = {**os.environ, "OFU_HEALTH_URL": f"http://127.0.0.1:{port}/metrics"}
 
     def healthy() -> bool:
         return subprocess.run([sys.executable, *check[1:]], env=env, capture_output=True, timeout=30).returncode == 0
@@ -269,3 +270,38 @@ def test_troubleshooting_quotes_what_the_code_logs() -> None:
     for in_doc, in_code in QUOTED_MESSAGES:
         assert in_doc in doc, f"docs/deploy.md no longer quotes: {in_doc}"
         assert in_code in code, f"otel-ofu no longer logs: {in_code}"
+
+
+# --- deploy/image.sh: the image the chart's defaults name ------------------------------------------
+
+
+def image_commands(*args: str) -> list[list[str]]:
+    done = subprocess.run([str(ROOT / "deploy" / "image.sh"), "--dry-run", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "DOCKER": "docker"})
+    assert done.returncode == 0, done.stderr
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("flavour", [(), ("--dcgm",)], ids=["default", "dcgm"])
+def test_one_command_builds_and_pushes_the_image_the_chart_installs(flavour: tuple[str, ...]) -> None:
+    from tests.deploy_util import pod_spec as spec_of
+    from tests.deploy_util import template
+
+    registry = "registry.example.com/gpu"
+    commands = image_commands(*flavour, "--push", registry)
+    build, tag, push, install = commands
+    assert build[:3] == ["docker", "build", "-t"] and build[-1] == str(ROOT)
+    assert ("--build-arg" in build) == bool(flavour) and ("DCGM_STAGE=dcgm" in build) == bool(flavour)
+    pushed = push[2]
+    assert push[:2] == ["docker", "push"] and tag == ["docker", "tag", build[3], pushed]
+    # The install line it prints gives the chart exactly what was pushed.
+    sets = tuple(install[i + 1] for i, word in enumerate(install) if word == "--set")
+    objects = template(sets=sets)
+    images = {c["image"] for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")
+              for c in spec_of(o)["containers"]}
+    assert images == {pushed}
+    # Without --push: the local image the chart's defaults name (a kind or minikube cluster loads it).
+    (local_build, _) = image_commands(*flavour)
+    default_images = {c["image"] for o in template(sets=("source=dcgm",) if flavour else ())
+                      if o["kind"] in ("DaemonSet", "StatefulSet") for c in spec_of(o)["containers"]}
+    assert default_images == {local_build[3]}

@@ -43,8 +43,11 @@ def k8s_versions() -> list[str]:
     return [OLDEST_K8S, kubernetes_validate.latest_version()]
 
 
-@pytest.fixture(scope="module", params=EXAMPLES, ids=EXAMPLE_IDS)
+@pytest.fixture(scope="module", params=[None, *EXAMPLES], ids=["default", *EXAMPLE_IDS])
 def example(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]]:
+    """The chart's default rendering (what `helm install` without values makes) and each example's."""
+    if request.param is None:
+        return Path("default"), template()
     return request.param, template(request.param)
 
 
@@ -165,19 +168,20 @@ def test_monitors_select_a_metrics_port(example: tuple[Path, list[dict[str, Any]
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
 
 
-@pytest.mark.parametrize("values", EXAMPLES, ids=EXAMPLE_IDS)
-def test_plain_manifests_are_in_sync_with_the_chart(values: Path) -> None:
-    rendered = RENDERED / f"{values.stem}.yaml"
+@pytest.mark.parametrize("values", [None, *EXAMPLES], ids=["default", *EXAMPLE_IDS])
+def test_plain_manifests_are_in_sync_with_the_chart(values: Path | None) -> None:
+    rendered = RENDERED / f"{values.stem if values else 'default'}.yaml"
     assert rendered.is_file(), f"{rendered} missing: run deploy/kubernetes/render.sh"
     text = rendered.read_text()
     header, _, body = text.partition("\n---\n")
     assert body, f"{rendered}: no header"
-    assert "---\n" + body == template_text(values), f"{rendered} is stale: run deploy/kubernetes/render.sh"
+    expected = template_text(values) if values else template_text()
+    assert "---\n" + body == expected, f"{rendered} is stale: run deploy/kubernetes/render.sh"
 
 
 def test_no_extra_plain_manifests() -> None:
     stems = {p.stem for p in RENDERED.glob("*.yaml")}
-    assert stems == set(EXAMPLE_IDS), "deploy/kubernetes/ has one file per example values file"
+    assert stems == {"default", *EXAMPLE_IDS}, "deploy/kubernetes/ has the defaults and one file per example"
 
 
 # --- what each value does ---------------------------------------------------------------------
@@ -216,7 +220,7 @@ def test_default_agent_scrapes_dcgm_exporter_as_non_root_without_host_access() -
     [role] = by_kind(off, "ClusterRole")
     assert [r["resources"] for r in role["rules"]] == [["pods"]] and config_of_dra(off)["drivers"] == []
     config = agent_config(objects)
-    assert config["service"]["pipelines"]["metrics"]["receivers"] == ["dcgm_exporter"]
+    assert config["service"]["pipelines"]["metrics"]["receivers"] == ["dcgm_exporter", "otlp"]
     assert config["processors"]["attribution"]["kubelet"]["enabled"] is False
     # The node-local Service in the GPU Operator's namespace, and the agent scraping it.
     local = one(objects, "Service", "dcgm-exporter")
@@ -313,10 +317,10 @@ def test_config_value_merges_over_the_defaults(tmp_path: Path) -> None:
     config = agent_config(template(override))
     assert config["processors"]["ofu"]["tile_correction"]["enabled"] is False
     assert config["processors"]["attribution"]["precision_key"] == "ofu.dev/precision"  # default kept
-    assert set(config["exporters"]) == {"prometheus", "file"}
+    assert set(config["exporters"]) == {"prometheus", "otlp/jobs", "file"}
     metrics = config["service"]["pipelines"]["metrics"]
     assert metrics["exporters"] == ["prometheus", "file"]  # lists are replaced
-    assert metrics["receivers"] == ["dcgm_exporter"]  # siblings kept
+    assert metrics["receivers"] == ["dcgm_exporter", "otlp"]  # siblings kept
     assert "metrics/self" in config["service"]["pipelines"]
 
 
@@ -337,9 +341,9 @@ def test_otlp_headers_from_secrets_stay_out_of_the_configmap() -> None:
     ))
     spec, container = agent_of(objects)
     otlp = agent_config(objects)["exporters"]["otlp"]
-    assert otlp["headers"] == {"authorization": "${env:OTEL_OFU_HEADER_0}"}
+    assert otlp["headers"] == {"authorization": "${env:OFU_HEADER_0}"}
     assert otlp["tls"] == {"insecure": False, "ca_file": "/etc/otel-ofu/otlp-tls/ca.crt"}
-    env = next(e for e in container["env"] if e["name"] == "OTEL_OFU_HEADER_0")
+    env = next(e for e in container["env"] if e["name"] == "OFU_HEADER_0")
     assert env["valueFrom"]["secretKeyRef"] == {"name": "otlp-auth", "key": "authorization"}
     assert {"name": "otlp-tls", "secret": {"secretName": "otlp-ca"}} in spec["volumes"]
 
@@ -378,8 +382,12 @@ def test_dns_resolver_needs_no_rbac() -> None:
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    (("gateway.enabled=true",), "gateway.enabled needs jobs.enabled"),
-    (("prometheus.enabled=false",), "the agent has nowhere to send OFU"),
+    (("gateway.enabled=true", "jobs.enabled=false"), "gateway.enabled needs jobs.enabled"),
+    (("prometheus.enabled=false", "jobs.enabled=false"), "the agent has nowhere to send OFU"),
+    (("prometheus.enabled=false",), "has nowhere to send"),
+    (("jobs.replicas=3",), "jobs.replicas is 3: more than one jobs instance needs gateway.enabled"),
+    (("agent.otlpReceiver.grpcPort=0", "agent.otlpReceiver.httpPort=0"),
+     "agent.otlpReceiver.enabled needs grpcPort or httpPort"),
     (("source=dcgmexporter",), "at '/source': value must be one of"),
     (("attribution.kubelet=yes",), "at '/attribution/kubelet': value must be one of 'auto'"),
     (("otlp.endpoint=x:4317", "otlp.tls.certKey=tls.crt", "otlp.tls.secretName=s"),
@@ -393,3 +401,127 @@ def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: st
     done = helm(*args, check=False)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+# --- the default install computes per-job metrics; training jobs report to the node's agent ----------
+
+
+def test_by_default_one_jobs_instance_gets_every_agents_ofu_and_reports() -> None:
+    """Per-job metrics on a plain `helm install`: agents -> the one jobs instance, no gateway, no volume claim."""
+    objects = template()
+    assert not by_kind(objects, "Deployment")  # no gateway
+    jobs = one(objects, "StatefulSet", "jobs")
+    assert jobs["spec"]["replicas"] == 1
+    assert "volumeClaimTemplates" not in jobs["spec"]  # needs no StorageClass
+    headless = one(objects, "Service", "jobs")
+    assert headless["spec"]["selector"].items() <= jobs["spec"]["template"]["metadata"]["labels"].items()
+    agent = agent_config(objects)
+    to_jobs = agent["exporters"]["otlp/jobs"]
+    assert to_jobs["endpoint"] == f"{headless['metadata']['name']}.{NAMESPACE}.svc:4317"
+    assert "otlp/jobs" in agent["service"]["pipelines"]["metrics"]["exporters"]
+    assert "otlp/jobs" not in agent["service"]["pipelines"]["metrics/self"]["exporters"]
+    jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
+    assert jobs_config["service"]["pipelines"]["metrics"]["processors"] == ["jobs"]
+    # The agents serve their GPUs' series: the jobs instance takes only what it reads and serves only jobs.
+    assert jobs_config["receivers"]["otlp"]["passthrough"] is False
+    assert jobs_config["processors"]["jobs"]["passthrough"] is False
+    assert jobs_config["processors"]["jobs"]["default_interval"] == "30s"  # dcgm-exporter's interval
+
+
+def test_the_gateway_still_routes_a_fleet_to_several_jobs_instances() -> None:
+    objects = template(next(p for p in EXAMPLES if p.stem == "fleet"))
+    agent = agent_config(objects)
+    assert "otlp/jobs" not in agent["exporters"] and "otlp/gateway" in agent["exporters"]
+    jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
+    assert jobs_config["receivers"]["otlp"]["passthrough"] is True  # everything on to the backend
+    assert "passthrough" not in jobs_config["processors"]["jobs"]
+
+
+def test_jobs_auth_token_reaches_the_agents_when_they_send_to_the_jobs_instance() -> None:
+    objects = template(sets=("jobs.authSecretName=ofu-jobs-token",))
+    _, container = agent_of(objects)
+    env = next(e for e in container["env"] if e["name"] == "OFU_JOBS_TOKEN")
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "ofu-jobs-token", "key": "token"}
+    assert agent_config(objects)["exporters"]["otlp/jobs"]["headers"] == {
+        "authorization": "Bearer ${env:OFU_JOBS_TOKEN}"}
+
+
+def test_training_jobs_report_to_the_agent_on_their_node() -> None:
+    """agent.otlpReceiver: host ports 4317/4318 by default, what the training helper sends to."""
+    from otel_ofu.training.report import AGENT_GRPC_PORT, AGENT_HTTP_PORT
+
+    objects = template()
+    spec, container = agent_of(objects)
+    ports = {p["name"]: p for p in container["ports"]}
+    assert (ports["otlp-grpc"]["containerPort"], ports["otlp-grpc"]["hostPort"]) == (AGENT_GRPC_PORT,) * 2
+    assert (ports["otlp-http"]["containerPort"], ports["otlp-http"]["hostPort"]) == (AGENT_HTTP_PORT,) * 2
+    receiver = agent_config(objects)["receivers"]["otlp"]
+    assert receiver["protocols"] == {"grpc": {"endpoint": "${env:K8S_POD_IP}:4317"},
+                                     "http": {"endpoint": "${env:K8S_POD_IP}:4318"}}
+    assert container_env(container)["K8S_POD_IP"]
+    # Reports only: nothing else a pod sends is forwarded.
+    assert receiver["passthrough"] is False
+    assert set(receiver["decode"]) == {"training.mfu", "training.tflops_per_gpu", "megatron.training.throughput_tflops"}
+    assert not any(o["metadata"]["name"].endswith("agent-otlp") for o in by_kind(objects, "Service"))
+
+    # Where host ports are not allowed: a node-local Service instead.
+    objects = template(sets=("agent.otlpReceiver.hostPort=false", "agent.otlpReceiver.localService=true"))
+    spec, container = agent_of(objects)
+    assert not any("hostPort" in p for p in container["ports"])
+    local = one(objects, "Service", "agent-otlp")
+    assert local["spec"]["internalTrafficPolicy"] == "Local"
+    assert local["spec"]["selector"].items() <= one(objects, "DaemonSet", "agent")["spec"]["template"]["metadata"][
+        "labels"].items()
+    assert {(p["port"], p["targetPort"]) for p in local["spec"]["ports"]} == {(4317, "otlp-grpc"), (4318, "otlp-http")}
+
+    objects = template(sets=("agent.otlpReceiver.enabled=false",))
+    assert "otlp" not in agent_config(objects)["receivers"]
+    assert {p["name"] for p in agent_of(objects)[1]["ports"]} == {"metrics"}
+
+
+def test_the_default_image_is_what_deploy_image_sh_builds() -> None:
+    """`deploy/image.sh` tags otel-ofu:<version> (and <version>-dcgm); the chart's defaults name those."""
+    from otel_ofu import __version__
+
+    def image(*sets: str) -> str:
+        return agent_of(template(sets=sets))[1]["image"]
+
+    assert image() == f"otel-ofu:{__version__}"
+    assert image("image.registry=registry.example.com/gpu") == f"registry.example.com/gpu/otel-ofu:{__version__}"
+    assert image("source=dcgm", "image.registry=registry.example.com/gpu/") == (
+        f"registry.example.com/gpu/otel-ofu:{__version__}-dcgm")
+    assert image("image.tag=custom") == "otel-ofu:custom"
+
+
+# --- what docs/deploy.md says about the default install ---------------------------------------------
+
+DEPLOY_DOC = CHART.parent.parent.parent / "docs" / "deploy.md"
+
+
+def doc_section(heading: str) -> str:
+    text = DEPLOY_DOC.read_text()
+    start = text.index(heading)
+    end = text.find("\n#", start + len(heading))
+    return text[start:end]
+
+
+def test_the_docs_name_every_namespace_the_default_install_writes_to() -> None:
+    """The installer needs rights there: "Before you start" must say so (the gpu-operator Service)."""
+    elsewhere = {(o["metadata"]["namespace"], o["kind"]) for o in template()
+                 if o["metadata"].get("namespace") not in (None, NAMESPACE)}
+    assert elsewhere == {("gpu-operator", "Service")}
+    section = doc_section("### Before you start")
+    for namespace, kind in elsewhere:
+        assert f"**`{namespace}`**" in section and f"**{kind}**" in section, (namespace, kind)
+
+
+def test_the_docs_size_the_jobs_instance_as_fleet_md_measured() -> None:
+    """The switch to the gateway is given with the measured sizing (docs/fleet.md, Sizing), not a guess."""
+    import re
+
+    fleet = (DEPLOY_DOC.parent / "fleet.md").read_text()
+    row = next(line for line in fleet.splitlines() if line.startswith("| jobs tier"))
+    (planned,) = re.findall(r"([\d,]+) GPUs per instance", row)
+    section = doc_section("### Per-job metrics: one jobs instance, or the gateway")
+    assert f"**{planned} GPUs per jobs instance**" in section
+    assert f"about {planned} GPUs" in (CHART / "values.yaml").read_text()

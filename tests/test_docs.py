@@ -504,3 +504,27 @@ def test_the_snippet_check_reads_indented_blocks_and_finds_the_join_pipeline():
     snippets = dict(config_snippets())
     assert any(w.startswith("docs/audit.md") and "prometheus:" in t and "endpoint" in t for w, t in snippets.items())
     assert any(w.startswith("docs/audit.md") and "dcgm_exporter" in t and "service:" in t for w, t in snippets.items())
+
+
+def shortened_paths(path: Path) -> list[str]:
+    """Code spans naming a shipped file (deploy/, collector-config/) by only the end of its path.
+
+    ``examples/fleet.yaml`` in docs/deploy.md is ``deploy/helm/otel-ofu/examples/fleet.yaml``: a
+    reader at the repository root finds no such file. Shipped files are written from the root.
+    """
+    shipped = [p.relative_to(ROOT).as_posix() for top in ("deploy", "collector-config")
+               for p in (ROOT / top).rglob("*") if p.is_file()]
+    problems = []
+    for span in sorted(set(re.findall(r"`([\w.\-]+(?:/[\w.\-]+)+)`", path.read_text()))):
+        if (ROOT / span).exists():
+            continue
+        full = [p for p in shipped if p.endswith("/" + span)]
+        if full:
+            problems.append(f"`{span}`: write `{full[0]}`")
+    return problems
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_files_are_named_from_the_repository_root(path):
+    problems = shortened_paths(path)
+    assert not problems, f"{path.relative_to(ROOT)}: {problems}"

@@ -123,7 +123,7 @@ def test_job_start_and_end_events_with_a_summary(demo_run):
 
 def test_demo_config_runs_jobs_after_ofu():
     config = load_config(str(DEMO))
-    (pipeline,) = config.pipelines
+    pipeline = next(p for p in config.pipelines if p.name == "metrics")
     assert pipeline.processors.index("jobs") > pipeline.processors.index("ofu")
 
 
@@ -161,3 +161,25 @@ def test_no_series_holds_two_values_at_one_time_even_when_a_finding_closes_with_
         assert seen.setdefault(key, p.value) == p.value, f"{p.name} {dict(p.resource)[JOB_ID]} at {p.time_unix_nano}"
     closes = [p for p in final.points if p.name == "job.finding" and p.value == 0.0]
     assert closes  # the open findings did close with their jobs
+
+
+def test_without_passthrough_only_what_the_processor_makes_leaves_it():
+    """The chart's jobs instance: the node agents serve the per-GPU data, so it must not be served twice."""
+    sim_doc, jobs_doc = demo_sections()
+    fleet = build_fleet(build_config(SimReceiverConfig, sim_doc), START)
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    factory = registry.factories()["processors"]["jobs"]
+    both = [JobsProcessor(build_config(factory.config_type, {**jobs_doc, "passthrough": flag}), Context("jobs"))
+            for flag in (True, False)]
+    made: dict[bool, list] = {True: [], False: []}
+    for _ in range(30):
+        batch = ofu.process(window_batch(fleet.step_window(), True))
+        for jobs, flag in zip(both, (True, False), strict=True):
+            out = jobs.process(batch)
+            made[flag].append(out)
+    names = {flag: {p.name for out in outs for p in out.points} for flag, outs in made.items()}
+    assert "gpu.ofu" in names[True] and "job.ofu" in names[True]
+    assert names[False] and all(name.startswith("job.") for name in names[False])
+    assert names[False] == {n for n in names[True] if n.startswith("job.")}
+    assert not any(out.samples or out.passthrough for out in made[False])
+    assert [e.name for out in made[False] for e in out.events] == [e.name for out in made[True] for e in out.events]

@@ -113,3 +113,17 @@ def test_the_recipes_in_docs_audit_are_valid_python_and_yaml():
             assert imported <= {"start_mfu_reporter", "MfuReporter"}
         else:
             assert isinstance(yaml.safe_load(body), dict)
+
+
+def test_by_default_reports_go_to_the_agent_on_this_node():
+    """K8S_NODE_IP (the downward API's status.hostIP) reaches the chart's agent on its host port."""
+    from otel_ofu.training.report import AGENT_GRPC_PORT, AGENT_HTTP_PORT, default_endpoint
+
+    node = {"K8S_NODE_IP": "10.0.0.11"}
+    assert default_endpoint("grpc", node) == f"http://10.0.0.11:{AGENT_GRPC_PORT}"
+    assert default_endpoint("http/protobuf", node) == f"http://10.0.0.11:{AGENT_HTTP_PORT}"
+    assert default_endpoint("grpc", {"K8S_NODE_IP": "fd00::11"}) == f"http://[fd00::11]:{AGENT_GRPC_PORT}"
+    # The standard variable wins (the SDK reads it); with neither, the SDK's localhost.
+    assert default_endpoint("grpc", {**node, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}) is None
+    assert default_endpoint("grpc", {**node, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317"}) is None
+    assert default_endpoint("grpc", {}) is None

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Render the plain manifests in this folder from the Helm chart, one file per example values file
-# (deploy/helm/otel-ofu/examples/NAME.yaml -> deploy/kubernetes/NAME.yaml). Run after changing the
-# chart or an example; tests/test_deploy_helm.py fails while a file is out of date.
+# Render the plain manifests in this folder from the Helm chart: default.yaml with the chart's
+# default values (what `helm install` without values installs), and one file per example values
+# file (deploy/helm/otel-ofu/examples/NAME.yaml -> deploy/kubernetes/NAME.yaml). Run after changing
+# the chart or an example; tests/test_deploy_helm.py fails while a file is out of date.
 #
 #   deploy/kubernetes/render.sh
 #
@@ -15,6 +16,14 @@ RELEASE=otel-ofu
 NAMESPACE=gpu-monitoring
 
 rm -f "$OUT"/*.yaml
+{
+  echo "# Rendered from the Helm chart deploy/helm/otel-ofu with its default values by"
+  echo "# deploy/kubernetes/render.sh (do not edit: change the chart, then re-run it)."
+  echo "# Namespace $NAMESPACE; release $RELEASE. Create the namespace, then:"
+  echo "#   kubectl apply -f deploy/kubernetes/default.yaml"
+  "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE"
+} > "$OUT/default.yaml"
+echo "$OUT/default.yaml"
 for values in "$CHART"/examples/*.yaml; do
   name="$(basename "$values" .yaml)"
   {

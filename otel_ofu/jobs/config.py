@@ -58,6 +58,10 @@ class JobsConfig:
     # With storage: a snapshot of the state at most this often ...
     checkpoint_interval: Duration = field(default_factory=lambda: Duration(60))
     max_journal_bytes: int = 64 * 1024 * 1024  # ... or when the journal since the last one is this large
+    # Pass what arrives (the GPUs' points, reports, everything else) on to the exporters with the
+    # job metrics; false: only the job metrics and events it makes, where the per-GPU data is
+    # served elsewhere already (the Helm chart's jobs instance: the node agents serve it).
+    passthrough: bool = True
 
     def validate(self) -> None:
         require(self.resolution > 0, "resolution", "must be positive")
@@ -90,7 +94,7 @@ class JobsConfig:
 
     def state_key(self) -> JobsConfig:
         """The settings a saved state depends on (not where or how often it is saved)."""
-        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0)
+        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True)
 
     @property
     def retention_s(self) -> float:

@@ -195,6 +195,8 @@ class JobsProcessor(Processor):
                              "check that node's clock (NTP)", update.skipped.get("future", 0),
                              float(self.config.max_future), host, ahead)
         points, events = self._render(update)
+        if not self.config.passthrough:
+            return Batch(points=points, events=events)
         return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
                      events=[*batch.events, *events])
 

@@ -30,6 +30,9 @@ log = logging.getLogger("otel_ofu.training")
 
 TFLOPS_METRIC = TFLOPS_REPORT_METRICS[0]
 DEFAULT_SERVICE_NAME = "training"
+# The otel-ofu node agent's OTLP ports: the Helm chart's agent.otlpReceiver, on the node's IP.
+AGENT_GRPC_PORT, AGENT_HTTP_PORT = 4317, 4318
+NODE_IP_ENV = "K8S_NODE_IP"  # downward API status.hostIP, as the chart's own pods get it
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 # Environment variable -> resource attribute. The Kubernetes names are the ones the downward
@@ -84,21 +87,41 @@ def _resource(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | None
     return detected.merge(Resource(attributes, configured.schema_url))
 
 
+def default_endpoint(protocol: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where reports go when no endpoint is given.
+
+    The standard ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` when
+    set (None: the SDK reads them); else, with ``K8S_NODE_IP`` set, the otel-ofu agent on this
+    node (``http://<node IP>:4317``, ``:4318`` for OTLP/HTTP: the Helm chart's host ports); else
+    None, the SDK's ``localhost``.
+    """
+    env = os.environ if environ is None else environ
+    if any(env.get(name, "").strip() for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                                                   "OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return None
+    node = env.get(NODE_IP_ENV, "").strip()
+    if not node:
+        return None
+    host = f"[{node}]" if ":" in node else node  # an IPv6 node address
+    return f"http://{host}:{AGENT_GRPC_PORT if protocol == 'grpc' else AGENT_HTTP_PORT}"
+
+
 def _exporter(endpoint: str | None, protocol: str | None, headers: Mapping[str, str] | None,
-              insecure: bool | None) -> MetricExporter:
+              insecure: bool | None, environ: Mapping[str, str] | None = None) -> MetricExporter:
     protocol = (protocol or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
                 or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip().lower()
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ValueError(f"protocol must be 'grpc' or 'http/protobuf', got {protocol!r}")
+    endpoint = endpoint or default_endpoint(protocol, environ)
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
         return GrpcExporter(endpoint=endpoint, insecure=insecure, headers=dict(headers) if headers else None)
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-        if endpoint and endpoint.rstrip("/").count("/") <= 2:  # scheme://host:port: the signal path is added
-            endpoint = endpoint.rstrip("/") + "/v1/metrics"
-        return HttpExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
-    raise ValueError(f"protocol must be 'grpc' or 'http/protobuf', got {protocol!r}")
+    if endpoint and endpoint.rstrip("/").count("/") <= 2:  # scheme://host:port: the signal path is added
+        endpoint = endpoint.rstrip("/") + "/v1/metrics"
+    return HttpExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
 
 
 class _Mean:
@@ -202,8 +225,9 @@ def start_mfu_reporter(*, every_n_steps: int = 1, export_interval_s: float | Non
                        environ: Mapping[str, str] | None = None) -> MfuReporter:
     """One call: a reporter exporting to otel-ofu's ``otlp`` receiver.
 
-    ``endpoint``: e.g. ``http://$(HOST_IP):4317`` (the otel-ofu agent on this node); by default
-    the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``localhost:4317``). ``protocol``: ``grpc``
+    ``endpoint``: by default the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``, else the otel-ofu agent
+    on this node when ``K8S_NODE_IP`` is set (``http://$K8S_NODE_IP:4317``, the Helm chart's
+    host port), else ``localhost:4317`` (:func:`default_endpoint`). ``protocol``: ``grpc``
     (default, or ``OTEL_EXPORTER_OTLP_PROTOCOL``) or ``http/protobuf``. ``export_interval_s``:
     how often values are sent (default ``OTEL_METRIC_EXPORT_INTERVAL``, else 30 s); each export
     carries the mean of the values reported since the last. ``resource``: extra attributes
@@ -214,6 +238,6 @@ def start_mfu_reporter(*, every_n_steps: int = 1, export_interval_s: float | Non
         export_interval_s = float(millis) / 1000 if millis else 30.0
     if export_interval_s <= 0:
         raise ValueError(f"export_interval_s must be positive, got {export_interval_s}")
-    reader = PeriodicExportingMetricReader(_exporter(endpoint, protocol, headers, insecure),
+    reader = PeriodicExportingMetricReader(_exporter(endpoint, protocol, headers, insecure, environ),
                                            export_interval_millis=export_interval_s * 1000)
     return MfuReporter(reader, _resource(resource, environ), every_n_steps)

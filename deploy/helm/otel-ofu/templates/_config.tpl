@@ -15,6 +15,18 @@ result goes through `tpl`, so values may use templates.
 {{- if not $exporters }}
 {{- fail "the agent has nowhere to send OFU: enable prometheus, set otlp.endpoint, or enable the gateway" }}
 {{- end }}
+{{- /* metrics/self goes where the agent's own output goes; the jobs instance reads OFU and reports only. */}}
+{{- $selfExporters := $exporters }}
+{{- $toJobs := include "otel-ofu.agentsToJobs" . }}
+{{- if $toJobs }}{{ $exporters = append $exporters "otlp/jobs" }}{{ end }}
+{{- $receivers := list .Values.source }}
+{{- $otlpPorts := include "otel-ofu.agentOtlpPorts" . | fromYamlArray }}
+{{- if .Values.agent.otlpReceiver.enabled }}
+{{- if not $otlpPorts }}
+{{- fail "agent.otlpReceiver.enabled needs grpcPort or httpPort" }}
+{{- end }}
+{{- $receivers = append $receivers "otlp" }}
+{{- end }}
 receivers:
   {{- if eq .Values.source "dcgm_exporter" }}
   dcgm_exporter:
@@ -31,6 +43,22 @@ receivers:
     report_processes: {{ .Values.attribution.processes.enabled }}
   {{- else }}
   {{- fail (printf "source must be dcgm_exporter, dcgm or nvml, not %q" .Values.source) }}
+  {{- end }}
+  {{- if .Values.agent.otlpReceiver.enabled }}
+  # What the node's training jobs report about themselves (docs/audit.md), on the pod's IP (and,
+  # with agent.otlpReceiver.hostPort, the node's). Reports only: anything else sent here is dropped.
+  otlp:
+    protocols:
+      {{- with .Values.agent.otlpReceiver.grpcPort }}
+      grpc:
+        endpoint: ${env:K8S_POD_IP}:{{ . }}
+      {{- end }}
+      {{- with .Values.agent.otlpReceiver.httpPort }}
+      http:
+        endpoint: ${env:K8S_POD_IP}:{{ . }}
+      {{- end }}
+    passthrough: false
+    decode: [training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
   {{- end }}
   selftelemetry:
     collection_interval: 30s
@@ -97,18 +125,36 @@ exporters:
   {{ $otlpType }}:
     {{- include "otel-ofu.otlpExporter" (dict "root" . "storage" (ternary "/var/lib/otel-ofu/queue" "" (not (empty .Values.otlp.sendingQueue.hostPath)))) | nindent 4 }}
   {{- end }}
+  {{- if $toJobs }}
+  # The one jobs instance: every agent's GPUs and reports meet there, so a job on many nodes is one job.
+  otlp/jobs:
+    endpoint: {{ include "otel-ofu.jobsEndpoint" . | quote }}
+    tls:
+      insecure: true
+    {{- if .Values.jobs.authSecretName }}
+    headers:
+      authorization: Bearer ${env:OFU_JOBS_TOKEN}
+    {{- end }}
+    compression: gzip
+    retry_on_failure:
+      enabled: true
+      max_elapsed_time: 0s
+    sending_queue:
+      enabled: true
+      queue_size: {{ .Values.otlp.sendingQueue.queueSize }}
+  {{- end }}
 service:
   telemetry:
     logs:
       level: {{ .Values.agent.logLevel }}
   pipelines:
     metrics:
-      receivers: [{{ .Values.source }}]
+      receivers: {{ toJson $receivers }}
       processors: [attribution, ofu]
       exporters: {{ toJson $exporters }}
     metrics/self:
       receivers: [selftelemetry]
-      exporters: {{ toJson $exporters }}
+      exporters: {{ toJson $selfExporters }}
 {{- end }}
 
 {{- define "otel-ofu.jobsDefaultConfig" -}}
@@ -128,8 +174,13 @@ receivers:
     auth:
       bearer_token_file: /etc/otel-ofu/jobs-auth/token
     {{- end }}
+    {{- if .Values.gateway.enabled }}
     passthrough: true
     # As collector-config/fleet-jobs.yaml: what the jobs processor reads is decoded, the rest passes as bytes.
+    {{- else }}
+    # The agents serve and send their GPUs' metrics themselves: only what the jobs processor reads is taken.
+    passthrough: false
+    {{- end }}
     decode: [gpu.ofu, gpu.flops.achieved, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
     # Refuse retryably (the gateway keeps and resends) before the container's memory limit; the
     # per-GPU caches are emptied first (docs/reliability.md).
@@ -145,6 +196,10 @@ processors:
     {{- if .Values.jobs.persistence.enabled }}
     # Jobs resume after a restart (docs/fleet.md); the volume holds the sending queue too.
     storage: /var/lib/otel-ofu/jobs
+    {{- end }}
+    {{- if not .Values.gateway.enabled }}
+    # Only the job metrics and events leave: the agents serve the per-GPU ones (no series twice).
+    passthrough: false
     {{- end }}
 exporters:
   {{- if .Values.prometheus.enabled }}

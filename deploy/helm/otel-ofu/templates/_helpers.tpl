@@ -57,8 +57,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The otel-ofu image, as deploy/image.sh names it: [registry/]repository:appVersion[-dcgm]. */}}
 {{- define "otel-ofu.image" -}}
-{{- include "otel-ofu.imageRef" (dict "image" .Values.image "default" .Chart.AppVersion) }}
+{{- $image := deepCopy .Values.image }}
+{{- with .Values.image.registry }}
+{{- $_ := set $image "repository" (printf "%s/%s" (trimSuffix "/" .) $image.repository) }}
+{{- end }}
+{{- $tag := .Chart.AppVersion }}
+{{- if eq .Values.source "dcgm" }}{{ $tag = printf "%s-dcgm" $tag }}{{ end }}
+{{- include "otel-ofu.imageRef" (dict "image" $image "default" $tag) }}
 {{- end }}
 
 {{/* "true" when the kubelet pod-resources source is on (attribution.kubelet: auto|true|false). */}}
@@ -149,6 +156,33 @@ seccompProfile:
 {{- include "otel-ofu.componentName" (dict "root" . "component" "jobs-headless") }}
 {{- end }}
 
+{{/* The jobs instance the agents send to without a gateway (its headless Service: one pod). */}}
+{{- define "otel-ofu.jobsEndpoint" -}}
+{{- printf "%s.%s.svc:4317" (include "otel-ofu.jobsHeadlessName" .) .Release.Namespace }}
+{{- end }}
+
+{{/* "true" when the agents send straight to the one jobs instance (jobs on, no gateway). */}}
+{{- define "otel-ofu.agentsToJobs" -}}
+{{- if and .Values.agent.enabled .Values.jobs.enabled (not .Values.gateway.enabled) }}
+{{- if gt (int .Values.jobs.replicas) 1 }}
+{{- fail (printf "jobs.replicas is %d: more than one jobs instance needs gateway.enabled, which sends every point of a job to the same instance (without it a job's GPUs would be split between instances)" (int .Values.jobs.replicas)) }}
+{{- end }}true
+{{- end }}
+{{- end }}
+
+{{/* The agent's OTLP receiver ports that are on: a list of (name, port). */}}
+{{- define "otel-ofu.agentOtlpPorts" -}}
+{{- $r := .Values.agent.otlpReceiver }}
+{{- if $r.enabled }}
+{{- if $r.grpcPort }}
+- {name: otlp-grpc, port: {{ $r.grpcPort }}}
+{{- end }}
+{{- if $r.httpPort }}
+- {name: otlp-http, port: {{ $r.httpPort }}}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Environment every otel-ofu container gets: its node, pod and namespace from the downward API. */}}
 {{- define "otel-ofu.downwardEnv" -}}
 - name: K8S_NODE_NAME
@@ -167,7 +201,7 @@ seccompProfile:
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-- name: MY_POD_IP
+- name: K8S_POD_IP
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
@@ -176,10 +210,10 @@ seccompProfile:
   value: /tmp
 {{- end }}
 
-{{/* Env vars of the OTLP headers kept in Secrets: OTEL_OFU_HEADER_<n>. */}}
+{{/* Env vars of the OTLP headers kept in Secrets: OFU_HEADER_<n>. */}}
 {{- define "otel-ofu.otlpHeaderEnv" -}}
 {{- range $i, $h := .Values.otlp.headersFromSecrets }}
-- name: {{ printf "OTEL_OFU_HEADER_%d" $i }}
+- name: {{ printf "OFU_HEADER_%d" $i }}
   valueFrom:
     secretKeyRef:
       name: {{ required "otlp.headersFromSecrets[].secretName is required" $h.secretName }}
@@ -197,7 +231,7 @@ compression: {{ $o.compression }}
 {{- $_ := set $headers $k (toString $v) }}
 {{- end }}
 {{- range $i, $h := $o.headersFromSecrets }}
-{{- $_ := set $headers (required "otlp.headersFromSecrets[].header is required" $h.header) (printf "${env:OTEL_OFU_HEADER_%d}" $i) }}
+{{- $_ := set $headers (required "otlp.headersFromSecrets[].header is required" $h.header) (printf "${env:OFU_HEADER_%d}" $i) }}
 {{- end }}
 {{- with $headers }}
 headers:
