@@ -60,7 +60,7 @@ PAGE = dcgm_page(NODE, [
     ("GPU-33333333-0000-4000-8000-000000000004", pod_labels("bert-0-x7k2p")),
     ("GPU-33333333-0000-4000-8000-000000000005", pod_labels("bert-0-x7k2p")),
 ])
-LLAMA, BERT = "k8s:llm/llama", "k8s:llm/bert"
+LLAMA, BERT = "k8s:llm/PyTorchJob/llama", "k8s:llm/Job/bert"
 
 
 # --- helm install: render, create every object ------------------------------------------------
@@ -277,4 +277,4 @@ def test_default_install_computes_job_ofu_findings_and_the_mfu_audit(cluster, tm
     assert not series(metrics, "gpu_ofu") and not series(agent_metrics, "job_ofu")
     assert series(agent_metrics, "gpu_ofu", ofu_job_id=LLAMA) == [pytest.approx(ofu, rel=1e-6)] * 4
     jobs_log = (tmp_path / "jobs.log").read_text()
-    assert "finding (mfu_gap): job k8s:llm/llama" in jobs_log and "match no job" not in jobs_log
+    assert f"finding (mfu_gap): job {LLAMA}" in jobs_log and "match no job" not in jobs_log

@@ -185,7 +185,7 @@ def test_quick_path_dcgm_exporter_and_prometheus(tmp_path):
     done = subprocess.run(argv, cwd=tmp_path, env={**__import__("os").environ, **env}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    for job in ("k8s:ml/train-a-0", "k8s:ml/train-b-0", "k8s:ml/infer-c-0", "k8s:ml/train-d-0"):
+    for job in ("k8s:ml/Pod/train-a-0", "k8s:ml/Pod/train-b-0", "k8s:ml/Pod/infer-c-0", "k8s:ml/Pod/train-d-0"):
         assert job in done.stdout, done.stdout
 
 
