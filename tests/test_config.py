@@ -178,6 +178,6 @@ def test_an_interval_longer_than_max_gap_is_named_where_it_is_written(tmp_path, 
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     message = str(caught.value)
-    assert "processors.jobs: default_interval: 10000s is longer than max_gap (120s)" in message
+    assert "processors.jobs: default_interval: default_interval (10000s) is longer than max_gap (120s)" in message
     assert "OFU_T_IVL='10000'" in message
     assert "max_gap:" not in message  # not in the file: never the key named at fault

@@ -26,7 +26,8 @@ FOREIGN = {
     "DCGM_EXPORTER_INTERVAL": "dcgm-exporter",
     "OTEL_EXPORTER_OTLP_": "OpenTelemetry SDK", "OTEL_SERVICE_NAME": "OpenTelemetry SDK",
     "OTEL_RESOURCE_ATTRIBUTES": "OpenTelemetry SDK", "OTEL_METRIC_EXPORT_INTERVAL": "OpenTelemetry SDK",
-    "K8S_": "Kubernetes downward API", "KUBECONFIG": "Kubernetes clients", "SLURM_": "Slurm", "NVIDIA_": "NVIDIA container runtime",
+    "K8S_": "Kubernetes downward API", "KUBECONFIG": "Kubernetes clients", "SLURM_": "Slurm",
+    "NVIDIA_": "NVIDIA container runtime",
     "GOMEMLIMIT": "Go runtime", "HOME": "system", "PATH": "system", "LD_LIBRARY_PATH": "system",
     "PYTHONDONTWRITEBYTECODE": "Python", "PYTHONUNBUFFERED": "Python",
 }

@@ -16,6 +16,9 @@ def _default_copy_attributes() -> list[str]:
     return ["k8s.namespace.name", "slurm.job.user", "slurm.job.account", "slurm.job.partition", "slurm.job.name"]
 
 
+
+DEFAULT_MAX_GAP_S = 120.0  # JobsConfig.max_gap's default
+
 @dataclass
 class JobsConfig:
     # Rolling windows for job.ofu / job.mfu.reported (attribute ofu.window), besides "life".
@@ -35,7 +38,7 @@ class JobsConfig:
     # The window a GPU's first point covers (set it to the collection interval) ...
     default_interval: Duration = field(default_factory=lambda: Duration(10))
     # ... and a gap between two points longer than this is a gap, not GPU time we saw.
-    max_gap: Duration = field(default_factory=lambda: Duration(120))
+    max_gap: Duration = field(default_factory=lambda: Duration(DEFAULT_MAX_GAP_S))
     mfu_metric: str = MFU_REPORT_METRIC  # the metric a job reports its own MFU in (a fraction)
     # Metrics a job reports achieved TFLOP/s per GPU in; divided by the dense peak of the job's
     # GPUs at the job's precision (docs/audit.md, Units).
@@ -75,11 +78,12 @@ class JobsConfig:
                 f"must be at least job_timeout ({self.job_timeout:g}s)")
         require(self.max_future > 0, "max_future", "must be positive")
         require(self.default_interval > 0, "default_interval", "must be positive")
-        # Named on default_interval: max_gap usually keeps its default, so it may not be in the file.
-        require(self.max_gap >= self.default_interval, "default_interval",
-                f"{self.default_interval:g}s is longer than max_gap ({self.max_gap:g}s), the longest gap between a "
-                "GPU's points that still counts as one stretch of work: give the sources' interval (dcgm-exporter's "
-                "-c counts milliseconds: -c 10000 is 10s), or raise max_gap")
+        # Named on the key that was set: max_gap usually keeps its default and is then not in the file.
+        require(self.max_gap >= self.default_interval,
+                "max_gap" if self.max_gap != DEFAULT_MAX_GAP_S else "default_interval",
+                f"default_interval ({self.default_interval:g}s) is longer than max_gap ({self.max_gap:g}s), the "
+                "longest gap between a GPU's points that still counts as one stretch of work: give the sources' "
+                "interval (dcgm-exporter's -c counts milliseconds: -c 10000 is 10s), or raise max_gap")
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
         if self.storage is not None:
             require(bool(self.storage.strip()), "storage", "must be a directory path")
