@@ -87,3 +87,27 @@ def test_fleet_tiny(monkeypatch):
                 "scaling_1_to_2"):
         assert is_number(out[key]) and out[key] > 0
     assert set(out["points_per_s"]) == {"1", "2"}
+
+
+def test_stage_tiny(monkeypatch):
+    """The processing stage beside the Collector's pass-through, both protocols: every point arrived."""
+    from tests.e2e_util import collector_binary
+
+    monkeypatch.setenv("OTELCOL", collector_binary())
+    out = run_json("stage.py", "--nodes", "10", "--per-request", "5", "--windows", "3", timeout=300)
+    assert out["complete"] and out["gpus"] == 80 and out["windows"] == 3
+    for key in ("ratio_to_collector", "first_window_ratio_to_collector", "gzip_ratio_to_collector",
+                "gzip_first_window_ratio_to_collector"):
+        assert is_number(out[key]) and out[key] > 0
+    for protocol, run in out["runs"].items():
+        assert run["points_in"] == 80 * 12 * 3
+        assert run["points_out"]["collector"] == run["points_in"], protocol  # the pass-through, point for point
+        # otel-ofu: the 10 metrics it does not read, and for each GPU and window its OFU and inputs.
+        assert run["points_out"]["otel-ofu"] >= 80 * 10 * 3 + 80 * 3 * 3, protocol
+        assert run["steady"]["windows"] == 2 and run["first_window"]["windows"] == 1
+
+
+def test_stage_memory_tiny():
+    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2")
+    assert out["gpus"] == 80 and out["cache_entries"] > 0
+    assert out["held_bytes_per_gpu"] > out["after_release_bytes_per_gpu"]
