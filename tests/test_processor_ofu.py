@@ -1,8 +1,11 @@
 """The ofu processor: points for good samples, counted reasons for bad ones, warnings once."""
 
 import logging
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.core.values import DCGM_FP64_BLANK
@@ -185,3 +188,44 @@ def test_a_gpus_first_point_after_its_job_changed_says_the_window_it_covers():
     assert ofu_point(30, "b").start_time_unix_nano == 20 * 10**9  # another job: since its previous sample
     assert ofu_point(40, "b").start_time_unix_nano == 0
     assert ofu_point(50, "b", **{"k8s.pod.name": "b-1"}).start_time_unix_nano == 40 * 10**9  # another pod
+
+
+# --- what the processor keeps per GPU gives what working it out afresh gives ------------------------------
+
+
+@st.composite
+def gpu_windows(draw) -> list[GpuSample]:
+    """Windows of a few GPUs: models known and not, precisions, MIG instances, max clocks and their blanks."""
+    out = []
+    for t in range(draw(st.integers(1, 4))):
+        for g in range(draw(st.integers(1, 3))):
+            out.append(sample(
+                time_unix_nano=1_000 + t, gpu_index=g, uuid=f"GPU-{g}",
+                model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Mystery GPU", ""])),
+                tensor_active=draw(st.sampled_from([0.5, 1.02, None, float("nan"), DCGM_FP64_BLANK])),
+                sm_clock_mhz=draw(st.sampled_from([1830.0, 0.0, None, 1410])),
+                max_sm_clock_mhz=draw(st.sampled_from([None, 1980.0, 2100, "N/A", float("nan"), DCGM_FP64_BLANK])),
+                precision=draw(st.sampled_from([None, "bf16", "fp8", "tf32"])),
+                job_id=draw(st.sampled_from([None, "job-a"])),
+                resource=draw(st.sampled_from([{}, {"gpu.mig.profile": "3g.40gb", "gpu.mig.instance_id": "1"},
+                                               {"gpu.mig.instance_id": "2"}, {"k8s.pod.name": "p"}]))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu_windows(), st.sampled_from([{}, {"reference_clocks": {"Mystery GPU": 1500}},
+                                       {"reference_clocks": {"*": 1600}, "tile_correction": {"enabled": False}},
+                                       {"tile_correction": {"factors": {"hopper": 0.9}}}]))
+def test_what_is_kept_per_gpu_gives_what_a_fresh_processor_gives(samples, cfg):
+    """Resources, MIG shares and calibrations are kept per GPU across batches; each window's points must be
+    what a processor that never saw the GPU makes of it (same names, values, resources, attributes). But for
+    what is kept on purpose: the drop counters' counts, and the window a first point after a job change covers."""
+    def comparable(points):
+        return [repr(replace(p, value=0, start_time_unix_nano=0) if p.name == "gpu.ofu.dropped" else
+                     replace(p, start_time_unix_nano=0) if p.name == "gpu.ofu" else p) for p in points]
+
+    kept = processor(**cfg)
+    for s in samples:
+        got = kept.process(Batch(samples=[s])).points
+        fresh = processor(**cfg).process(Batch(samples=[s])).points
+        assert comparable(got) == comparable(fresh)

@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_ofu.core.values import (
     DCGM_FP64_BLANK,
@@ -79,3 +81,17 @@ def test_a_rescaled_blank_is_still_blank_not_out_of_range(raw, reason):
 
 def test_rescale_converts_ordinary_readings():
     assert rescale(50, 0.01) == 0.5 and rescale("92.5", 0.01) == pytest.approx(0.925)
+
+
+@settings(max_examples=2000)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+    [0.0, -0.0, 1.0, 1.0000001, float(DCGM_INT32_BLANK), float(DCGM_INT32_BLANK) - 1, 5e-324, -5e-324])),
+       st.sampled_from([0.0, 0.02, 0.2]))
+def test_the_fast_paths_for_floats_give_what_the_general_rule_gives(value, tolerance):
+    """clean_ratio and clean_clock take an ordinary float without calling clean(): the same answer as through it."""
+    number, reason = clean(value)
+    ratio = (None, reason) if number is None else (
+        (None, NoValue.OUT_OF_RANGE) if number > 1.0 + tolerance else (min(number, 1.0), None))
+    clock = (None, reason) if number is None else ((None, NoValue.ZERO_CLOCK) if number == 0 else (number, None))
+    assert repr(clean_ratio(value, tolerance)) == repr(ratio)
+    assert repr(clean_clock(value)) == repr(clock)

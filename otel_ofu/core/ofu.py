@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from otel_ofu.core import specs, tiles
 from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean_clock, clean_ratio
@@ -83,8 +84,14 @@ def mean_clock(samples: Iterable[tuple[int, float]], start_ns: int, end_ns: int)
     return (total / count if count else None), count
 
 
-@dataclass(frozen=True, slots=True)
-class OfuResult:
+class OfuResult(NamedTuple):
+    """OFU of one GPU window and what it was computed with (immutable).
+
+    A named tuple rather than a frozen dataclass: one is built per GPU and window, and a
+    frozen dataclass costs several times as much to build (its fields are set one by one
+    through object.__setattr__).
+    """
+
     tpa: float
     sm_clock_mhz: float
     raw: float
@@ -94,6 +101,54 @@ class OfuResult:
     correction: float
     architecture: str | None
     achieved_flops: float | None  # OFU x peak(precision) x share, when the precision (and a MIG share) is known
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What OFU is computed with for a GPU model and precision: f_ref, the tile factor, the peak.
+
+    The same for every window of a GPU: :func:`calibration` works it out, :func:`ofu_with` uses
+    it, and a caller may keep it between windows (the ``ofu`` processor does, per GPU).
+    """
+
+    fref_mhz: float
+    fref_source: str
+    correction: float
+    architecture: str | None
+    peak_flops: float | None  # the dense peak at the precision, when known
+
+
+def calibration(model: str | None, precision: str = specs.UNKNOWN_PRECISION, max_sm_clock_mhz: float | None = None,
+                *, fref_overrides: dict[str, float] | None = None, correction_overrides: dict[str, float] | None = None,
+                apply_correction: bool = True) -> Calibration | None:
+    """The :class:`Calibration` of a GPU; None when there is no f_ref for it (``max_sm_clock_mhz``: cleaned)."""
+    ref = reference_clock(model, precision, max_sm_clock_mhz, fref_overrides)
+    if ref is None:
+        return None
+    arch = ref.spec.architecture if ref.spec else None
+    factor = tiles.correction_factor(arch, precision, correction_overrides) if apply_correction else 1.0
+    peak = ref.spec.peak(precision) if ref.spec else None
+    return Calibration(ref.mhz, ref.source, factor, arch, peak.flops if peak is not None else None)
+
+
+def ofu_with(cal: Calibration | None, tpa: object, sm_clock_mhz: object, *, tpa_tolerance: float = TPA_TOLERANCE,
+             share: float | None = 1.0) -> OfuResult | NoValue:
+    """OFU for one GPU window from raw readings and the GPU's calibration (None: no f_ref); see :func:`compute_ofu`."""
+    tpa_value, reason = clean_ratio(tpa, tpa_tolerance)
+    if tpa_value is None:
+        return reason  # type: ignore[return-value]
+    clock_value, reason = clean_clock(sm_clock_mhz)
+    if clock_value is None:
+        return reason  # type: ignore[return-value]
+    if cal is None:
+        return NoValue.NO_REFERENCE_CLOCK
+    raw = ofu_raw(tpa_value, clock_value, cal.fref_mhz)
+    corrected = raw * cal.correction
+    if raw > OFU_LIMIT or corrected > OFU_LIMIT:
+        return NoValue.OUT_OF_RANGE
+    return OfuResult(tpa_value, clock_value, raw, corrected, cal.fref_mhz, cal.fref_source, cal.correction,
+                     cal.architecture,
+                     corrected * cal.peak_flops * share if cal.peak_flops is not None and share is not None else None)
 
 
 def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision: str = specs.UNKNOWN_PRECISION,
@@ -107,25 +162,6 @@ def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision:
     :func:`specs.instance_share`); it scales the achieved FLOP/s, not OFU (TPA is measured
     per instance). None: unknown, so no FLOP/s.
     """
-    tpa_value, reason = clean_ratio(tpa, tpa_tolerance)
-    if tpa_value is None:
-        return reason  # type: ignore[return-value]
-    clock_value, reason = clean_clock(sm_clock_mhz)
-    if clock_value is None:
-        return reason  # type: ignore[return-value]
-    max_clock, _ = clean_clock(max_sm_clock_mhz)
-    ref = reference_clock(model, precision, max_clock, fref_overrides)
-    if ref is None:
-        return NoValue.NO_REFERENCE_CLOCK
-    arch = ref.spec.architecture if ref.spec else None
-    raw = ofu_raw(tpa_value, clock_value, ref.mhz)
-    factor = tiles.correction_factor(arch, precision, correction_overrides) if apply_correction else 1.0
-    corrected = raw * factor
-    if raw > OFU_LIMIT or corrected > OFU_LIMIT:
-        return NoValue.OUT_OF_RANGE
-    peak = ref.spec.peak(precision) if ref.spec else None
-    return OfuResult(
-        tpa=tpa_value, sm_clock_mhz=clock_value, raw=raw, corrected=corrected, fref_mhz=ref.mhz,
-        fref_source=ref.source, correction=factor, architecture=arch,
-        achieved_flops=corrected * peak.flops * share if peak and share is not None else None,
-    )
+    cal = calibration(model, precision, clean_clock(max_sm_clock_mhz)[0], fref_overrides=fref_overrides,
+                      correction_overrides=correction_overrides, apply_correction=apply_correction)
+    return ofu_with(cal, tpa, sm_clock_mhz, tpa_tolerance=tpa_tolerance, share=share)

@@ -113,6 +113,8 @@ def clean(value: object, field_type: str | None = None) -> tuple[float | None, N
 
 def clean_ratio(value: object, tolerance: float = TPA_TOLERANCE) -> tuple[float | None, NoValue | None]:
     """A 0..1 activity ratio (TPA). Values in (1, 1+tolerance] are clamped to 1."""
+    if type(value) is float and 0.0 <= value <= 1.0:  # the common case, as the general path below takes it
+        return value, None
     number, reason = clean(value)
     if number is None:
         return None, reason
@@ -123,6 +125,8 @@ def clean_ratio(value: object, tolerance: float = TPA_TOLERANCE) -> tuple[float 
 
 def clean_clock(value: object) -> tuple[float | None, NoValue | None]:
     """A clock in MHz: must be strictly positive."""
+    if type(value) is float and 0.0 < value < DCGM_INT32_BLANK:  # the common case, as the general path takes it
+        return value, None
     number, reason = clean(value)
     if number is None:
         return None, reason

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
@@ -43,7 +44,7 @@ from otel_ofu.core.model import (
     attrs,
     gpu_key,
 )
-from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, OfuResult, compute_ofu
+from otel_ofu.core.ofu import ANY_MODEL, FREF_MAX_CLOCK, Calibration, OfuResult, calibration, ofu_with
 from otel_ofu.core.tiles import ARCH_TILES
 from otel_ofu.core.values import TPA_TOLERANCE, NoValue, clean, clean_clock, clean_ratio
 from otel_ofu.pipeline.caches import Cache
@@ -143,6 +144,28 @@ class OfuProcessorConfig:
             require(100 <= mhz <= 5000, f"reference_clocks.{model}", f"expected MHz within [100, 5000], got {mhz}")
 
 
+_NEW: Any = object()
+_CALIBRATIONS_PER_GPU = 4  # distinct max SM clock readings of a GPU whose calibration is kept (one, in practice)
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """What every window of one GPU (with its job and precision) shares, worked out once (OfuProcessor._gpu)."""
+
+    key: GpuKey  # which GPU it is (sample.gpu_key())
+    resource: Attributes  # of its points: the GPU's identity and its job's
+    share: float | None  # the fraction of the physical GPU it is (specs.instance_share)
+    mig: bool  # a MIG instance (whose points carry gpu.mig.share)
+    calibrations: dict[object, Calibration | None]  # by the raw max SM clock reading (None, nearly always)
+
+    @classmethod
+    def of(cls, sample: GpuSample, job: str, precision: str) -> _Gpu:
+        share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
+        mig = share is not None and bool(sample.resource) and specs.is_mig_instance(sample.resource)
+        return cls(sample.gpu_key(), sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig,
+                   {})
+
+
 class OfuProcessor(Processor):
     def __init__(self, config: OfuProcessorConfig, context: Context, *,
                  clock: Callable[[], float] = time.monotonic):
@@ -153,7 +176,7 @@ class OfuProcessor(Processor):
         self._next_sweep = clock() + _SWEEP_INTERVAL_S
         # extra attributes -> (the inputs' attributes, the OFU points' by f_ref source)
         self._attributes_cache = Cache("ofu point attributes", _ATTRIBUTES_CACHE_SIZE)
-        self._resources = Cache("ofu resources", _RESOURCES_CACHE_SIZE)  # see _resource
+        self._gpus = Cache("ofu gpus", _RESOURCES_CACHE_SIZE)  # see _gpu
         # GPU -> (time of its previous sample, that sample's resource): see _window_start.
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
@@ -242,17 +265,26 @@ class OfuProcessor(Processor):
         job = sample.job_id or UNKNOWN_JOB
         # The GPU's identity and its job's, on the resource of every point of this GPU (a job
         # change is a new resource); point attributes only say how a value was made.
-        resource = self._resource(sample, job, precision)
+        gpu = self._gpu(sample, job, precision)
+        resource, share = gpu.resource, gpu.share
         t = sample.time_unix_nano
         out: list[MetricPoint] = []
 
-        share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
-        result = compute_ofu(
-            sample.tensor_active, sample.sm_clock_mhz, sample.model, precision, sample.max_sm_clock_mhz,
-            tpa_tolerance=cfg.tpa_tolerance, fref_overrides=cfg.reference_clocks,
-            correction_overrides=cfg.tile_correction.factors, apply_correction=cfg.tile_correction.enabled,
-            share=share,
-        )
+        max_clock = sample.max_sm_clock_mhz
+        try:
+            cal = gpu.calibrations.get(max_clock, _NEW)
+        except TypeError:  # an unhashable reading: worked out, not kept
+            cal = _NEW
+        if cal is _NEW:
+            cal = calibration(sample.model, precision, clean_clock(max_clock)[0], fref_overrides=cfg.reference_clocks,
+                              correction_overrides=cfg.tile_correction.factors,
+                              apply_correction=cfg.tile_correction.enabled)
+            if len(gpu.calibrations) < _CALIBRATIONS_PER_GPU:
+                try:
+                    gpu.calibrations[max_clock] = cal
+                except TypeError:
+                    pass
+        result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, tpa_tolerance=cfg.tpa_tolerance, share=share)
         point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
@@ -268,14 +300,14 @@ class OfuProcessor(Processor):
                     {**sample.attributes, FREF_SOURCE: result.fref_source})
             out += [
                 MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs,
-                            start_time_unix_nano=self._window_start(sample, resource)),
+                            start_time_unix_nano=self._window_start(sample, gpu, resource)),
                 MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs),
                 MetricPoint("gpu.ofu.reference_clock", result.fref_mhz * 1e6, t, resource, ofu_attrs, "Hz"),
             ]
             if result.achieved_flops is not None:
                 out.append(MetricPoint("gpu.flops.achieved", result.achieved_flops, t, resource, ofu_attrs,
                                        "{flop}/s"))
-            if share is not None and sample.resource and specs.is_mig_instance(sample.resource):
+            if gpu.mig:
                 # What the recording rules weigh the instance by: its fraction of the physical GPU.
                 out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs))
         else:
@@ -307,7 +339,7 @@ class OfuProcessor(Processor):
             "peak is quoted>} on the ofu processor (docs/gpus.md).",
             sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, sample.model)
 
-    def _window_start(self, sample: GpuSample, resource: Attributes) -> int:
+    def _window_start(self, sample: GpuSample, gpu: _Gpu, resource: Attributes) -> int:
         """The start of the window a GPU's gpu.ofu covers, when its job or pod changed since its previous
         sample: that sample's time (0 otherwise, and for a GPU's first sample).
 
@@ -316,33 +348,36 @@ class OfuProcessor(Processor):
         over the time it ran another one (docs/jobs.md, "Windows"). Only the first point after a
         change says it: the usual point stays a plain gauge point (cheaper to encode).
         """
-        key = sample.gpu_key()
+        key = gpu.key
         t = sample.time_unix_nano
         previous = self._previous.get(key)
-        self._previous.put(key, (t, resource))
+        if previous is None:
+            self._previous.put(key, (t, resource))
+        else:
+            self._previous[key] = (t, resource)  # replaced: the cache does not grow
         if previous is None or previous[1] is resource or not previous[0] < t or previous[1] == resource:
             return 0
         return previous[0]
 
-    def _resource(self, sample: GpuSample, job: str, precision: str) -> Attributes:
-        """The resource of a sample's points: one tuple per GPU and job, the same object every interval.
+    def _gpu(self, sample: GpuSample, job: str, precision: str) -> _Gpu:
+        """What every window of the sample's GPU and job shares: one :class:`_Gpu` per GPU and job, kept.
 
-        Why: building and sorting it costs more than the OFU math, and the exporter encodes a
-        resource once per tuple object (otel_ofu.otlp.codec). Kept only when every value is a
+        Why: building and sorting its resource costs more than the OFU math, and the exporter
+        encodes a resource once per tuple object (otel_ofu.otlp.codec); its MIG share and
+        calibration are the same every interval too. Kept only when every resource value is a
         string: 1, 1.0 and True are equal keys that encode differently.
         """
         extra = tuple(sample.resource.items())
         for _, value in extra:
             if type(value) is not str:
-                return sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+                return _Gpu.of(sample, job, precision)
         key = (sample.host, sample.uuid, sample.model, sample.gpu_index, job, precision, extra)
         try:
-            found = self._resources.get(key)
+            found = self._gpus.get(key)
         except TypeError:  # an unhashable field (a receiver's odd index): built, not kept
-            return sample.resource_attributes({JOB_ID: job, PRECISION: precision})
+            return _Gpu.of(sample, job, precision)
         if found is None:
-            found = sample.resource_attributes({JOB_ID: job, PRECISION: precision})
-            self._resources.put(key, found)
+            found = self._gpus.put(key, _Gpu.of(sample, job, precision))
         return found
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
@@ -353,6 +388,10 @@ class OfuProcessor(Processor):
         batch. Cached only when every value is a string: 1, 1.0 and True are equal keys that
         encode differently.
         """
+        if not extra:  # nearly always
+            cached = self._attributes_cache.get(())
+            if cached is not None:
+                return cached
         items = tuple(extra.items())
         key = None
         for _, value in items:
