@@ -6,14 +6,16 @@ import gc
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otel_ofu.core.model import MetricPoint, attrs
+from otel_ofu.core.model import Batch, MetricPoint, attrs
 from otel_ofu.jobs.facts import gpu_facts_cache
 from otel_ofu.otlp import codec
 from otel_ofu.otlp import join as otlp_join
-from otel_ofu.otlp.join import point_bytes, series
+from otel_ofu.otlp.join import point_bytes, scrapes, series
 from otel_ofu.pipeline import caches
 from otel_ofu.pipeline.caches import Cache
+from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.memory import MemoryLimiter
+from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from tests.otlp_shapes import Gpu, dcgm_exporter_request
 
 T0 = 1_767_225_600_000_000_000
@@ -101,7 +103,33 @@ def test_the_memory_limiter_empties_the_caches_before_it_refuses():
 def test_the_hot_paths_keep_their_entries_in_registered_caches():
     """Each cache named in docs/state.md is a registered Cache, so release_all reaches it."""
     for cache in (codec._templates, codec._resource_fields, codec._decoded_attributes, series.resources,
-                  point_bytes.key_values, gpu_facts_cache):
+                  point_bytes.key_values, gpu_facts_cache, otlp_join._scrapes(frozenset()).nodes, scrapes._parts,
+                  scrapes._structs):
         assert isinstance(cache, Cache) and cache.max_entries > 0
     caches.release_all()
     assert all(len(c) == 0 for c in (codec._templates, series.resources, gpu_facts_cache))
+
+
+def test_scrape_shapes_and_the_ofu_processors_gpus_are_emptied_and_rebuilt_alike():
+    """A dcgm-exporter scrape read by its node's shape, then OFU: the shapes (otlp receiver) and each GPU's
+    resource and calibration (ofu processor) are registered caches; emptied, the next scrape gives the same."""
+    processor = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    gpus = [Gpu(i, f"GPU-{i}", 0.3 + i / 10, 1500.0 + i) for i in range(4)]
+    store = otlp_join._scrapes(frozenset())
+
+    def window(k: int) -> tuple[list, list]:
+        body = dcgm_exporter_request(gpus, T0 + k * 10**10, host="node-1").SerializeToString()
+        found = otlp_join.split_wire(body)
+        points = processor.process(Batch(samples=found.samples)).points
+        return [repr(p) for p in points], [(r.field, r.points) for r in found.passthrough]
+
+    window(0)  # learns the node's shape
+    read = store.read
+    by_shape = []
+    store.read = lambda *args: by_shape.append(read(*args)) or by_shape[-1]  # type: ignore[method-assign]
+    first = window(1)
+    assert by_shape[-1] is not None and len(store) and len(processor._gpus)
+    caches.release_all()
+    assert not len(store) and not len(processor._gpus)
+    assert window(1) == first  # through the message path again, then learned again
+    assert window(1) == first and by_shape[-1] is not None

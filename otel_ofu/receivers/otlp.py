@@ -219,6 +219,10 @@ class OtlpReceiverConfig:
         return self.protocols.http if isinstance(self.protocols.http, ProtocolConfig) else None
 
 
+class MalformedRequest(ValueError):
+    """The bytes received are not an OTLP/protobuf ExportMetricsServiceRequest (protobuf's reason)."""
+
+
 class RequestRefused(Exception):
     """A request otel-ofu will not take: ``outcome`` is the telemetry attribute value."""
 
@@ -298,14 +302,28 @@ class OtlpReceiver(Receiver):
         self._slots.release()
 
     def accept(self, request: Any, protocol: str, wire: bytes | None = None) -> None:
-        """Join, hand to the pipeline and count one decoded ExportMetricsServiceRequest.
+        """Join, hand to the pipeline and count one ExportMetricsServiceRequest.
 
-        ``wire``: the protobuf bytes it was parsed from, which the pass-through keeps.
+        ``wire``: the protobuf bytes it was parsed from, which the pass-through keeps. ``request``
+        None: the request is ``wire``, parsed only where the join needs it (a request whose every
+        ResourceMetrics is a known node's scrape is read from its bytes alone); raises
+        :class:`MalformedRequest` when those bytes are not a request.
         """
+        from google.protobuf.message import DecodeError
+
+        settings = {"window_s": float(self.config.window), "tolerance_s": float(self.config.join_tolerance),
+                    "passthrough": self.config.passthrough, "decode": self._decode}
         try:
-            found = otlp_join.split(request, window_s=float(self.config.window),
-                                    tolerance_s=float(self.config.join_tolerance),
-                                    passthrough=self.config.passthrough, wire=wire, decode=self._decode)
+            if request is None:
+                found = otlp_join.split_wire(wire, **settings)  # type: ignore[arg-type]
+            else:
+                found = otlp_join.split(request, wire=wire, **settings)
+        except DecodeError as exc:
+            raise MalformedRequest(str(exc)) from None
+        except Exception as exc:
+            self.log.exception("failed on a received request")
+            raise RequestRefused("internal", "otel-ofu failed on this request") from exc
+        try:
             if found.samples or found.points or found.passthrough:
                 self.consumer(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
         except Exception as exc:
@@ -398,23 +416,17 @@ class OtlpReceiver(Receiver):
 
     def _grpc_work(self, body: bytes, context: Any) -> bytes:
         import grpc
-        from google.protobuf.message import DecodeError
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-            ExportMetricsServiceRequest,
-            ExportMetricsServiceResponse,
-        )
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
         if len(body) > self.config.max_request_size:
             self.count("grpc", "too_large")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"request of {len(body)} bytes exceeds max_request_size {self.config.max_request_size}")
         try:
-            request = ExportMetricsServiceRequest.FromString(body)
-        except DecodeError as exc:
+            self.accept(None, "grpc", body)
+        except MalformedRequest as exc:
             self.count("grpc", "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportMetricsServiceRequest: {exc}")
-        try:
-            self.accept(request, "grpc", body)
         except RequestRefused as exc:
             self.count("grpc", exc.outcome)
             context.abort(grpc.StatusCode.INTERNAL, str(exc))
@@ -637,11 +649,15 @@ class _HttpHandler(BaseHTTPRequestHandler):
             return self._refuse(413 if exc.outcome == "too_large" else 400, exc.outcome, str(exc), reply_as,
                                 body_read=True)
         try:
-            request = _decode(body, media)
+            if media == PROTOBUF:  # parsed where the join needs it (OtlpReceiver.accept)
+                receiver.accept(None, "http", body)
+            else:
+                receiver.accept(_decode(body, media), "http")
+        except MalformedRequest as exc:
+            return self._refuse(400, "malformed", f"not an OTLP/protobuf ExportMetricsServiceRequest: {exc}",
+                                reply_as, body_read=True)
         except ValueError as exc:
             return self._refuse(400, "malformed", str(exc), reply_as, body_read=True)
-        try:
-            receiver.accept(request, "http", body if media == PROTOBUF else None)
         except RequestRefused as exc:
             return self._refuse(500, exc.outcome, str(exc), reply_as, body_read=True)
         self._send(200, _response_body(reply_as), reply_as)

@@ -44,9 +44,10 @@ from otel_ofu.otlp.codec import WireResourceMetrics, _len_field
 from otel_ofu.otlp.join.inputs import DCGMRECEIVER_INPUTS, INPUT_METRICS, PROMETHEUS_INPUTS
 from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
 from otel_ofu.otlp.join.points import Joiner, dcgmreceiver_points
+from otel_ofu.otlp.join.scrapes import ScrapeShapes, scrape_samples
 from otel_ofu.otlp.join.series import ResourceView, resource_of
 from otel_ofu.otlp.join.windows import samples_of
-from otel_ofu.otlp.wire import Shape, ShapeStore, WireError
+from otel_ofu.otlp.wire import Shape, ShapeStore, WireError, fields
 from otel_ofu.pipeline.caches import on_release
 
 
@@ -131,6 +132,8 @@ def _take_inputs(rm: ResourceMetrics, joiner: Joiner, keep_rest: bool, edits: Ed
 # process's life (bounded: see ShapeStore).
 
 _shape_stores: dict[frozenset[str], ShapeStore] = {}
+# A dcgm-exporter scrape (join inputs among its metrics) is read by its node's shape (.scrapes).
+_scrape_stores: dict[frozenset[str], ScrapeShapes] = {}
 
 
 @on_release
@@ -146,11 +149,18 @@ def _shapes(decode: frozenset[str]) -> ShapeStore:
     return store
 
 
+def _scrapes(decode: frozenset[str]) -> ScrapeShapes:
+    store = _scrape_stores.get(decode)
+    if store is None:
+        store = _scrape_stores.setdefault(decode, ScrapeShapes())
+    return store
+
+
 def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[tuple[int, int, int]],
                 joiner: Joiner, decoded: _Decoded | None) -> list[Any]:
     """The request's ResourceMetrics (``ranges`` in ``wire``), each by its shape or through protobuf objects."""
     names = decoded.names if decoded is not None else frozenset()
-    shapes = _shapes(names)
+    shapes, scrapes = _shapes(names), _scrapes(names)
     rest: list[Any] = []
     for index, (f_start, p_start, f_end) in enumerate(ranges):
         shape = shapes.find(wire, p_start, f_end)
@@ -162,12 +172,20 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
             if taken.forward is not None:
                 rest.append(WireResourceMetrics.of(taken.forward, taken.forward_points))
             continue
+        read = scrapes.read(wire, f_start, p_start, f_end)
+        if read is None and scrapes.learn(wire, p_start, f_end, names):  # a node's first scrape (or a new one)
+            read = scrapes.read(wire, f_start, p_start, f_end)
+        if read is not None:
+            read.feed(wire, joiner)
+            if read.forward is not None:
+                rest.append(WireResourceMetrics.of(read.forward, read.points))
+            continue
         edits = Edits()
         forwarded = _message_path(request.resource_metrics[index], wire, (f_start, p_start, f_end), joiner, decoded,
                                   edits)
         if forwarded is not None:
             rest.append(forwarded)
-        if not edits.inputs:  # one with join inputs (a dcgm-exporter scrape) has no shape worth learning
+        if not edits.inputs:  # one with join inputs (a dcgm-exporter scrape) is left to .scrapes
             learned = Shape.learn(wire, p_start, f_end, names, INPUT_METRICS)
             if learned is not None:
                 shapes.add(learned)
@@ -256,12 +274,59 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
                     kept.append((index, rm, edits))
         if kept:  # the bytes do not fit the request: serialized (see wire_passthrough)
             rest = wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
-    tolerance_ns = int(tolerance_s * 1e9)
-    samples = [s for entity in joiner.entities.values() if entity is not None
-               for s in samples_of(entity, window_s, tolerance_ns)]
+    samples = _samples(joiner, window_s, tolerance_s)
     if decoded is None:
         return Split(samples, [], rest, set())
     return Split(samples, decoded.points, rest, decoded.skipped)
+
+
+def _samples(joiner: Joiner, window_s: float, tolerance_s: float) -> list[GpuSample]:
+    tolerance_ns = int(tolerance_s * 1e9)
+    return [s for entity in joiner.entities.values() if entity is not None
+            for s in samples_of(entity, window_s, tolerance_ns)]
+
+
+def split_wire(wire: bytes, *, window_s: float = 30.0, tolerance_s: float = 5.0, passthrough: bool = True,
+               decode: frozenset[str] = frozenset()) -> Split:
+    """:func:`split` of the serialized request ``wire``, parsed only if it must be.
+
+    A request whose every ResourceMetrics is a known node's scrape (:mod:`.scrapes`) is read
+    from its bytes alone: each matches, byte for byte but its points' times and values, one
+    that protobuf parsed before, so it is as valid. Any other is parsed (raising protobuf's
+    DecodeError when it is not an ExportMetricsServiceRequest) and split as :func:`split` does.
+    """
+    if passthrough:
+        found = _split_scrapes(wire, window_s, tolerance_s, decode)
+        if found is not None:
+            return found
+    return split(ExportMetricsServiceRequest.FromString(wire), window_s=window_s, tolerance_s=tolerance_s,
+                 passthrough=passthrough, wire=wire, decode=decode)
+
+
+def _split_scrapes(wire: bytes, window_s: float, tolerance_s: float, decode: frozenset[str]) -> Split | None:
+    """The request read by its nodes' scrape shapes alone; None unless each of its ResourceMetrics matches one."""
+    scrapes = _scrapes(decode)
+    if not len(scrapes):
+        return None
+    reads = []
+    try:
+        for tag, f_start, p_start, f_end in fields(wire, 0, len(wire)):
+            read = scrapes.read(wire, f_start, p_start, f_end) if tag == 0x0A else None
+            if read is None:
+                return None
+            reads.append(read)
+    except (WireError, IndexError):
+        return None
+    if not reads:
+        return None
+    rest = [WireResourceMetrics.of(read.forward, read.points) for read in reads if read.forward is not None]
+    samples = scrape_samples(reads, wire, window_s, int(tolerance_s * 1e9))
+    if samples is None:
+        joiner = Joiner()
+        for read in reads:
+            read.feed(wire, joiner)
+        samples = _samples(joiner, window_s, tolerance_s)
+    return Split(samples, [], rest, set())
 
 
 def split_request(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,

@@ -42,6 +42,11 @@ def point_value(dp: Any) -> object:
     return dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
 
 
+def scales(unit: str, kind: str) -> bool:
+    """Whether :func:`scale` changes readings of this unit and kind (False: they are taken as they are)."""
+    return kind in _FIELD_OF_KIND or (unit == "%" if kind == TPA else unit in ("Hz", "kHz", "GHz"))
+
+
 def scale(value: object, unit: str, kind: str) -> object:
     """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
     if not isinstance(value, (int, float)):

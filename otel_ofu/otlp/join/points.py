@@ -50,6 +50,10 @@ class Joiner:
                                                   identity.job_id, dict(identity.resource))
         return entity
 
+    def add(self, series: tuple[tuple, Entity], kind: str, t: int, value: object) -> None:
+        """One reading (time, value in the sample's units) of a GPU series."""
+        getattr(self._entity(series), kind).append((t, value))
+
     def prometheus_points(self, resource: ResourceView, wire: bytes, start: int, end: int,
                           data_points: Callable[[], Any], kind: str, unit: str) -> list[int]:
         """One input metric's data points, each to its GPU entity.
@@ -115,14 +119,7 @@ class Joiner:
         """
         if dp.flags & FLAG_NO_RECORDED_VALUE:
             return True
-        attribute_bytes = attributes_part(dp.SerializeToString())
-        series = resource.by_attribute_bytes.get(attribute_bytes, NEW)
-        if series is NEW:
-            pairs = string_attributes(attribute_bytes)
-            if pairs is None:
-                pairs = [(kv.key, any_text(kv.value)) for kv in dp.attributes]
-            series = series_of(resource, pairs)
-            remember(resource, attribute_bytes, series)
+        series = point_series(resource, dp)
         if series is None:
             return False
         getattr(self._entity(series), kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
@@ -140,6 +137,20 @@ class Joiner:
             entity = self.entities[key] = Entity(host, int_or_str(index), uuid, label_text(resource.get("gpu.model")),
                                                   None, extra)
         getattr(entity, kind).append((dp.time_unix_nano, scale(point_value(dp), unit, kind)))
+
+
+def point_series(resource: ResourceView, dp: Any) -> tuple[tuple, Entity] | None:
+    """The GPU series of a data point read through protobuf (None: no GPU's), as the byte reader finds it:
+    by the bytes of its attributes as protobuf writes them, their labels decoded once per resource."""
+    attribute_bytes = attributes_part(dp.SerializeToString())
+    series = resource.by_attribute_bytes.get(attribute_bytes, NEW)
+    if series is NEW:
+        pairs = string_attributes(attribute_bytes)
+        if pairs is None:
+            pairs = [(kv.key, any_text(kv.value)) for kv in dp.attributes]
+        series = series_of(resource, pairs)
+        remember(resource, attribute_bytes, series)
+    return series
 
 
 def dcgmreceiver_points(joiner: Joiner, resource: ResourceView, points: Any, kind: str, unit: str) -> list[int]:

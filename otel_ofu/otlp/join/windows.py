@@ -34,11 +34,9 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
     max_clock = max_clocks[-1][1] if max_clocks else None
     if len(entity.tpa) == 1 and len(clocks) == 1:  # a scrape: one TPA, one clock
         (t, tpa_value), (clock_t, raw) = entity.tpa[0], clocks[0]
-        if abs(clock_t - t) <= tolerance_ns:
-            valid = clean_clock(raw)[0]
-            clock, count = (raw, 0) if valid is None else (valid, 1)
-            return [GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
-                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=entity.resource)]
+        sample = scrape_sample(entity, t, tpa_value, clock_t, raw, max_clock, window_s, tolerance_ns, entity.resource)
+        if sample is not None:
+            return [sample]
     tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
     times = [t for t, _ in tpa]
     windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
@@ -69,3 +67,15 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
         out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
                              count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
     return out
+
+
+def scrape_sample(gpu: Entity, t: int, tpa: object, clock_t: int, clock: object, max_clock: object, window_s: float,
+                  tolerance_ns: int, resource: dict) -> GpuSample | None:
+    """The window of a GPU whose request holds one TPA and one clock reading of it (a scrape); None when
+    they lie more than the tolerance apart (two windows: :func:`samples_of` makes them)."""
+    if abs(clock_t - t) > tolerance_ns:
+        return None
+    valid = clean_clock(clock)[0]
+    clock, count = (clock, 0) if valid is None else (valid, 1)
+    return GpuSample(t, window_s, gpu.host, gpu.gpu_index, gpu.uuid, gpu.model, tpa, clock, count, max_clock,
+                     source=SOURCE, job_id=gpu.job_id, resource=resource)
