@@ -129,3 +129,13 @@ def test_a_gpus_resource_written_from_its_template_interval_after_interval():
     ]
     for points in [*variants, *variants]:
         assert otlp.encode_request(points) == reference(points).SerializeToString()
+
+
+def test_a_template_is_for_its_metric_names_in_their_order():
+    """One resource, as many points each time but other metrics or another order: never another's template."""
+    gpu = attrs({"host.name": "node-1", "hw.id": "GPU-1"})
+    ofu = MetricPoint("gpu.ofu", 0.4, T0, gpu)
+    raw = MetricPoint("gpu.ofu.raw", 0.5, T0, gpu)
+    clock = MetricPoint("gpu.sm.clock.frequency", 1.8e9, T0, gpu, (), "Hz")
+    for points in ([ofu, raw], [raw, ofu], [ofu, clock], [ofu, raw], [ofu, raw]):
+        assert otlp.encode_request(points) == reference(points).SerializeToString()

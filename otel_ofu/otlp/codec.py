@@ -227,16 +227,16 @@ def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
 # the same unit, attribute tuple object and metric definition; anything else builds it anew.
 
 _TEMPLATE_CACHE_SIZE = 1 << 17  # resources (a 100,000-GPU instance's GPUs), about 2 KB each
-_templates: Cache = Cache("otlp resource templates", _TEMPLATE_CACHE_SIZE)  # (id, metric names) -> template
+_templates: Cache = Cache("otlp resource templates", _TEMPLATE_CACHE_SIZE)  # (id, points) -> template
 
 
 class _PlainTemplate:
     __slots__ = ("resource", "signature", "packer", "head", "tails")
 
-    def __init__(self, resource: Attributes, signature: tuple[tuple[str, Attributes, MetricInfo | None], ...],
+    def __init__(self, resource: Attributes, signature: tuple[tuple[str, str, Attributes, MetricInfo | None], ...],
                  packer: struct.Struct, head: bytes, tails: tuple[bytes, ...]):
         self.resource = resource
-        self.signature = signature  # per metric: unit, attributes, its METRICS entry
+        self.signature = signature  # per metric: name, unit, attributes, its METRICS entry
         self.packer = packer
         self.head = head  # the bytes before the first point's time
         self.tails = tails  # per metric: the bytes after its value, up to the next point's time
@@ -250,28 +250,30 @@ def _plain_point(points: list[MetricPoint]) -> MetricPoint | None:
     return point if point.time_unix_nano and not point.start_time_unix_nano and not point.monotonic else None
 
 
-def _plain_resource_metrics(resource: Attributes, metrics: dict[str, list[MetricPoint]], scope: bytes
-                            ) -> bytes | None:
-    """The ResourceMetrics field for ``metrics`` from the resource's template; None: not all plain."""
-    key = (id(resource), tuple(metrics))
+def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], scope: bytes) -> bytes | None:
+    """The ResourceMetrics field for a resource's ``points`` from its template; None: not all plain
+    (one gauge point per metric name, with a time and no start time)."""
+    key = (id(resource), len(points))
     template = _templates.get(key)
     if template is not None and template.resource is resource:
         args: list[Any] = [template.head]
-        for (unit, attributes, info), (name, pts), tail in zip(template.signature, metrics.items(), template.tails):
-            if len(pts) != 1:
-                break
-            point = pts[0]
-            if (point.attributes is not attributes or point.unit != unit or not point.time_unix_nano
-                    or point.start_time_unix_nano or point.monotonic or METRICS.get(name) is not info):
+        get_info = METRICS.get
+        for (name, unit, attributes, info), point, tail in zip(template.signature, points, template.tails):
+            if (point.name != name or point.attributes is not attributes or point.unit != unit
+                    or not point.time_unix_nano or point.start_time_unix_nano or point.monotonic
+                    or get_info(name) is not info):
                 break
             args += (point.time_unix_nano, 0x21, float(point.value), tail)
         else:
             return template.packer.pack(*args)
-    template = _plain_template(resource, metrics, scope)
+    names = {point.name for point in points}
+    if len(names) != len(points):
+        return None  # a metric with several points: not this template's
+    template = _plain_template(resource, {point.name: [point] for point in points}, scope)
     if template is None:
         return None
     _templates.put(key, template)
-    return _plain_resource_metrics(resource, metrics, scope)
+    return _plain_resource_metrics(resource, points, scope)
 
 
 def _plain_template(resource: Attributes, metrics: dict[str, list[MetricPoint]], scope: bytes
@@ -285,7 +287,7 @@ def _plain_template(resource: Attributes, metrics: dict[str, list[MetricPoint]],
         attributes = _attributes_bytes(point.attributes, b"\x3a")
         prefix = _gauge_prefix(name, point.unit, len(attributes))
         bodies.append((prefix + b"\x19", attributes))
-        signature.append((point.unit, point.attributes, METRICS.get(name)))
+        signature.append((name, point.unit, point.attributes, METRICS.get(name)))
     # Everything but the points' 17 bytes each (time, the value's tag, value) is known now: the sizes too.
     scope_size = len(scope) + sum(len(head) + 17 + len(tail) for head, tail in bodies)
     head = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a")) + b"\x12" + varint(scope_size)
@@ -301,9 +303,9 @@ _shared_parts: Cache = Cache("otlp template parts", _TEMPLATE_CACHE_SIZE)
 _signatures: Cache = Cache("otlp template signatures", _TEMPLATE_CACHE_SIZE)
 
 
-def _shared_signature(signature: tuple[tuple[str, Attributes, MetricInfo | None], ...]) -> tuple:
+def _shared_signature(signature: tuple[tuple[str, str, Attributes, MetricInfo | None], ...]) -> tuple:
     """One signature object for GPUs whose metrics carry the same attribute objects (by identity)."""
-    key = tuple((unit, id(a), id(i)) for unit, a, i in signature)
+    key = tuple((name, unit, id(a), id(i)) for name, unit, a, i in signature)
     found = _signatures.get(key)
     return found if found is not None else _signatures.put(key, signature)
 
@@ -324,29 +326,28 @@ def _packer(fmt: str) -> struct.Struct:
 
 def encode_request(points: Iterable[MetricPoint]) -> bytes:
     """:func:`to_request`'s message, serialized: one ResourceMetrics per resource, a Metric per name."""
-    by_resource: dict[Attributes, dict[str, list[MetricPoint]]] = {}
+    by_resource: dict[Attributes, list[MetricPoint]] = {}
     last_resource: Attributes | None = None
-    metrics: dict[str, list[MetricPoint]] = {}
+    group: list[MetricPoint] = []
     for point in points:
         resource = point.resource
         if resource is not last_resource:  # a sample's points are adjacent and share one tuple: hash it once
-            metrics = by_resource.setdefault(resource, {})
+            group = by_resource.setdefault(resource, [])
             last_resource = resource
-        group = metrics.get(point.name)
-        if group is None:
-            metrics[point.name] = [point]
-        else:
-            group.append(point)
+        group.append(point)
     scope = _scope_bytes(__version__)
     point_attributes: dict[int, tuple[Attributes, bytes]] = {}  # id(attributes) -> encoded, for this call
     prefixes: dict[tuple[str, str, int], bytes] = {}  # _gauge_prefix, for this call
     pack = _TIME_VALUE.pack
     out = []
-    for resource, metrics in by_resource.items():
-        plain = _plain_resource_metrics(resource, metrics, scope)
+    for resource, resource_points in by_resource.items():
+        plain = _plain_resource_metrics(resource, resource_points, scope)
         if plain is not None:
             out.append(plain)
             continue
+        metrics: dict[str, list[MetricPoint]] = {}
+        for point in resource_points:
+            metrics.setdefault(point.name, []).append(point)
         parts = [scope]
         for name, pts in metrics.items():
             encoded = []
