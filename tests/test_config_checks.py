@@ -3,6 +3,7 @@ once, the Collector's environment syntax, durations in the wrong unit, processor
 order; and ``exit_when_done`` for replays."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -238,3 +239,110 @@ def test_a_replay_that_sends_nothing_exits_non_zero(tmp_path):
     config = write(tmp_path, pipeline("[ofu]", "[replay]", "exit_when_done: true").replace(str(RECORDED), str(bad)))
     done = run_cli("run", "--config", str(config), cwd=tmp_path)
     assert done.returncode == 1 and "replay sent nothing" in done.stderr and "bad.dmon:5" in done.stderr
+
+
+# --- validate and run agree ---------------------------------------------------------------------
+
+_SIM = "receivers: {sim: {nodes: 1, gpus_per_node: 1}}\n"
+_PIPE = "service: {pipelines: {metrics: {receivers: [%s], processors: [%s], exporters: [%s]}}}\n"
+
+
+def _kubeconfig(tmp_path: Path, context: str = "test") -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: not-a-real-token}}}}]
+contexts: [{{name: {context}, context: {{cluster: c, user: u}}}}]
+current-context: {context}
+""")
+    return path
+
+
+def _attribution(api: str) -> str:
+    return _SIM + f"processors: {{attribution: {{kubernetes_api: {api}}}, ofu: {{}}}}\nexporters: {{console: {{}}}}\n" \
+        + _PIPE % ("sim", "attribution, ofu", "console")
+
+
+def _case(name: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """(config text, environment) of each case: what `run` checks when it starts."""
+    not_a_cert = tmp_path / "not-a-cert.pem"
+    not_a_cert.write_text("not a certificate\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    node = {"K8S_NODE_NAME": "gpu-node-1"}
+    cases = {
+        "k8s_no_node_name": (_attribution(f"{{enabled: true, kubeconfig: {_kubeconfig(tmp_path)}}}"), {}),
+        "k8s_kubeconfig_missing": (_attribution(f"{{enabled: true, kubeconfig: {tmp_path / 'nope'}}}"), node),
+        "k8s_kubeconfig_unknown_context": (
+            _attribution(f"{{enabled: true, kubeconfig: {_kubeconfig(tmp_path)}, context: other}}"), node),
+        "file_path_is_a_directory": (
+            _SIM + f"processors: {{ofu: {{}}}}\nexporters: {{file: {{path: {tmp_path}}}}}\n"
+            + _PIPE % ("sim", "ofu", "file"), {}),
+        "prometheus_tls_not_a_certificate": (
+            _SIM + "processors: {ofu: {}}\nexporters: {prometheus: {endpoint: '127.0.0.1:0', "
+            f"tls: {{cert_file: {not_a_cert}, key_file: {not_a_cert}}}}}}}\n"
+            + _PIPE % ("sim", "ofu", "prometheus"), {}),
+        "otlp_receiver_tls_not_a_certificate": (
+            f"receivers: {{otlp: {{protocols: {{grpc: {{endpoint: '127.0.0.1:0', tls: {{cert_file: {not_a_cert}, "
+            f"key_file: {not_a_cert}}}}}}}}}}}\nexporters: {{console: {{}}}}\n" + _PIPE % ("otlp", "", "console"), {}),
+        "jobs_storage_under_a_file": (
+            _SIM + f"processors: {{ofu: {{}}, jobs: {{storage: {a_file}/state}}}}\nexporters: {{console: {{}}}}\n"
+            + _PIPE % ("sim", "ofu, jobs", "console"), {}),
+        "queue_storage_under_a_file": (
+            _SIM + "processors: {ofu: {}}\nexporters: {otlp: {endpoint: '127.0.0.1:1', tls: {insecure: true}, "
+            f"sending_queue: {{storage: {a_file}/queue}}}}}}\n" + _PIPE % ("sim", "ofu", "otlp"), {}),
+        "k8s_with_node_name_and_kubeconfig": (_attribution(f"{{enabled: true, kubeconfig: {_kubeconfig(tmp_path)}}}"),
+                                              node),
+        "plain": (_SIM + "processors: {ofu: {}}\nexporters: {console: {}}\n" + _PIPE % ("sim", "ofu", "console"), {}),
+    }
+    return cases[name]
+
+
+def _cli(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("K8S_NODE_NAME", "KUBERNETES_SERVICE_HOST")}
+    return subprocess.run([sys.executable, "-m", "otel_ofu", *args], cwd=tmp_path, env={**environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name, refused_key", [
+    ("k8s_no_node_name", "processors.attribution: kubernetes_api.node_name"),
+    ("k8s_kubeconfig_missing", "processors.attribution: kubernetes_api.kubeconfig"),
+    ("k8s_kubeconfig_unknown_context", "processors.attribution: kubernetes_api.kubeconfig"),
+    ("file_path_is_a_directory", "exporters.file: path"),
+    ("prometheus_tls_not_a_certificate", "exporters.prometheus: tls.cert_file"),
+    ("otlp_receiver_tls_not_a_certificate", "receivers.otlp: protocols.grpc.tls.cert_file"),
+    ("jobs_storage_under_a_file", "processors.jobs: storage"),
+    ("queue_storage_under_a_file", "exporters.otlp: sending_queue.storage"),
+    ("k8s_with_node_name_and_kubeconfig", None),
+    ("plain", None),
+])
+def test_validate_refuses_what_run_refuses_and_passes_what_run_starts(tmp_path, name, refused_key):
+    """Each case is something `otel-ofu run` checks when its components start. Before, validate
+    passed all of these and run refused the first eight (kubernetes_api without a node name,
+    issue 23 item 9; the others with a traceback)."""
+    text, env = _case(name, tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    validated = _cli(tmp_path, env, "validate", "--config", str(config))
+    ran = _cli(tmp_path, env, "run", "--config", str(config), "--duration", "2")
+    assert "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    if refused_key is None:
+        assert (validated.returncode, ran.returncode) == (0, 0), validated.stderr + ran.stderr[-3000:]
+    else:
+        assert (validated.returncode, ran.returncode) == (1, 1), validated.stdout + ran.stderr[-3000:]
+        assert f"{config}: {refused_key}:" in validated.stderr, validated.stderr
+        assert f"{config}: {refused_key}:" in ran.stderr, ran.stderr[-3000:]
+
+
+def test_outside_a_pod_validate_warns_that_the_in_cluster_config_is_missing(tmp_path):
+    """The one start check that depends on where it runs, not on the config: the pod's service
+    account. validate warns (a config for a pod is right), run refuses to start there."""
+    config = tmp_path / "config.yaml"
+    config.write_text(_attribution("{enabled: true}"))
+    node = {"K8S_NODE_NAME": "gpu-node-1"}
+    validated = _cli(tmp_path, node, "validate", "--config", str(config))
+    ran = _cli(tmp_path, node, "run", "--config", str(config), "--duration", "2")
+    assert validated.returncode == 0 and "warning:" in validated.stderr
+    assert "kubernetes_api.kubeconfig: cannot load the in-cluster config" in validated.stderr, validated.stderr
+    assert ran.returncode == 1 and "cannot load the in-cluster config" in ran.stderr, ran.stderr[-3000:]

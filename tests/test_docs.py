@@ -465,7 +465,7 @@ def _machine_specific(message: str) -> bool:
 
 
 @pytest.mark.parametrize("where, text", config_snippets(), ids=[w for w, _ in config_snippets()])
-def test_every_config_snippet_in_the_docs_validates(where, text):
+def test_every_config_snippet_in_the_docs_validates(where, text, monkeypatch):
     """A snippet with service.pipelines must be a whole config that `otel-ofu validate` passes (as
     written: docs/audit.md's join pipeline named an exporter it did not configure); a snippet of a
     few components must have every key right. Only paths of the reader's machine are not checked."""
@@ -479,6 +479,8 @@ def test_every_config_snippet_in_the_docs_validates(where, text):
         substitute_env,
     )
 
+    for name, value in _DOCUMENTED_ENV.items():  # read by validate() too (the Kubernetes source's node name)
+        monkeypatch.setenv(name, value)
     doc = substitute_env(yaml.safe_load(text), _readers_environment(text))
     problems: list[str] = []
     if isinstance(doc.get("service"), dict) and "pipelines" in doc["service"]:

@@ -237,7 +237,8 @@ def test_pod_record_precision_labels_and_uid():
     assert pod_record({"metadata": {"name": "no-namespace"}}) is None
 
 
-def test_config_defaults_and_errors():
+def test_config_defaults_and_errors(monkeypatch):
+    monkeypatch.setenv("K8S_NODE_NAME", "gpu-node-1")  # as the downward API sets it (validate checks, as run does)
     cfg = build_config(AttributionProcessorConfig, {"kubernetes_api": {"enabled": True}})
     k = cfg.kubernetes_api
     assert (k.enabled, k.node_name, k.kubeconfig, k.copy_labels, k.owner_lookups) == (True, "", "", [], [])

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from otel_ofu.attribution.kubelet import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET
 from otel_ofu.attribution.rules import RuleConfig
 from otel_ofu.core.metrics import TRAINING_REPORT_METRICS
 from otel_ofu.core.model import NO_JOB
-from otel_ofu.pipeline.config import Duration, invalid, require
+from otel_ofu.pipeline.config import Duration, invalid, require, warn
 
 # Job ids that mean "no job known": attribution may fill these in without ``override``.
 UNSET_JOBS = frozenset({"", NO_JOB, "unknown"})
@@ -30,6 +31,36 @@ class KubeletSourceConfig:
         require(self.timeout > 0, "timeout", "must be positive")
         require(bool(self.socket), "socket", "must not be empty")
         require(bool(self.resource_names), "resource_names", "give at least one resource name")
+
+
+NODE_NAME_ENV = "K8S_NODE_NAME"
+NO_NODE_NAME = (f"no node name: set it, or the {NODE_NAME_ENV} environment variable from the downward API "
+                "(fieldRef fieldPath: spec.nodeName)")
+
+
+def node_name(config: KubernetesApiSourceConfig) -> str:
+    """The node whose pods are watched: node_name, else the K8S_NODE_NAME environment variable."""
+    return config.node_name or os.environ.get(NODE_NAME_ENV, "")
+
+
+def client_configuration(config: KubernetesApiSourceConfig) -> Any:
+    """The API client's configuration from the kubeconfig (its context), or the pod's service account
+    (in-cluster); ValueError says why it cannot be loaded. Validation and start load it the same way."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    configuration = client.Configuration()
+    try:
+        if config.kubeconfig:
+            kube_config.load_kube_config(config_file=config.kubeconfig, context=config.context or None,
+                                         client_configuration=configuration, persist_config=False)
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+    except (kube_config.ConfigException, OSError) as exc:
+        where = (f"kubeconfig {config.kubeconfig}" if config.kubeconfig else
+                 "in-cluster config (not running in a pod? set kubernetes_api.kubeconfig)")
+        raise ValueError(f"cannot load the {where}: {exc}") from None
+    return configuration
 
 
 @dataclass
@@ -70,6 +101,16 @@ class KubernetesApiSourceConfig:
         for i, kind in enumerate(self.owner_lookups):
             require(bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(\.[a-z0-9.-]+)?", kind)), f"owner_lookups[{i}]",
                     f"expected a kind such as RayCluster or Job.batch, got {kind!r}")
+        if self.enabled:  # what the source checks when it starts (otel-ofu run), in this environment
+            require(bool(node_name(self)), "node_name", NO_NODE_NAME)
+            try:
+                client_configuration(self)
+            except ValueError as exc:
+                if self.kubeconfig:
+                    invalid("kubeconfig", str(exc))
+                else:  # where it runs, not the config: a pod has its service account
+                    warn("kubeconfig", f"{exc} (otel-ofu run refuses to start here; in a pod it reads the pod's "
+                                       "service account)")
         require(self.stale_after > 0, "stale_after", "must be positive")
         require(self.watch_timeout >= 1, "watch_timeout", "must be at least 1s")
         require(self.request_timeout > 0, "request_timeout", "must be positive")

@@ -24,13 +24,12 @@ from typing import Any
 from urllib.parse import quote
 
 from otel_ofu.attribution import K8S_POD_LABEL_PREFIX
-from otel_ofu.attribution.config import KubernetesApiSourceConfig
+from otel_ofu.attribution.config import NODE_NAME_ENV, KubernetesApiSourceConfig
 from otel_ofu.attribution.k8s_dra import pod_claims
 from otel_ofu.attribution.k8s_identity import PodJob, api_group, controller_of, job_id, job_identity
 from otel_ofu.attribution.k8s_watch import (
     DOCS,
     ERRORS_METRIC,
-    NODE_NAME_ENV,
     ApiSession,
     KubernetesApiError,
     ListWatch,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -26,13 +25,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from otel_ofu.attribution.config import KubernetesApiSourceConfig
+from otel_ofu.attribution.config import (
+    NO_NODE_NAME,
+    KubernetesApiSourceConfig,
+    client_configuration,
+    node_name,
+)
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.delivery.retry import Backoff
 from otel_ofu.pipeline.config import ConfigError
 from otel_ofu.pipeline.telemetry import Telemetry
 
-NODE_NAME_ENV = "K8S_NODE_NAME"
 LIST_PAGE = 500  # objects per list page; a node has at most a few hundred pods
 DOCS = "docs/kubernetes-attribution.md"
 
@@ -90,28 +93,18 @@ class ApiSession:
     def __init__(self, config: KubernetesApiSourceConfig, name: str = "kubernetes_api"):
         self.config = config
         self.name = name
-        self.node = config.node_name or os.environ.get(NODE_NAME_ENV, "")
+        self.node = node_name(config)
         self.client: Any = None
 
     def open(self) -> None:
         if not self.node:
-            raise KubernetesApiError(
-                f"no node name: set it, or the {NODE_NAME_ENV} environment variable from the downward API "
-                "(fieldRef fieldPath: spec.nodeName)", component=self.name, key="kubernetes_api.node_name")
-        from kubernetes import client, config
+            raise KubernetesApiError(NO_NODE_NAME, component=self.name, key="kubernetes_api.node_name")
+        from kubernetes import client
 
-        configuration = client.Configuration()
         try:
-            if self.config.kubeconfig:
-                config.load_kube_config(config_file=self.config.kubeconfig, context=self.config.context or None,
-                                        client_configuration=configuration, persist_config=False)
-            else:
-                config.load_incluster_config(client_configuration=configuration)
-        except (config.ConfigException, OSError) as exc:
-            where = (f"kubeconfig {self.config.kubeconfig}" if self.config.kubeconfig else
-                     "in-cluster config (not running in a pod? set kubernetes_api.kubeconfig)")
-            raise KubernetesApiError(f"cannot load the {where}: {exc}", component=self.name,
-                                     key="kubernetes_api.kubeconfig") from None
+            configuration = client_configuration(self.config)
+        except ValueError as exc:
+            raise KubernetesApiError(str(exc), component=self.name, key="kubernetes_api.kubeconfig") from None
         configuration.retries = 0  # our own backoff retries; urllib3's would also log each attempt
         api = client.ApiClient(configuration)
         from otel_ofu import __version__

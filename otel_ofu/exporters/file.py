@@ -89,9 +89,10 @@ class FileExporterConfig:
     max_pending_megabytes: int = 16
 
     def validate(self) -> None:
-        require(bool(self.path), "path", "required: the file to write OTLP JSON lines to")
-        parent = Path(self.path).expanduser().parent
-        require(path_kind("path", parent) == "dir", "path", f"directory {str(parent)!r} does not exist")
+        if require(bool(self.path), "path", "required: the file to write OTLP JSON lines to"):
+            parent = Path(self.path).expanduser().parent
+            if require(path_kind("path", parent) == "dir", "path", f"directory {str(parent)!r} does not exist"):
+                require(path_kind("path", self.path) != "dir", "path", f"{self.path!r} is a directory: name the file")
         require(self.max_pending_megabytes >= 0, "max_pending_megabytes", "must be >= 0 (0: keep nothing to retry)")
         if self.rotation is not UNSET and not isinstance(self.rotation, RotationConfig):
             require(self.rotation is None or isinstance(self.rotation, dict), "rotation",

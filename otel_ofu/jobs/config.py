@@ -9,7 +9,7 @@ from otel_ofu.core.model import NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
 from otel_ofu.jobs.regression import RegressionConfig
-from otel_ofu.pipeline.config import Duration, path_kind, require
+from otel_ofu.pipeline.config import Duration, require, require_directory
 
 
 def _default_copy_attributes() -> list[str]:
@@ -86,9 +86,8 @@ class JobsConfig:
                 "interval (dcgm-exporter's -c counts milliseconds: -c 10000 is 10s), or raise max_gap")
         require(bool(self.mfu_metric), "mfu_metric", "must name a metric")
         if self.storage is not None:
-            require(bool(self.storage.strip()), "storage", "must be a directory path")
-            require(path_kind("storage", self.storage) != "file", "storage",
-                    f"{self.storage!r} is a file; storage names a directory for the jobs state")
+            if require(bool(self.storage.strip()), "storage", "must be a directory path"):
+                require_directory("storage", self.storage, "the jobs state")
         require(self.checkpoint_interval > 0, "checkpoint_interval", "must be positive")
         require(self.max_journal_bytes >= 1024 * 1024, "max_journal_bytes", "must be at least 1 MiB")
         for i, name in enumerate(self.tflops_metrics):

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.util.re import parse_env_headers
 
-from otel_ofu.pipeline.config import Duration, FieldError, path_kind, require, require_file
+from otel_ofu.pipeline.config import Duration, FieldError, require, require_directory, require_file
 
 GRPC_DEFAULT_ENDPOINT = "localhost:4317"
 HTTP_DEFAULT_ENDPOINT = "http://localhost:4318"
@@ -116,9 +116,8 @@ class QueueConfig:
         require(self.block_timeout >= 0, "block_timeout", "must be >= 0")
         require(self.drain_timeout >= 0, "drain_timeout", "must be >= 0")
         if self.storage is not None:
-            require(bool(self.storage.strip()), "storage", "must be a directory path")
-            require(path_kind("storage", self.storage) != "file", "storage",
-                    f"{self.storage!r} is a file; storage names a directory for the queue database")
+            if require(bool(self.storage.strip()), "storage", "must be a directory path"):
+                require_directory("storage", self.storage, "the queue database")
 
 
 @dataclass

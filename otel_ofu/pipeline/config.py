@@ -359,7 +359,11 @@ def build_config(cls: type, data: Mapping[str, Any] | None, prefix: str = "") ->
     if missing:  # a required key without a usable value: no instance to validate
         raise FieldError.combine(errors)
     instance = cls(**kwargs)
+    warnings = _warnings.get()
+    before = len(warnings) if warnings is not None else 0
     problems = [p for p in _validate(instance) if not _about(p, bad)]
+    if warnings is not None and prefix:  # validate()'s warnings name its own keys
+        warnings[before:] = [(k if k.startswith(prefix) else prefix + k, m) for k, m in warnings[before:]]
     errors += [p if not prefix or p.key.startswith(prefix) else FieldError(f"{prefix}{p.key}", p.message)
                for p in problems]
     if errors:
@@ -445,11 +449,30 @@ def path_kind(key: str, path: str | Path) -> PathKind:
     return "dir" if stat.S_ISDIR(mode) else "other"
 
 
-def require_file(key: str, path: str | Path) -> None:
+def require_file(key: str, path: str | Path) -> bool:
     """``path`` must be an existing file (a certificate, a token, a kubeconfig)."""
     kind = path_kind(key, path)
-    require(kind == "file", key, f"{str(path)!r} is a directory, not a file" if kind == "dir"
-            else f"file {str(path)!r} does not exist")
+    return require(kind == "file", key, f"{str(path)!r} is a directory, not a file" if kind == "dir"
+                   else f"file {str(path)!r} does not exist")
+
+
+def require_directory(key: str, path: str | Path, what: str) -> bool:
+    """``path`` must be a directory, or one that can be created: its nearest existing ancestor is a
+    directory (a file there makes ``mkdir`` fail when the component starts)."""
+    target = Path(path).expanduser()
+    for candidate in (target, *target.parents):
+        kind = path_kind(key, candidate)
+        if kind == "missing":
+            continue
+        where = "" if candidate == target else f" (its parent {str(candidate)!r} is not a directory)"
+        return require(kind == "dir", key, f"{str(path)!r} is not a directory{where}; it names a directory for {what}")
+    return True
+
+
+def warn(key: str, message: str) -> None:
+    """For ``validate()`` methods: a valid value that will not work where this runs (``validate``
+    prints it as a warning, ``run`` logs it)."""
+    _warn(key, message)
 
 
 # --- the pipeline document ------------------------------------------------------------------

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ofu.pipeline.config import require, require_file
+from otel_ofu.pipeline.config import invalid, require, require_file
 
 
 @dataclass
@@ -33,10 +34,27 @@ class ServerTlsConfig:
                 "a TLS server needs both cert_file and key_file")
         require(not self.client_ca_file or self.enabled, "client_ca_file",
                 "mTLS needs the server's own cert_file and key_file too")
+        readable = True
         for key in ("cert_file", "key_file", "client_ca_file"):
             path = getattr(self, key)
             if path:
-                require_file(key, path)
+                readable &= require_file(key, path)
+        if readable and self.enabled and self.key_file:  # as the server loads them when it starts
+            try:
+                server_ssl_context(self)
+            except (OSError, ssl.SSLError) as exc:
+                invalid("cert_file", f"cannot load the certificate, key and client CA as a TLS server does: {exc}")
+
+
+def server_ssl_context(tls: ServerTlsConfig) -> ssl.SSLContext:
+    """The server side of TLS from ``tls``'s files (TLS 1.2 at least; mTLS with client_ca_file)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(Path(tls.cert_file).expanduser()), str(Path(tls.key_file).expanduser()))
+    if tls.client_ca_file:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(str(Path(tls.client_ca_file).expanduser()))
+    return context
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from otel_ofu.core.metrics import RECEIVER_ACCEPTED
 from otel_ofu.core.model import Batch
 from otel_ofu.pipeline import registry
-from otel_ofu.pipeline.component import Component, Context, Exporter, Processor, Receiver
+from otel_ofu.pipeline.component import Component, Context, Exporter, Processor, Receiver, StartError
 from otel_ofu.pipeline.config import ConfigError, ServiceConfig, component_type, load_document, parse_service_config
 from otel_ofu.pipeline.telemetry import STARTING, Telemetry
 
@@ -200,7 +200,7 @@ class Service:
             exporters = [slot.exporter for slot in self.exporters.values()]
             for group in (exporters, self.processors, list(self.receivers.values())):
                 for component in group:
-                    component.start()
+                    _start(component)
                     started.append(component)
         except Exception:
             for component in reversed(started):
@@ -273,6 +273,18 @@ def _saturated(exporters: dict[str, Exporter]):
         return None
 
     return first_saturated
+
+
+def _start(component: Component) -> None:
+    """Start one component; a failure is a StartError naming it (``run`` prints it, no traceback)."""
+    try:
+        component.start()
+    except (ConfigError, StartError):
+        raise
+    except Exception as exc:
+        log.debug("%s failed to start", component.context.component_id, exc_info=True)
+        what = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        raise StartError(f"{component.context.component_id}: {what}") from exc
 
 
 def _safe_shutdown(component: Component) -> None:

@@ -36,7 +36,7 @@ from otel_ofu.core.model import Batch
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
-from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint
+from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint, server_ssl_context
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
 
 REQUESTS = register(MetricInfo(
@@ -483,13 +483,7 @@ class _ServerTls:
         self._context = self._ssl_context()
 
     def _ssl_context(self) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(Path(self.tls.cert_file).expanduser()), str(Path(self.tls.key_file).expanduser()))
-        if self.tls.client_ca_file:
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(str(Path(self.tls.client_ca_file).expanduser()))
-        return context
+        return server_ssl_context(self.tls)
 
     def context(self) -> ssl.SSLContext:
         """The SSL context for the next HTTP handshake."""
