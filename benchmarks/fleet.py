@@ -19,6 +19,7 @@ machine than about otel-ofu there (the JSON records ``cores``).
 
     python benchmarks/fleet.py --json                 # 20,000 GPUs, 3 windows
     python benchmarks/fleet.py --gpus 100000 --json   # the 100k fleet (about 3 minutes)
+    python benchmarks/fleet.py --direct --json        # the Helm chart's default: agents straight into one instance
 """
 
 from __future__ import annotations
@@ -218,12 +219,72 @@ def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: i
             sink.stop()
 
 
+def chart_jobs_config(port: int, metrics_port: int, work: Path) -> Path:
+    """The Helm chart's default jobs instance (no gateway): fleet-jobs.yaml's intake and jobs processor,
+    taking only what the jobs processor reads and passing on only what it makes, no state on disk,
+    served to Prometheus (deploy/helm/otel-ofu/templates/_config.tpl)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "collector-config" / "fleet-jobs.yaml").read_text())
+    doc["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{port}"
+    doc["receivers"]["otlp"]["passthrough"] = False
+    doc["processors"]["jobs"].pop("storage", None)
+    doc["processors"]["jobs"]["passthrough"] = False
+    doc["exporters"] = {"prometheus": {"endpoint": f"127.0.0.1:{metrics_port}", "metric_expiration": "5m"}}
+    for pipeline in doc["service"]["pipelines"].values():
+        pipeline["exporters"] = ["prometheus"]
+    path = work / "chart-jobs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_direct(windows: list[list[tuple[bytes, int]]], work: Path) -> dict:
+    """The chart's default: every node agent's request straight to the one jobs instance (no gateway).
+
+    Each request is one node's window (8 GPUs), as agents send them; the instance acknowledges a
+    request once it has processed it, so the run ends when the last is acknowledged.
+    """
+    port, metrics_port = free_port(), free_port()
+    config = chart_jobs_config(port, metrics_port, work)
+    proc = start([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)], {}, work / "jobs-direct.log")
+    try:
+        wait_port(port, proc)
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        sent = send(port, windows)
+        wall = time.monotonic() - t0
+        cpu = max(cpu_seconds(proc.pid) - cpu0, 1 / os.sysconf("SC_CLK_TCK"))
+        return {"points": sent, "requests": sum(len(w) for w in windows), "wall_s": wall, "ofu_cpu_s": cpu,
+                "points_per_s_per_core": sent / cpu}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=20_000)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--direct", action="store_true",
+                        help="only the Helm chart's default: the agents' requests straight into one jobs instance")
     args = parser.parse_args(argv)
+    if args.direct:
+        windows = node_requests(args.gpus, args.windows)
+        with tempfile.TemporaryDirectory(prefix="ofu-fleet-") as tmp:
+            direct = run_direct(windows, Path(tmp))
+        out = {"gpus": args.gpus, "windows": args.windows, "cores": os.cpu_count(), **direct,
+               "jobs_instance_gpus_per_core_at_10s": args.gpus * args.windows * INTERVAL_S / direct["ofu_cpu_s"]}
+        if args.json:
+            json.dump(out, sys.stdout)
+            print()
+        else:
+            print(f"direct: {args.gpus:,} GPUs x {args.windows} windows = {direct['points']:,} points in "
+                  f"{direct['requests']:,} requests: {direct['points_per_s_per_core']:,.0f} points per CPU-second, "
+                  f"{out['jobs_instance_gpus_per_core_at_10s']:,.0f} GPUs per core at 10 s")
+        return 0
     otelcol = os.environ.get("OTELCOL") or subprocess.run(
         [str(ROOT / "collector" / "build.sh")], capture_output=True, text=True,
         check=True).stdout.strip().splitlines()[-1]

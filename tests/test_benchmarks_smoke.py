@@ -111,3 +111,10 @@ def test_stage_memory_tiny():
     out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2")
     assert out["gpus"] == 80 and out["cache_entries"] > 0
     assert out["held_bytes_per_gpu"] > out["after_release_bytes_per_gpu"]
+
+
+def test_fleet_direct_tiny():
+    """The Helm chart's default: the agents' requests straight into one jobs instance."""
+    out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
+    assert out["requests"] == 20 and out["points"] > 0
+    assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0

@@ -520,8 +520,8 @@ def test_the_docs_size_the_jobs_instance_as_fleet_md_measured() -> None:
     import re
 
     fleet = (DEPLOY_DOC.parent / "fleet.md").read_text()
-    row = next(line for line in fleet.splitlines() if line.startswith("| jobs tier"))
-    (planned,) = re.findall(r"([\d,]+) GPUs per instance", row)
+    row = next(line for line in fleet.splitlines() if line.startswith("| jobs instance fed by the agents directly"))
+    planned = re.findall(r"([\d,]+) GPUs per instance", row)[0]
     section = doc_section("### Per-job metrics: one jobs instance, or the gateway")
     assert f"**{planned} GPUs per jobs instance**" in section
     assert f"about {planned} GPUs" in (CHART / "values.yaml").read_text()
