@@ -12,9 +12,11 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -199,3 +201,81 @@ def _queued(queue_file: Path) -> int:
             return db.execute("SELECT COUNT(*) FROM queue").fetchone()[0]
     except sqlite3.OperationalError:  # not created yet
         return 0
+
+
+class _Unanswering:
+    """A server that accepts connections and never answers (a hung kubelet or API server): every
+    request to it waits for its client's own timeout."""
+
+    def __init__(self, family: int, address):
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.bind(address)
+        self.socket.listen(16)
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted.append(connection)
+
+    def close(self) -> None:
+        self.socket.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+def test_sigterm_with_hung_attribution_sources_stops_within_shutdown_timeout(tmp_path):
+    """A kubelet and an API server that accept connections and never answer, with request timeouts
+    longer than the shutdown budget. Before, stopping waited up to 30 s for the attribution
+    thread (blocked in the kubelet call) and then up to 30 s more for the pod watcher (blocked in
+    its list), whatever service.shutdown_timeout said."""
+    kubelet = _Unanswering(socket.AF_UNIX, str(tmp_path / "kubelet.sock"))
+    api = _Unanswering(socket.AF_INET, ("127.0.0.1", 0))
+    kubeconfig = tmp_path / "kubeconfig"
+    server = f"https://127.0.0.1:{api.socket.getsockname()[1]}"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+""")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 2, time_acceleration: 60, collection_interval: 10s}}
+processors:
+  attribution:
+    refresh_interval: 1s
+    kubelet: {{enabled: true, socket: {tmp_path / "kubelet.sock"}, timeout: 120s}}
+    kubernetes_api: {{enabled: true, node_name: gpu-node-1, kubeconfig: {kubeconfig}, request_timeout: 120s}}
+  ofu: {{}}
+exporters:
+  file: {{path: {tmp_path / "out.jsonl"}}}
+service:
+  shutdown_timeout: {SHUTDOWN_TIMEOUT_S}s
+  pipelines:
+    metrics: {{receivers: [sim], processors: [attribution, ofu], exporters: [file]}}
+""")
+    log = tmp_path / "run.log"
+    proc = _start(config, log)
+    try:
+        # Both requests are in flight (each server took its connection) and will not end by themselves.
+        assert wait_until(lambda: (kubelet.accepted and api.accepted) or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        # A behaviour bound with a generous margin, not a speed target: before the fix about 60 s.
+        assert proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 20) == 0, log.read_text()[-3000:]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still stopping {SHUTDOWN_TIMEOUT_S + 20} s after SIGTERM (shutdown_timeout "
+                    f"{SHUTDOWN_TIMEOUT_S}s):\n{log.read_text()[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kubelet.close()
+        api.close()

@@ -81,6 +81,7 @@ class OtlpExporter(Exporter):
         return delivery is not None and delivery.saturated()
 
     def begin_shutdown(self, deadline: float) -> None:
+        super().begin_shutdown(deadline)
         if self.delivery is not None:
             self.delivery.begin_shutdown(deadline)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,9 +51,21 @@ class Component:
         self.config = config
         self.context = context
         self.log = context.logger
+        self.shutdown_deadline: float | None = None  # time.monotonic() by which shutdown() must return
 
     def start(self) -> None:
         """Acquire resources (threads, sockets, files). Must not block."""
+
+    def begin_shutdown(self, deadline: float) -> None:
+        """The service is stopping: :meth:`shutdown` must return by ``deadline`` (time.monotonic()),
+        the end of ``service.shutdown_timeout``; a thread still busy then is left behind (a daemon)."""
+        self.shutdown_deadline = deadline
+
+    def time_left(self, at_most: float) -> float:
+        """Seconds a wait in :meth:`shutdown` may take: ``at_most``, cut to the shutdown deadline."""
+        if self.shutdown_deadline is None:
+            return at_most
+        return max(0.0, min(at_most, self.shutdown_deadline - time.monotonic()))
 
     def shutdown(self) -> None:
         """Release resources; exporters flush what they accepted first."""
@@ -111,6 +124,7 @@ class Exporter(Component):
         Called before the processors' final flush, whose exports must not wait out a full
         retry policy against a backend that is down.
         """
+        super().begin_shutdown(deadline)
 
 
 class PollingReceiver(Receiver):
@@ -166,7 +180,7 @@ class PollingReceiver(Receiver):
     def shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=self.time_left(30))
 
 
 @dataclass(frozen=True)

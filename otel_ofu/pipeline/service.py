@@ -216,12 +216,12 @@ class Service:
         """
         started = time.monotonic()
         deadline = started + self.config.shutdown_timeout
-        # First, so that a receiver blocked in an export (no sending queue, backend down) is freed.
-        for slot in self.exporters.values():
+        # Exporters first, so that a receiver blocked in an export (no sending queue, backend down) is freed.
+        for component in [*(s.exporter for s in self.exporters.values()), *self.receivers.values(), *self.processors]:
             try:
-                slot.exporter.begin_shutdown(deadline)
+                component.begin_shutdown(deadline)
             except Exception:
-                log.exception("%s failed to prepare for shutdown", slot.exporter.context.component_id)
+                log.exception("%s failed to prepare for shutdown", component.context.component_id)
         for receiver in self.receivers.values():
             _safe_shutdown(receiver)
         for pipeline in self.pipelines:

@@ -161,9 +161,12 @@ class AttributionProcessor(Processor):
 
     def shutdown(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        deadline = time.monotonic() + 30
+        if self._thread is not None:  # a source call in flight ends by its own timeout, or is left behind
+            self._thread.join(timeout=self.time_left(30))
+            if self._thread.is_alive():
+                self.log.warning("a kubelet, NVML or /proc lookup was still running at the shutdown deadline "
+                                 "(service.shutdown_timeout): not waited for")
+        deadline = time.monotonic() + self.time_left(30)
         if self.dra is not None:
             self.dra.stop(deadline)
         if self.pods is not None:
