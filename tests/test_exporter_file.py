@@ -428,3 +428,39 @@ def _lines_of(read: list[tuple], expected: list[list[tuple]]) -> list[list[tuple
         start += len(want)
     assert start == len(read)
     return out
+
+
+_ROTATE_THEN_FAIL = """
+import json, resource, sys
+sys.path.insert(0, "tests")
+from test_exporter_file import batches
+import otel_ofu.exporters.file as file_exporter
+from otel_ofu.otlp import files
+from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.config import build_config
+file_exporter.MIB = 4096  # rotation.max_megabytes 1 is 4 kB here
+resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, resource.RLIM_INFINITY))  # one big batch is larger
+made = file_exporter.FACTORY.create(build_config(file_exporter.FACTORY.config_type, {
+    "path": sys.argv[1], "rotation": {"max_megabytes": 1, "max_backups": 0}, "max_pending_megabytes": 0}),
+    Context("file"))
+made.start()
+made.export(next(batches(1, gpus=1)))  # about 1.5 kB: the first file
+made.export(next(batches(1, gpus=40)))  # about 60 kB: rotates, then cannot be written (EFBIG): dropped
+made.export(next(batches(1, gpus=1)))  # the new file's first line
+made.shutdown()
+print(len(files.rotated_files(sys.argv[1])))
+"""
+
+
+def test_a_batch_that_fails_after_a_rotation_leaves_the_new_file_its_descriptions(tmp_path):
+    """The new file of a rotation gets each metric's description with its first line, also when
+    the write that followed the rotation failed and was undone."""
+    path = tmp_path / "m.jsonl"
+    done = subprocess.run([sys.executable, "-c", _ROTATE_THEN_FAIL, str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "File too large" in done.stderr, done.stderr[-3000:]
+    parts = files.rotated_files(path)
+    assert len(parts) == 2 and path.stat().st_size > 0
+    for part in parts:
+        first = json.loads(next(files.read_json_lines(part))[1])["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        assert all(m.get("description") for m in first), (part.name, first)

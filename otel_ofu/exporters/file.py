@@ -274,7 +274,7 @@ class FileExporter(Exporter):
             try:
                 if encoded is not None and self._file.needs_rotation(len(encoded[0])):
                     self._file.rotate()
-                    self._described = set()  # the new file gets the descriptions again
+                    self._described, described = set(), set()  # the new file gets the descriptions again
                     encoded = self._encode(batch)
                 if encoded is not None:
                     self._file.write(encoded[0])
