@@ -103,7 +103,67 @@ def test_config_reference_clock_and_correction_overrides():
     assert points_by_name(proc.process(Batch(samples=[sample()])))["gpu.ofu"][0].value == pytest.approx(0.5)
 
 
+def loss_points(batch):
+    return {dict(p.attributes)["ofu.loss.part"]: p for p in points_by_name(batch).get("gpu.ofu.loss", [])}
+
+
+def test_the_loss_parts_come_beside_ofu_and_add_up_to_one_minus_it():
+    # H100 SXM: GR 0.95, SM 0.85, TPA 0.6 at 1755 MHz (f_ref 1830), DRAM 0.7, power cap.
+    batch = processor().process(Batch(samples=[sample(tensor_active=0.6, sm_clock_mhz=1755, gr_active=0.95,
+                                                      sm_active=0.85, dram_active=0.7, clock_event_reasons=0x4 | 0x1,
+                                                      attributes={"process.pid": "17"})]))
+    out = points_by_name(batch)
+    ofu, raw = out["gpu.ofu"][0], out["gpu.ofu.raw"][0]
+    parts = loss_points(batch)
+    assert list(parts) == ["engine_idle", "sm_idle", "non_tensor", "clock", "padding"]
+    assert {k: p.value for k, p in parts.items()} == pytest.approx({
+        "engine_idle": 0.05, "sm_idle": 0.10, "non_tensor": 0.25, "clock": 0.6 - raw.value,
+        "padding": raw.value - ofu.value})
+    assert sum(p.value for p in parts.values()) + ofu.value == pytest.approx(1.0, abs=1e-9)
+    assert dict(parts["clock"].attributes) == {"ofu.loss.part": "clock", "ofu.loss.cause": "sw_power_cap",
+                                               "process.pid": "17"}
+    assert dict(parts["non_tensor"].attributes)["ofu.loss.cause"] == "memory_bound"
+    assert "ofu.loss.cause" not in dict(parts["engine_idle"].attributes)
+    assert all(p.resource is ofu.resource and p.time_unix_nano == ofu.time_unix_nano for p in parts.values())
+    assert out["gpu.graphics_engine.activity"][0].value == 0.95 and out["gpu.dram.activity"][0].value == 0.7
+
+
+def test_without_sm_active_the_loss_says_sm_idle_or_non_tensor_never_zero():
+    parts = loss_points(processor().process(Batch(samples=[sample(gr_active=0.9, sm_active=DCGM_FP64_BLANK)])))
+    assert list(parts) == ["engine_idle", "sm_idle+non_tensor", "clock", "padding"]
+    assert parts["sm_idle+non_tensor"].value == pytest.approx(0.4)
+    assert dict(parts["clock"].attributes)["ofu.loss.cause"] == "none"
+
+
+def test_no_ofu_no_loss_and_loss_can_be_turned_off():
+    out = points_by_name(processor().process(Batch(samples=[sample(tensor_active=None, gr_active=0.9)])))
+    assert "gpu.ofu.loss" not in out and "gpu.ofu.dropped" in out
+    out = points_by_name(processor(loss={"enabled": False}).process(Batch(samples=[sample(gr_active=0.9)])))
+    assert "gpu.ofu.loss" not in out and "gpu.ofu" in out
+
+
+def test_the_memory_bound_threshold_is_a_setting():
+    batch = Batch(samples=[sample(gr_active=0.9, sm_active=0.8, dram_active=0.4)])
+    assert dict(loss_points(processor().process(batch))["non_tensor"].attributes)["ofu.loss.cause"] == \
+        "not_memory_bound"
+    proc = processor(loss={"memory_bound_dram": 0.3})
+    assert dict(loss_points(proc.process(batch))["non_tensor"].attributes)["ofu.loss.cause"] == "memory_bound"
+
+
+def test_a_jobs_own_tile_correction_shows_its_padding():
+    proc = processor(tile_correction={"jobs": {"ragged-*": 0.85, "other": 0.9}})
+    ragged = points_by_name(proc.process(Batch(samples=[sample(job_id="ragged-vocab")])))
+    plain = points_by_name(proc.process(Batch(samples=[sample(job_id="steady", uuid="GPU-1")])))
+    assert ragged["gpu.ofu"][0].value == pytest.approx(0.5 * 0.85)
+    padding = {dict(p.attributes)["ofu.loss.part"]: p.value for p in ragged["gpu.ofu.loss"]}["padding"]
+    assert padding == pytest.approx(0.5 * 0.15)
+    from otel_ofu.core import tiles
+    assert plain["gpu.ofu"][0].value == pytest.approx(0.5 * tiles.DEFAULT_CORRECTIONS["hopper"]["bf16"])
+
+
 @pytest.mark.parametrize(("cfg", "key"), [
+    ({"tile_correction": {"jobs": {"x": 0.2}}}, "tile_correction.jobs.x"),
+    ({"loss": {"memory_bound_dram": 0}}, "loss.memory_bound_dram"),
     ({"tile_correction": {"factors": {"volta/bf16": 0.9}}}, "tile_correction.factors.volta/bf16"),
     ({"tile_correction": {"factors": {"hopper/fp12": 0.9}}}, "tile_correction.factors.hopper/fp12"),
     ({"tile_correction": {"factors": {"hopper": 1.5}}}, "tile_correction.factors.hopper"),

@@ -38,6 +38,8 @@ def push_window(engine: FakeDcgmEngine, end_s: float, gpu_id: int, tpa: object, 
     engine.push(gpu, 112, us(end_s), reasons)
     engine.push(entity or gpu, 1004, us(end_s), tpa)
     engine.push(entity or gpu, 1002, us(end_s), 0.9)
+    engine.push(entity or gpu, 1001, us(end_s), 0.95)
+    engine.push(entity or gpu, 1005, us(end_s), 0.35)
     if counters is not None:
         engine.push(entity or gpu, 1084, us(end_s), counters[0])
         engine.push(entity or gpu, 1086, us(end_s), counters[1])
@@ -101,7 +103,9 @@ def test_normal_windows_give_ofu_per_gpu(engine, clock):
     watched = {ids: freq for ids, freq, _ in engine.watched.values()}
     assert watched[(100,)] == 1_000_000
     assert watched[(113, 112, 155)] == 10_000_000
-    assert watched[(1004, 1002, 1014, 1084, 1086)] == 10_000_000
+    assert watched[(1004, 1002, 1001, 1005, 1014, 1084, 1086)] == 10_000_000
+    # the loss account's ratios come with each window
+    assert (sample.gr_active, sample.sm_active, sample.dram_active) == (0.95, 0.9, 0.35)
 
 
 def test_clock_is_the_mean_of_the_samples_inside_the_tpa_window(engine, clock):
@@ -141,16 +145,27 @@ def test_without_counter_fields_the_receiver_uses_field_1004(engine, clock):
     push_window(engine, clock.wall_s, 0, 0.7, [1500.0] * 10)
     sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
     assert sample.tensor_active == 0.7
-    assert (1004, 1002, 1014) in {ids for ids, _, _ in engine.watched.values()}
+    assert (1004, 1002, 1001, 1005, 1014) in {ids for ids, _, _ in engine.watched.values()}
 
 
 def test_multi_pass_fields_are_dropped_until_the_watch_succeeds(engine, clock):
     engine.multi_pass_fields = {1014}
     receiver = make(engine, clock)
     prime(receiver, clock)
-    assert (1004,) in {ids for ids, _, _ in engine.watched.values()}
+    assert (1004, 1002, 1001, 1005) in {ids for ids, _, _ in engine.watched.values()}
     push_window(engine, clock.wall_s, 0, 0.3, [1500.0] * 10)
-    assert next(s for s in receiver.poll().samples if s.gpu_index == 0).tensor_active == 0.3
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+    assert sample.tensor_active == 0.3 and sample.gr_active == 0.95
+
+
+def test_when_the_loss_ratios_cannot_be_watched_together_tpa_and_sm_still_are(engine, clock):
+    engine.multi_pass_fields = {1001}
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    assert (1004, 1002) in {ids for ids, _, _ in engine.watched.values()}
+    push_window(engine, clock.wall_s, 0, 0.3, [1500.0] * 10)
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+    assert sample.tensor_active == 0.3 and sample.sm_active == 0.9 and sample.gr_active is None
 
 
 def test_host_engine_goes_away_and_comes_back(engine, clock, caplog):

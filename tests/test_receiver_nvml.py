@@ -75,6 +75,8 @@ def test_two_gpm_samples_a_window_apart_give_tpa_and_ofu(clock):
     assert by_gpu[0].window_s == pytest.approx(10.0)
     assert by_gpu[0].max_sm_clock_mhz == 1980 and by_gpu[0].power_w == pytest.approx(650.0)
     assert by_gpu[0].clock_event_reasons == 0x4 and by_gpu[0].sm_active == pytest.approx(0.9)
+    # GPM also gives the loss account's engine and DRAM ratios for the same window
+    assert by_gpu[0].gr_active == pytest.approx(0.95) and by_gpu[0].dram_active == pytest.approx(0.3)
     raw = {dict(p.resource)["gpu.index"]: p.value for p in named(ofu_points(batch), "gpu.ofu.raw")}
     assert raw == {"0": pytest.approx(0.8 * 1755 / 1830), "1": pytest.approx(0.5 * 1400 / 1830)}
     assert status_points(batch) == [("ok", None)]

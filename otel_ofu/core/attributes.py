@@ -32,6 +32,7 @@ GPU_RECEIVERS = ("receivers/dcgm", "receivers/nvml", "receivers/dcgm_exporter", 
 _LABEL_SOURCES = ("receivers/dcgm_exporter", "receivers/otlp", "receivers/replay", "processors/attribution")
 _OFU_POINTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved")
 _JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved")
+_LOSS_METRICS = ("gpu.ofu.loss",)
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
@@ -138,6 +139,16 @@ _ATTRIBUTES = (
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "
                   "processor's reference_clocks) or `max_sm_clock` (an unknown model's reported max clock).",
                   ("processors/ofu",), _OFU_POINTS),
+    AttributeInfo("ofu.loss.part", POINT, "A part of the loss account: `engine_idle`, `sm_idle`, `non_tensor`, "
+                  "`clock`, `padding`; steps merged where a counter is missing (`sm_idle+non_tensor` without "
+                  "SM_ACTIVE, `engine_idle+sm_idle` without GR_ENGINE_ACTIVE, `engine_idle+sm_idle+non_tensor` with "
+                  "neither) (docs/method.md#where-the-flops-go-the-loss-account).",
+                  ("processors/ofu",), _LOSS_METRICS),
+    AttributeInfo("ofu.loss.cause", POINT, "Why, for two parts: the clock part's most severe clock event reason "
+                  "(`hw_power_brake`, `hw_thermal`, `hw_slowdown`, `sw_thermal`, `sw_power_cap`, `sync_boost`, "
+                  "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "
+                  "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
+                  "or `unknown`. Absent on the other parts.", ("processors/ofu",), _LOSS_METRICS),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",

@@ -229,5 +229,6 @@ def sample_from_fields(fields: dict[int, object], *, time_unix_nano: int, window
         tensor_active=fields.get(PIPE_TENSOR_ACTIVE), sm_clock_mhz=fields.get(SM_CLOCK),
         sm_clock_samples=sm_clock_samples, max_sm_clock_mhz=fields.get(MAX_SM_CLOCK),
         power_w=fields.get(POWER_USAGE), clock_event_reasons=fields.get(CLOCKS_EVENT_REASONS),
-        sm_active=fields.get(SM_ACTIVE), source=source, **extra,
+        sm_active=fields.get(SM_ACTIVE), gr_active=fields.get(GR_ENGINE_ACTIVE), dram_active=fields.get(DRAM_ACTIVE),
+        source=source, **extra,
     )

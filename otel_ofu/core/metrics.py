@@ -43,7 +43,17 @@ _METRICS = (
     MetricInfo("gpu.clock.event_reasons", "{bitmask}", "gauge",
                "Input: clock event (throttle) reason bitmask (DCGM 112): 0x1 idle, 0x4 SW power cap, "
                "0x8 HW slowdown, 0x20/0x40 thermal, 0x80 power brake."),
+    MetricInfo("gpu.ofu.loss", "{ratio}", "gauge",
+               "The loss account: the share of the dense peak lost to each part (ofu.loss.part: engine_idle, "
+               "sm_idle, non_tensor, clock, padding, or steps merged where a counter is missing); the parts add up "
+               "to 1 - gpu.ofu. The clock part carries its event reason, the non-tensor part whether it was "
+               "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account."),
     MetricInfo("gpu.sm.activity", "{ratio}", "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
+    MetricInfo("gpu.graphics_engine.activity", "{ratio}", "gauge",
+               "Input: graphics/compute engine activity ratio (DCGM 1001 GR_ENGINE_ACTIVE, GPM GRAPHICS_UTIL), when "
+               "the source has it."),
+    MetricInfo("gpu.dram.activity", "{ratio}", "gauge",
+               "Input: DRAM activity ratio (DCGM 1005 DRAM_ACTIVE, GPM DRAM_BW_UTIL), when the source has it."),
     MetricInfo("gpu.ofu.dropped", "{window}", "sum",
                "GPU windows that produced no OFU, by reason (ofu.drop.reason): blank, not_supported, "
                "nan, out_of_range, zero_clock, ... Never reported as 0 OFU."),
@@ -75,13 +85,14 @@ TRAINING_REPORT_METRICS: tuple[str, ...] = (MFU_REPORT_METRIC, *TFLOPS_REPORT_ME
 # What the ofu processor emits per GPU: another otel-ofu's ``otlp`` receiver decodes these into
 # points by default (a jobs tier behind node agents), instead of passing them through as bytes.
 GPU_METRICS: tuple[str, ...] = (
-    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.tensor.activity",
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.loss", "gpu.tensor.activity",
     "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons", "gpu.sm.activity",
-    "gpu.ofu.dropped",
+    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped",
 )
 # The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
 OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
-    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share", "gpu.ofu.dropped"})
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share", "gpu.ofu.loss",
+    "gpu.ofu.dropped"})
 
 
 def register(info: MetricInfo) -> MetricInfo:
@@ -125,9 +136,9 @@ register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
 # Which components emit the metrics defined here (the generated reference lists them on each
 # component's page; metrics defined in a component's own module are found there).
 _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share",
-                "gpu.tensor.activity",
-                "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons",
-                "gpu.sm.activity", "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
+                "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage",
+                "gpu.clock.event_reasons", "gpu.sm.activity", "gpu.graphics_engine.activity", "gpu.dram.activity",
+                "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
 _EMITTED_BY: dict[str, tuple[str, ...]] = {
     **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
     "sim.gpu.mfu.true": ("receivers/sim",),

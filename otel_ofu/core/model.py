@@ -32,6 +32,8 @@ JOB_KIND = "ofu.job.kind"
 JOB_RUN = "ofu.job.run"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
+LOSS_PART = "ofu.loss.part"  # a part of the loss account (otel_ofu.core.loss): engine_idle, clock, ...
+LOSS_CAUSE = "ofu.loss.cause"  # why: the clock part's event reason, memory-bound or not for the non-tensor part
 
 NO_JOB = "none"
 
@@ -103,6 +105,8 @@ class GpuSample:
     power_w: object = None  # DCGM 155
     clock_event_reasons: object = None  # DCGM 112 bitmask
     sm_active: object = None  # DCGM 1002
+    gr_active: object = None  # DCGM 1001 GR_ENGINE_ACTIVE (GPM GRAPHICS_UTIL), ratio 0..1
+    dram_active: object = None  # DCGM 1005 DRAM_ACTIVE (GPM DRAM_BW_UTIL), ratio 0..1
     source: str = ""
     job_id: str | None = None
     precision: str | None = None

@@ -36,7 +36,8 @@ BINDING_MODULES = ("pydcgm", "dcgm_structs", "dcgm_fields", "dcgm_agent")
 # What the dcgm receiver watches, by numeric id (names changed in DCGM 4.6).
 DEVICE_FIELDS = (F.MAX_SM_CLOCK, F.CLOCKS_EVENT_REASONS, F.POWER_USAGE)
 CLOCK_FIELDS = (F.SM_CLOCK,)
-PROFILING_FIELDS = (F.PIPE_TENSOR_ACTIVE, F.SM_ACTIVE, F.PIPE_TENSOR_HMMA_ACTIVE)
+# TPA makes OFU; GR, SM and DRAM activity make its loss account (otel_ofu.core.loss).
+PROFILING_FIELDS = (F.PIPE_TENSOR_ACTIVE, F.SM_ACTIVE, F.GR_ENGINE_ACTIVE, F.DRAM_ACTIVE, F.PIPE_TENSOR_HMMA_ACTIVE)
 COUNTER_FIELDS = (F.SM_CYCLES_ELAPSED_TOTAL, F.MMA_CYCLES_ACTIVE_TOTAL)
 INT_FIELDS = frozenset({F.SM_CLOCK, F.MAX_SM_CLOCK, F.CLOCKS_EVENT_REASONS, *COUNTER_FIELDS})
 
@@ -263,12 +264,18 @@ class DcgmSession:
         """Watch the profiling fields, dropping what this DCGM/GPU cannot watch together.
 
         Tries the raw cycle counters (1084/1086) with the ratio fields first, then without
-        them, then TPA (1004) alone. Raises DcgmError(profiling_*) when none can be watched.
+        them, then TPA with the loss account's ratios (GR, SM, DRAM), then TPA and SM, then
+        TPA alone (GPUs before Hopper cannot watch every group together). Raises
+        DcgmError(profiling_*) when none can be watched.
         """
         b = self.bindings
         known = [f for f in PROFILING_FIELDS + (COUNTER_FIELDS if self.counters else ())
                  if b.dcgm_fields.DcgmFieldGetById(f) is not None]
-        attempts = [tuple(known), tuple(f for f in known if f not in COUNTER_FIELDS), (F.PIPE_TENSOR_ACTIVE,)]
+        ratios = tuple(f for f in known if f not in COUNTER_FIELDS)
+        attempts = [tuple(known), ratios,
+                    tuple(f for f in ratios if f in (F.PIPE_TENSOR_ACTIVE, F.GR_ENGINE_ACTIVE, F.SM_ACTIVE,
+                                                     F.DRAM_ACTIVE)),
+                    tuple(f for f in ratios if f in (F.PIPE_TENSOR_ACTIVE, F.SM_ACTIVE)), (F.PIPE_TENSOR_ACTIVE,)]
         keep_age = max(60.0, 3 * self.collection_interval_s)
         error: DcgmError | None = None
         for ids in dict.fromkeys(a for a in attempts if a):  # unique, in order

@@ -17,6 +17,7 @@ and OFU is computed here from the inputs they came with (``gpu.tensor.activity``
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from otel_ofu.core import specs
+from otel_ofu.core.loss import MEMORY_BOUND_DRAM, loss_account
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
@@ -35,6 +37,8 @@ from otel_ofu.core.model import (
     HW_MODEL,
     HW_VENDOR,
     JOB_ID,
+    LOSS_CAUSE,
+    LOSS_PART,
     PRECISION,
     Attributes,
     Batch,
@@ -95,6 +99,7 @@ _INPUT_FIELDS: dict[str, tuple[str, float]] = {
     "gpu.tensor.activity": ("tensor_active", 1.0), "gpu.sm.clock.frequency": ("sm_clock_mhz", 1e-6),
     "gpu.sm.clock.max": ("max_sm_clock_mhz", 1e-6), "gpu.power.usage": ("power_w", 1.0),
     "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
+    "gpu.graphics_engine.activity": ("gr_active", 1.0), "gpu.dram.activity": ("dram_active", 1.0),
 }
 _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
@@ -107,8 +112,15 @@ class TileCorrectionConfig:
     # Overrides of the built-in factors: "hopper/fp8": 0.97, "hopper": 0.97 or "*": 0.97, the
     # most specific wins.
     factors: dict[str, float] = field(default_factory=dict)
+    # A job's own factor, by ofu.job.id (exact or a shell glob; the first match in order wins):
+    # for a job whose GEMM shapes pad far more than the fleet's (a ragged vocabulary), computed
+    # from its shapes with otel_ofu.core.tiles. Beats factors.
+    jobs: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
+        for job, value in self.jobs.items():
+            require(bool(job), "jobs", "a job id or glob must not be empty")
+            require(0.5 <= value <= 1.0, f"jobs.{job}", f"a correction factor is in [0.5, 1.0], got {value}")
         for key, value in self.factors.items():
             arch, _, precision = key.partition("/")
             require(arch == "*" or arch in ARCH_TILES, f"factors.{key}",
@@ -119,16 +131,31 @@ class TileCorrectionConfig:
 
 
 @dataclass
+class LossConfig:
+    """The loss account: where each window's dense peak went (docs/method.md#where-the-flops-go-the-loss-account)."""
+
+    # Emit gpu.ofu.loss beside gpu.ofu: one point per part (ofu.loss.part), adding up to 1 - OFU.
+    enabled: bool = True
+    # DRAM_ACTIVE at or above this makes the non-tensor part memory-bound (its ofu.loss.cause).
+    memory_bound_dram: float = MEMORY_BOUND_DRAM
+
+    def validate(self) -> None:
+        require(0 < self.memory_bound_dram <= 1, "memory_bound_dram",
+                f"must be within (0, 1], got {self.memory_bound_dram}")
+
+
+@dataclass
 class OfuProcessorConfig:
     tile_correction: TileCorrectionConfig = field(default_factory=TileCorrectionConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table; "*" for
     # every model the table does not know (and samples that name none).
     reference_clocks: dict[str, float] = field(default_factory=dict)
     # TPA above 1 by more than this is bad data (dropped, reason out_of_range); up to it, it is
     # clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
-    # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons) as
-    # their own metrics.
+    # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons, SM,
+    # graphics engine and DRAM activity) as their own metrics.
     emit_inputs: bool = True
     # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
     # pods and jobs come and go, and their series must not stay in memory forever.
@@ -180,6 +207,7 @@ class OfuProcessor(Processor):
         # GPU -> (time of its previous sample, that sample's resource): see _window_start.
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
+        self._job_factors = Cache("ofu job tile corrections", _ATTRIBUTES_CACHE_SIZE)  # job id -> (overrides,)
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -254,7 +282,8 @@ class OfuProcessor(Processor):
                          str(r.get(HW_ID, "")), str(r.get(HW_MODEL, "")), values.get("tensor_active"),
                          values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
                          values.get("max_sm_clock_mhz"), values.get("power_w"), values.get("clock_event_reasons"),
-                         values.get("sm_active"), source="otlp",
+                         values.get("sm_active"), values.get("gr_active"), values.get("dram_active"),
+                         source="otlp",
                          job_id=None if r.get(JOB_ID) is None else str(r[JOB_ID]),
                          precision=None if r.get(PRECISION) is None else str(r[PRECISION]),
                          resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra)
@@ -276,8 +305,11 @@ class OfuProcessor(Processor):
         except TypeError:  # an unhashable reading: worked out, not kept
             cal = _NEW
         if cal is _NEW:
+            corrections = cfg.tile_correction.factors
+            if cfg.tile_correction.jobs and sample.job_id:  # a job's own c_tile (the GPU's entry is per job)
+                corrections = self._job_corrections(sample.job_id)
             cal = calibration(sample.model, precision, clean_clock(max_clock)[0], fref_overrides=cfg.reference_clocks,
-                              correction_overrides=cfg.tile_correction.factors,
+                              correction_overrides=corrections,
                               apply_correction=cfg.tile_correction.enabled)
             if len(gpu.calibrations) < _CALIBRATIONS_PER_GPU:
                 try:
@@ -285,7 +317,7 @@ class OfuProcessor(Processor):
                 except TypeError:
                     pass
         result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, tpa_tolerance=cfg.tpa_tolerance, share=share)
-        point_attrs, ofu_attrs_by_fref = self._point_attributes(sample.attributes)
+        point_attrs, ofu_attrs_by_fref, loss_attrs = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
                 if len(self._warned_models) >= _WARNED_MODELS_SIZE:
@@ -310,6 +342,17 @@ class OfuProcessor(Processor):
             if gpu.mig:
                 # What the recording rules weigh the instance by: its fraction of the physical GPU.
                 out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs))
+            if cfg.loss.enabled:
+                account = loss_account(result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active,
+                                       sample.dram_active, sample.clock_event_reasons, tolerance=cfg.tpa_tolerance,
+                                       memory_bound_dram=cfg.loss.memory_bound_dram)
+                for part, value in account.parts:
+                    cause = account.cause(part)
+                    part_attrs = loss_attrs.get((part, cause))
+                    if part_attrs is None:
+                        part_attrs = loss_attrs[(part, cause)] = attrs(
+                            {**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
+                    out.append(MetricPoint("gpu.ofu.loss", value, t, resource, part_attrs))
         else:
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
@@ -380,8 +423,20 @@ class OfuProcessor(Processor):
             found = self._gpus.put(key, _Gpu.of(sample, job, precision))
         return found
 
-    def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes]]:
-        """The inputs' point attributes and the OFU points' (by f_ref source), shared by many GPUs.
+    def _job_corrections(self, job: str) -> dict[str, float]:
+        """The tile correction overrides for a job's GPUs: its own factor (tile_correction.jobs) else the fleet's."""
+        found = self._job_factors.get(job)
+        if found is None:
+            settings = self.config.tile_correction
+            factor = next((f for pattern, f in settings.jobs.items()
+                           if pattern == job or fnmatch.fnmatchcase(job, pattern)), None)
+            found = self._job_factors.put(job, (settings.factors if factor is None else {"*": factor},))
+        return found[0]
+
+    def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes],
+                                                      dict[tuple[str, str | None], Attributes]]:
+        """The inputs' point attributes, the OFU points' (by f_ref source) and the loss points' (by part
+        and cause), shared by many GPUs.
 
         Why: GPUs with the same extra attributes (usually none) carry the same attribute sets;
         one tuple object for all of them is sorted once and lets the exporter encode it once per
@@ -403,7 +458,8 @@ class OfuProcessor(Processor):
             cached = self._attributes_cache.get(key)
             if cached is not None:
                 return cached
-        entry: tuple[Attributes, dict[str, Attributes]] = (attrs(extra), {})
+        entry: tuple[Attributes, dict[str, Attributes], dict[tuple[str, str | None], Attributes]] = (
+            attrs(extra), {}, {})
         if key is not None:
             self._attributes_cache.put(key, entry)
         return entry
@@ -465,6 +521,14 @@ class OfuProcessor(Processor):
             value = clean_ratio(sample.sm_active, tolerance)[0]
             if value is not None:
                 out.append(MetricPoint("gpu.sm.activity", value * 1.0, t, resource, point_attrs, "1"))
+        if sample.gr_active is not None:
+            value = clean_ratio(sample.gr_active, tolerance)[0]
+            if value is not None:
+                out.append(MetricPoint("gpu.graphics_engine.activity", value * 1.0, t, resource, point_attrs, "1"))
+        if sample.dram_active is not None:
+            value = clean_ratio(sample.dram_active, tolerance)[0]
+            if value is not None:
+                out.append(MetricPoint("gpu.dram.activity", value * 1.0, t, resource, point_attrs, "1"))
         return out
 
 

@@ -1,7 +1,8 @@
 """The ``dcgm`` receiver: tensor activity and clocks from DCGM, embedded or a remote nv-hostengine.
 
 Fields are watched by numeric id (names changed in DCGM 4.6): the profiling fields (1004
-TPA, 1002, 1014 and, where DCGM and the GPU have them, the raw cycle counters 1084/1086) at
+TPA; 1001, 1002 and 1005 for the loss account; 1014; and, where DCGM and the GPU have them, the raw
+cycle counters 1084/1086) at
 ``collection_interval``, the SM clock (100) at its own ``clock_sample_interval``, and max
 clock, clock event reasons and power (113, 112, 155) at ``collection_interval``. Where the
 DCGM bindings know the base-unit fields (4.6.1+), the SM clock and max clock are watched as
@@ -266,6 +267,7 @@ class DcgmReceiver(PollingReceiver):
             sm_clock_samples=count, max_sm_clock_mhz=self._max_clock.get(entity.gpu_id),
             power_w=_latest(device, F.POWER_USAGE) if is_gpu else None,
             clock_event_reasons=_latest(device, F.CLOCKS_EVENT_REASONS), sm_active=_latest(prof, F.SM_ACTIVE),
+            gr_active=_latest(prof, F.GR_ENGINE_ACTIVE), dram_active=_latest(prof, F.DRAM_ACTIVE),
             source=SOURCE, resource=resource,
         )
 

@@ -1,12 +1,13 @@
 """The ``nvml`` receiver: tensor activity from NVML GPM (Hopper and newer), no DCGM needed.
 
 Two GPM samples one ``collection_interval`` apart give ANY_TENSOR_UTIL (percent, divided by
-100: TPA) and SM_UTIL for the window; GPM takes no profiling lock, so users can still run
-Nsight. The SM clock is sampled every ``clock_sample_interval`` (default 1 s) and averaged
-over the same window (``otel_ofu.core.ofu.mean_clock``). Max SM clock, clock event reasons, power and the
-running compute processes are read at each window's end; the processes' pids go into the
-point attribute ``process.pid`` (comma-separated, sorted), per MIG GPU instance when MIG is
-on (``report_processes: false`` leaves them out).
+100: TPA), and SM_UTIL, GRAPHICS_UTIL and DRAM_BW_UTIL (the loss account's ratios) for the
+window; GPM takes no profiling lock, so users can still run Nsight. The SM clock is sampled
+every ``clock_sample_interval`` (default 1 s) and averaged over the same window
+(``otel_ofu.core.ofu.mean_clock``). Max SM clock, clock event reasons, power and the running
+compute processes are read at each window's end; the processes' pids go into the point
+attribute ``process.pid`` (comma-separated, sorted), per MIG GPU instance when MIG is on
+(``report_processes: false`` leaves them out).
 
 A GPU without GPM (before Hopper) is reported as ``gpm_unsupported`` with the reason, and
 its samples say ``not_supported`` (the ofu processor counts them as dropped, with clocks
@@ -242,16 +243,21 @@ class NvmlReceiver(PollingReceiver):
         start = t_ns - int(float(self.config.collection_interval) * 1e9)
         tpa: object = status.TPA_NOT_SUPPORTED
         sm_util: object = None
+        gr_util: object = None
+        dram_util: object = None
         if gpu.info.gpm:
             if target.previous is None:  # re-opened after a lost GPU came back
                 self._open_windows(gpu, t_ns)
                 return None
             spare = target.samples[1] if target.previous is target.samples[0] else target.samples[0]
             current = self._gpm_sample(gpu, target, spare)
-            metrics = nvml_api.gpm_metrics(api, target.previous, current, (api.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-                                                                             api.NVML_GPM_METRIC_SM_UTIL))
+            metrics = nvml_api.gpm_metrics(api, target.previous, current, (
+                api.NVML_GPM_METRIC_ANY_TENSOR_UTIL, api.NVML_GPM_METRIC_SM_UTIL, api.NVML_GPM_METRIC_GRAPHICS_UTIL,
+                api.NVML_GPM_METRIC_DRAM_BW_UTIL))
             tpa = _ratio(api, *metrics[api.NVML_GPM_METRIC_ANY_TENSOR_UTIL])
             sm_util = _ratio(api, *metrics[api.NVML_GPM_METRIC_SM_UTIL])
+            gr_util = _ratio(api, *metrics[api.NVML_GPM_METRIC_GRAPHICS_UTIL])
+            dram_util = _ratio(api, *metrics[api.NVML_GPM_METRIC_DRAM_BW_UTIL])
             start = target.previous_ns
             target.previous, target.previous_ns = current, t_ns
         clock, count = mean_clock(gpu.clocks, start, t_ns)
@@ -272,7 +278,8 @@ class NvmlReceiver(PollingReceiver):
             max_sm_clock_mhz=gpu.info.max_clock_mhz,
             power_w=power_mw / 1000.0 if isinstance(power_mw, (int, float)) and target.gpu_instance_id is None
             else None,
-            clock_event_reasons=reasons, sm_active=sm_util, source=SOURCE, resource=resource, attributes=attributes,
+            clock_event_reasons=reasons, sm_active=sm_util, gr_active=gr_util, dram_active=dram_util, source=SOURCE,
+            resource=resource, attributes=attributes,
         )
 
     def _gpu_failed(self, gpu: _Gpu, exc: BaseException, now: float) -> None:

@@ -40,6 +40,8 @@ class FakeNvmlGpu:
     max_clock: int = 1980
     tpa: float = 0.0  # current tensor activity, 0..1
     sm_util: float = 0.9
+    gr_util: float = 0.95  # graphics engine activity (GPM GRAPHICS_UTIL / 100)
+    dram_util: float = 0.3  # DRAM bandwidth utilization (GPM DRAM_BW_UTIL / 100)
     power_mw: int = 650_000
     power_limit_mw: int = 700_000
     boost_clock: int = 1980  # max customer boost
@@ -73,7 +75,8 @@ class FakeNvml:
         self.init_error: int | None = None  # an NVML_ERROR_* code nvmlInit fails with
         self.init_count = 0  # NVML counts nvmlInit calls; the last matching nvmlShutdown shuts it down
         self.calls: list[str] = []
-        self._samples: dict[int, tuple | None] = {}  # address -> (gpu, GI, t, tensor s, SM s, permitted)
+        # address -> (gpu, GI, t, permitted, integrated seconds of tensor, SM, graphics engine, DRAM)
+        self._samples: dict[int, tuple | None] = {}
         self._buffers: dict[int, ctypes.Array] = {}
         self.freed = 0
 
@@ -103,11 +106,12 @@ class FakeNvml:
     def _integrate(self, gpu: FakeNvmlGpu) -> None:
         now = self.clock.monotonic()
         dt = now - gpu._acc_t
-        parts = [(None, gpu.tpa, gpu.sm_util)] + [(m.gpu_instance_id, m.tpa, gpu.sm_util) for m in gpu.mig]
-        for key, tpa, sm in parts:
-            acc = gpu._acc.setdefault(key, [0.0, 0.0])
-            acc[0] += tpa * dt
-            acc[1] += sm * dt
+        levels = (gpu.sm_util, gpu.gr_util, gpu.dram_util)
+        parts = [(None, gpu.tpa, *levels)] + [(m.gpu_instance_id, m.tpa, *levels) for m in gpu.mig]
+        for key, *activity in parts:
+            acc = gpu._acc.setdefault(key, [0.0] * len(activity))
+            for i, value in enumerate(activity):
+                acc[i] += value * dt
         gpu._acc_t = now
 
     def _error(self, code: int) -> Exception:
@@ -302,8 +306,8 @@ class FakeNvml:
         if address not in self._samples:
             raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
         self._integrate(gpu)
-        tensor, sm = gpu._acc.get(gpu_instance_id, [0.0, 0.0])
-        self._samples[address] = (gpu.index, gpu_instance_id, self.clock.monotonic(), tensor, sm, gpu.gpm_permission)
+        integrated = tuple(gpu._acc.get(gpu_instance_id, [0.0] * 4))
+        self._samples[address] = (gpu.index, gpu_instance_id, self.clock.monotonic(), gpu.gpm_permission, *integrated)
         return sample
 
     def nvmlGpmMetricsGet(self, metricsGet):
@@ -314,14 +318,15 @@ class FakeNvml:
         if first is None or second is None or first[:2] != second[:2]:
             raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
         dt = second[2] - first[2]
+        positions = {_real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 4, _real.NVML_GPM_METRIC_SM_UTIL: 5,
+                     _real.NVML_GPM_METRIC_GRAPHICS_UTIL: 6, _real.NVML_GPM_METRIC_DRAM_BW_UTIL: 7}
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]
-            if not second[5]:
+            at = positions.get(metric.metricId)
+            if not second[3]:
                 metric.nvmlReturn = _real.NVML_ERROR_NO_PERMISSION
-            elif metric.metricId == _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL and dt > 0:
-                metric.value, metric.nvmlReturn = 100.0 * (second[3] - first[3]) / dt, _real.NVML_SUCCESS
-            elif metric.metricId == _real.NVML_GPM_METRIC_SM_UTIL and dt > 0:
-                metric.value, metric.nvmlReturn = 100.0 * (second[4] - first[4]) / dt, _real.NVML_SUCCESS
+            elif at is not None and dt > 0:
+                metric.value, metric.nvmlReturn = 100.0 * (second[at] - first[at]) / dt, _real.NVML_SUCCESS
             else:
                 metric.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
         return metricsGet

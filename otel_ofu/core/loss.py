@@ -1,0 +1,360 @@
+"""The loss account: where one GPU window's dense peak went, in parts that add up to 1.
+
+The counters nest: a cycle with a tensor pipe busy is a cycle with the SM busy, which is a
+cycle with the graphics engine busy. So they make a chain of levels from the peak down to
+OFU, and the parts of the account are the steps between consecutive levels::
+
+    1      the dense peak at the precision in use
+    GR     GR_ENGINE_ACTIVE (DCGM 1001, GPM GRAPHICS_UTIL)   engine_idle = 1 - GR
+    SM     SM_ACTIVE (DCGM 1002, GPM SM_UTIL)                sm_idle     = GR - SM
+    TPA    PIPE_TENSOR_ACTIVE (DCGM 1004)                    non_tensor  = SM - TPA
+    raw    TPA x f_SM / f_ref                                clock       = TPA - raw
+    OFU    raw x c_tile                                      padding     = raw - OFU
+                                                             useful      = OFU
+
+The sum telescopes, so the parts and OFU add up to 1 whatever the readings are (to float
+rounding). The rules (docs/method.md, "Where the FLOPs go", says why):
+
+- TPA, the clock and f_ref make OFU: without OFU there is no account.
+- A blank or missing GR or SM is no level: the two steps beside it are one part, named by
+  both (``sm_idle+non_tensor`` when SM_ACTIVE is not read, as by dcgm-exporter's default
+  counters). Neither step is reported alone, none is zero, nothing moves silently.
+- A level below the next one by sampling noise (GR < SM, SM < TPA by at most the ratio
+  tolerance) is raised to it (that step is 0); further below, the counter does not describe
+  the same window and is treated as missing (``inconsistent``).
+- The clock part is negative when the SM clock runs above f_ref (boost): a gain.
+- The clock part carries its cause, the most severe clock event reason of the window
+  (DCGM 112); the part holding the non-tensor step carries whether DRAM_ACTIVE says the
+  kernels were memory-bound.
+
+Pure: numbers in, numbers out; :class:`LossTotals` aggregates windows GPU-time weighted for
+jobs and the fleet, where time without a job is the part ``unallocated``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from otel_ofu.core.values import TPA_TOLERANCE, clean, clean_ratio
+
+# The steps of the chain, top to bottom, then the two below TPA.
+ENGINE_IDLE = "engine_idle"
+SM_IDLE = "sm_idle"
+NON_TENSOR = "non_tensor"
+CLOCK = "clock"
+PADDING = "padding"
+# Not losses: what a GPU-hours account also holds.
+USEFUL = "useful"  # OFU
+UNALLOCATED = "unallocated"  # GPU time with no job (fleet level)
+
+MERGE = "+"  # joins the names of steps reported as one part (a level between them is missing)
+_STEPS = (ENGINE_IDLE, SM_IDLE, NON_TENSOR)
+
+
+def _merged_names() -> tuple[str, ...]:
+    names = []
+    for first in range(len(_STEPS)):
+        for last in range(first, len(_STEPS)):
+            names.append(MERGE.join(_STEPS[first:last + 1]))
+    return tuple(names)
+
+
+#: Every loss part a window can have, in chain order (merged parts beside the steps they hold).
+LOSS_PARTS: tuple[str, ...] = (*_merged_names(), CLOCK, PADDING)
+#: Every part of a GPU-hours account, in display order.
+ACCOUNT_PARTS: tuple[str, ...] = (*LOSS_PARTS, USEFUL, UNALLOCATED)
+
+# Causes (attribute ofu.loss.cause).
+UNKNOWN = "unknown"  # the counter that says why was not read
+NO_REASON = "none"  # clock event reasons read, no bit set
+OTHER_REASON = "other"  # only bits this table does not know
+MEMORY_BOUND = "memory_bound"
+NOT_MEMORY_BOUND = "not_memory_bound"
+
+# Clock event reason bits (DCGM 112; NVML nvmlClocksEventReason*), most severe first: the
+# window's clock cause is the first bit set. Hardware events cut the clock by half or more
+# and name a fault (power delivery, cooling); the software limits are policy.
+CLOCK_REASONS: tuple[tuple[int, str], ...] = (
+    (0x80, "hw_power_brake"),  # external power brake assertion
+    (0x40, "hw_thermal"),  # hardware thermal slowdown
+    (0x8, "hw_slowdown"),  # hardware slowdown (thermal, power brake or fast-trigger power protection)
+    (0x20, "sw_thermal"),  # driver thermal limit
+    (0x4, "sw_power_cap"),  # the power limit (the usual one under heavy tensor load)
+    (0x10, "sync_boost"),  # held to the slowest GPU of a sync-boost group
+    (0x2, "app_clocks"),  # the applications clocks setting
+    (0x100, "display_clocks"),  # the display clock setting
+    (0x1, "idle"),  # nothing running: clocks parked
+)
+CLOCK_CAUSES: tuple[str, ...] = (*(name for _, name in CLOCK_REASONS), OTHER_REASON, NO_REASON, UNKNOWN)
+MEMORY_CAUSES: tuple[str, ...] = (MEMORY_BOUND, NOT_MEMORY_BOUND, UNKNOWN)
+
+#: DRAM_ACTIVE at or above this makes the non-tensor work memory-bound: the memory interface
+#: busy in half the cycles is heavy traffic (NVIDIA's DCGM profiling guidance; a stream of
+#: copies peaks near 0.8), where transformer GEMM phases sit near 0.3.
+MEMORY_BOUND_DRAM = 0.5
+
+INCONSISTENT = "inconsistent"  # a level further below the next one than the tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class LossAccount:
+    """One GPU window: its loss parts (shares of the dense peak, chain order) and OFU; together 1."""
+
+    parts: tuple[tuple[str, float], ...]
+    ofu: float
+    clock_cause: str
+    memory_cause: str
+    reordered: bool = False  # a level was raised to the one below it (sampling noise)
+    unused: tuple[tuple[str, str], ...] = ()  # (counter, why) of GR/SM not used as a level
+
+    def cause(self, part: str) -> str | None:
+        """The cause a part carries: the clock part's reason, memory-bound for the non-tensor step."""
+        if part == CLOCK:
+            return self.clock_cause
+        if NON_TENSOR in part.split(MERGE):
+            return self.memory_cause
+        return None
+
+    def share(self, part: str) -> float | None:
+        """A part's share; None when this window has no such part (unknown, or merged with another)."""
+        for name, value in self.parts:
+            if name == part:
+                return value
+        return None
+
+    @property
+    def lost(self) -> float:
+        """All the parts together: 1 - OFU."""
+        return sum(value for _, value in self.parts)
+
+    def largest(self) -> tuple[str, float]:
+        """The part that lost the most."""
+        return max(self.parts, key=lambda item: item[1])
+
+
+def _level(name: str, value: object, tolerance: float) -> tuple[float | None, tuple[str, str] | None]:
+    number, reason = clean_ratio(value, tolerance)
+    if number is None:
+        return None, (name, str(reason))
+    return number, None
+
+
+def clock_cause(reasons: object) -> str:
+    """The most severe clock event reason in a bitmask (DCGM 112); ``unknown`` without one."""
+    number, _ = clean(reasons, "int64")
+    if number is None or number != int(number):
+        return UNKNOWN
+    mask = int(number)
+    if mask == 0:
+        return NO_REASON
+    for bit, name in CLOCK_REASONS:
+        if mask & bit:
+            return name
+    return OTHER_REASON
+
+
+def memory_cause(dram: object, tolerance: float = TPA_TOLERANCE, threshold: float = MEMORY_BOUND_DRAM) -> str:
+    """Whether DRAM_ACTIVE says the window's non-tensor work was memory-bound; ``unknown`` without it."""
+    number, _ = clean_ratio(dram, tolerance)
+    if number is None:
+        return UNKNOWN
+    return MEMORY_BOUND if number >= threshold else NOT_MEMORY_BOUND
+
+
+def loss_account(tpa: float, raw: float, ofu: float, gr: object = None, sm: object = None, dram: object = None,
+                 reasons: object = None, *, tolerance: float = TPA_TOLERANCE,
+                 memory_bound_dram: float = MEMORY_BOUND_DRAM) -> LossAccount:
+    """The account of one window from its OFU figures (TPA, raw and corrected OFU, clean
+    numbers as :func:`otel_ofu.core.ofu.compute_ofu` returns them) and the raw readings of
+    GR, SM, DRAM and the clock event reasons (None, blanks, NaN: no value)."""
+    unused: list[tuple[str, str]] = []
+    sm_level, why = _level("sm_active", sm, tolerance)
+    if why:
+        unused.append(why)
+    gr_level, why = _level("gr_engine_active", gr, tolerance)
+    if why:
+        unused.append(why)
+    reordered = False
+    # Bottom up: TPA is the anchor (it makes OFU); a level may sit below the next by noise only.
+    below = tpa
+    if sm_level is not None:
+        if sm_level < below - tolerance:
+            unused.append(("sm_active", INCONSISTENT))
+            sm_level = None
+        elif sm_level < below:
+            sm_level, reordered = below, True
+        if sm_level is not None:
+            below = sm_level
+    if gr_level is not None:
+        if gr_level < below - tolerance:
+            unused.append(("gr_engine_active", INCONSISTENT))
+            gr_level = None
+        elif gr_level < below:
+            gr_level, reordered = below, True
+    parts: list[tuple[str, float]] = []
+    above = 1.0
+    pending: list[str] = []
+    for step, level in ((ENGINE_IDLE, gr_level), (SM_IDLE, sm_level), (NON_TENSOR, tpa)):
+        pending.append(step)
+        if level is not None:
+            parts.append((MERGE.join(pending), above - level))
+            above, pending = level, []
+    parts.append((CLOCK, tpa - raw))
+    parts.append((PADDING, raw - ofu))
+    return LossAccount(tuple(parts), ofu, clock_cause(reasons), memory_cause(dram, tolerance, memory_bound_dram),
+                       reordered, tuple(unused))
+
+
+def part_order(part: str) -> int:
+    """A part's place in :data:`ACCOUNT_PARTS` (unknown names last), for sorting tables and stacks."""
+    try:
+        return ACCOUNT_PARTS.index(part)
+    except ValueError:
+        return len(ACCOUNT_PARTS)
+
+
+@dataclass
+class LossTotals:
+    """Windows added up GPU-time weighted: seconds x share per part (``useful`` is OFU x seconds).
+
+    ``seconds`` is the GPU time with an account; the part seconds add up to it. Causes are
+    kept as seconds x share per (part, cause), so the dominant cause of a part is the one
+    behind most of its loss.
+    """
+
+    seconds: float = 0.0
+    part_seconds: dict[str, float] = field(default_factory=dict)
+    cause_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def add(self, account: LossAccount, seconds: float) -> None:
+        self.add_parts(account.parts, account.ofu, seconds,
+                       {CLOCK: account.clock_cause, **{p: account.memory_cause for p, _ in account.parts
+                                                       if NON_TENSOR in p.split(MERGE)}})
+
+    def add_parts(self, parts: Iterable[tuple[str, float]], ofu: float, seconds: float,
+                  causes: dict[str, str] | None = None) -> None:
+        """One window given as parts (what the ``gpu.ofu.loss`` points of a window say)."""
+        if seconds <= 0:
+            return
+        self.seconds += seconds
+        totals = self.part_seconds
+        for part, share in parts:
+            totals[part] = totals.get(part, 0.0) + share * seconds
+            cause = causes.get(part) if causes else None
+            if cause is not None:
+                key = (part, cause)
+                self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + share * seconds
+        totals[USEFUL] = totals.get(USEFUL, 0.0) + ofu * seconds
+
+    def add_unallocated(self, seconds: float) -> None:
+        """GPU time no job held: all of it is the part ``unallocated`` (fleet level)."""
+        if seconds <= 0:
+            return
+        self.seconds += seconds
+        self.part_seconds[UNALLOCATED] = self.part_seconds.get(UNALLOCATED, 0.0) + seconds
+
+    def merge(self, other: LossTotals) -> None:
+        self.seconds += other.seconds
+        for part, value in other.part_seconds.items():
+            self.part_seconds[part] = self.part_seconds.get(part, 0.0) + value
+        for key, value in other.cause_seconds.items():
+            self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + value
+
+    def shares(self) -> dict[str, float]:
+        """Each part's share of the GPU time, in account order."""
+        if self.seconds <= 0:
+            return {}
+        return {part: self.part_seconds[part] / self.seconds
+                for part in sorted(self.part_seconds, key=part_order)}
+
+    def gpu_hours(self) -> dict[str, float]:
+        """Each part in GPU-hours, in account order."""
+        return {part: self.part_seconds[part] / 3600.0 for part in sorted(self.part_seconds, key=part_order)}
+
+    def dominant_cause(self, part: str) -> str | None:
+        """The cause behind most of a part's loss (the clock's reason, memory-bound or not)."""
+        found = [(value, cause) for (p, cause), value in self.cause_seconds.items() if p == part and value > 0]
+        return max(found)[1] if found else None
+
+    def largest_loss(self) -> tuple[str, float] | None:
+        """The loss part (not useful, not unallocated) with the most GPU time, and its share."""
+        shares = {p: v for p, v in self.shares().items() if p not in (USEFUL, UNALLOCATED)}
+        if not shares:
+            return None
+        part = max(shares, key=lambda p: (shares[p], -part_order(p)))
+        return part, shares[part]
+
+
+# --- words for people: what a part is and what to do about it (report, console, docs) ----------
+
+PART_TITLES: dict[str, str] = {
+    ENGINE_IDLE: "engine idle",
+    SM_IDLE: "SMs idle",
+    NON_TENSOR: "non-tensor",
+    CLOCK: "clock",
+    PADDING: "padding",
+    USEFUL: "useful (OFU)",
+    UNALLOCATED: "no job",
+}
+
+PART_MEANINGS: dict[str, str] = {
+    ENGINE_IDLE: "no kernel running: the input pipeline, the host, checkpoints, waiting for other ranks outside "
+                 "kernels",
+    SM_IDLE: "kernels running but SMs idle: launch gaps, small grids, tails",
+    NON_TENSOR: "SMs busy, tensor pipes idle: elementwise, softmax, normalization and communication kernels, "
+                "memory-bound phases",
+    CLOCK: "SMs below the clock the peak is quoted at (power cap, thermal, application clocks); negative when "
+           "boosting above it",
+    PADDING: "tensor work that 2MNK does not count: padded GEMM tiles",
+    USEFUL: "the tensor work the dense peak counts: OFU",
+    UNALLOCATED: "GPU time no job held",
+}
+
+_ADVICE: dict[str, str] = {
+    ENGINE_IDLE: "the input pipeline or the host, not the kernels: more data-loader workers and prefetch, pinned "
+                 "memory, asynchronous checkpoints; look for CPU-side stalls (debug flags, Python overhead, "
+                 "collectives waiting on a slow rank)",
+    SM_IDLE: "fewer, larger kernels: CUDA graphs or torch.compile against launch gaps, larger micro-batches "
+             "against small grids",
+    NON_TENSOR: "fuse the non-tensor work: fused attention kernels (FlashAttention), elementwise work in GEMM "
+                "epilogues, communication overlapped with compute",
+    CLOCK: "power cap or cooling: check the node's power limit and thermal state (nvidia-smi -q -d PERFORMANCE)",
+    PADDING: "shape alignment: pad the vocabulary to a multiple of 128, pack sequences to multiples of the tile "
+             "(128/256 tokens), keep hidden and FFN sizes multiples of 128",
+    UNALLOCATED: "schedule work on idle GPUs or give them back",
+}
+_CAUSE_ADVICE: dict[tuple[str, str], str] = {
+    (NON_TENSOR, MEMORY_BOUND): "memory-bound kernels (DRAM busy): fuse them (FlashAttention, fused norms and "
+                                "activations), raise arithmetic intensity with larger batches",
+    (CLOCK, "sw_power_cap"): "the power cap: raise the power limit, or accept the clock it buys",
+    (CLOCK, "hw_thermal"): "hardware thermal slowdown: the node's cooling (airflow, inlet temperature, fans)",
+    (CLOCK, "sw_thermal"): "the driver's thermal limit: the node's cooling",
+    (CLOCK, "hw_power_brake"): "an external power brake: the rack's power delivery",
+    (CLOCK, "hw_slowdown"): "hardware slowdown (thermal or power protection): the node's cooling and power delivery",
+    (CLOCK, "app_clocks"): "the applications clocks setting: reset it (nvidia-smi -rac)",
+    (CLOCK, "sync_boost"): "sync boost holds the group at its slowest GPU: find the throttled one",
+}
+_SPLIT_BY = {ENGINE_IDLE + MERGE + SM_IDLE: "GR_ENGINE_ACTIVE", SM_IDLE + MERGE + NON_TENSOR: "SM_ACTIVE"}
+
+
+def part_title(part: str) -> str:
+    """A part's short name for people; merged parts as ``SMs idle or non-tensor``."""
+    return " or ".join(PART_TITLES.get(step, step) for step in part.split(MERGE))
+
+
+def part_meaning(part: str) -> str:
+    return "; or ".join(PART_MEANINGS.get(step, step) for step in part.split(MERGE))
+
+
+def advice(part: str, cause: str | None = None) -> str:
+    """What to look at first for a part (worded by its cause where that changes the answer)."""
+    steps = part.split(MERGE)
+    if len(steps) > 1:
+        missing = [counter for merged, counter in _SPLIT_BY.items() if merged in part]
+        missing = missing or ["GR_ENGINE_ACTIVE and SM_ACTIVE"]
+        return (f"either {' or '.join(_ADVICE[s].split(':')[0] for s in steps)}; read "
+                f"DCGM_FI_PROF_{' and DCGM_FI_PROF_'.join(missing)} to tell them apart")
+    if cause is not None and (part, cause) in _CAUSE_ADVICE:
+        return _CAUSE_ADVICE[(part, cause)]
+    return _ADVICE.get(part, part)
