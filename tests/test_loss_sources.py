@@ -5,6 +5,8 @@ of tests/data/real when present); the expected parts are the page's own ratios s
 hand, with f_ref from the spec table (docs/gpus.md) and c_tile from the tile table.
 """
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,56 @@ def test_csv_recording_blank_sm_active_merges_for_that_row_only():
     assert first[("0", None)]["non_tensor"][0] == pytest.approx(0.981 - 0.929)
     # GPU 1's second row: TPA N/A -> no account; its SM N/A does not turn into a zero anywhere
     assert ("1", None) not in second
+
+
+# --- the conformance corpus (tests/data/real): every page gives the parts its counters allow ------
+
+REAL = DATA / "real" / "dcgm-exporter"
+_SERIES = re.compile(r'^(\w+)\{(.*)\}\s+(\S+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_RATIOS = {"gr": "dcgm_fi_prof_gr_engine_active", "sm": "dcgm_fi_prof_sm_active", "dram": "dcgm_fi_prof_dram_active"}
+
+
+def page_ratios(text: str) -> dict[tuple[str, str | None], dict[str, float]]:
+    """GR/SM/DRAM per GPU entity (gpu index, MIG instance), read off the page with a regular expression."""
+    out: dict[tuple[str, str | None], dict[str, float]] = {}
+    for line in text.splitlines():
+        found = _SERIES.match(line)
+        if not found:
+            continue
+        name, labels, value = found.group(1).lower(), dict(_LABEL.findall(found.group(2))), found.group(3)
+        for ratio, metric in _RATIOS.items():
+            if name == metric:
+                out.setdefault((labels["gpu"], labels.get("GPU_I_ID") or None), {})[ratio] = float(value)
+    return out
+
+
+@pytest.mark.parametrize("page_path", sorted(REAL.glob("*.prom")), ids=lambda p: p.name)
+def test_every_corpus_page_gives_the_parts_its_counters_allow(page_path):
+    expected = json.loads(page_path.with_name(page_path.stem + ".expected.json").read_text())
+    ratios = page_ratios(page_path.read_text())
+    gpus = account(parse_metrics(page_path.read_text(), time_unix_nano=1_772_445_600_000_000_000, window_s=30))
+    checked = 0
+    for gpu in expected["gpus"]:
+        key = (gpu["identity"]["gpu.index"], gpu["identity"].get("gpu.mig.instance_id"))
+        if "dropped" in gpu:
+            assert key not in gpus  # no OFU, no account
+            continue
+        parts, on_page = gpus[key], ratios.get(key, {})
+        tpa = gpu["tpa"]
+        want = {"clock": tpa - gpu["ofu_raw"], "padding": gpu["ofu_raw"] - gpu["ofu"], "ofu": gpu["ofu"]}
+        if "gr" in on_page and "sm" in on_page:
+            want |= {"engine_idle": 1 - on_page["gr"], "sm_idle": on_page["gr"] - on_page["sm"],
+                     "non_tensor": on_page["sm"] - tpa}
+        elif "gr" in on_page:  # dcgm-exporter's default counters: no SM_ACTIVE
+            want |= {"engine_idle": 1 - on_page["gr"], "sm_idle+non_tensor": on_page["gr"] - tpa}
+        else:
+            want |= {"engine_idle+sm_idle+non_tensor": 1 - tpa}
+        assert shares(parts) == pytest.approx(want, abs=2e-6), (page_path.name, key)
+        assert sum(shares(parts).values()) == pytest.approx(1.0, abs=1e-9)
+        memory = parts.get("non_tensor", parts.get("sm_idle+non_tensor", parts.get("engine_idle+sm_idle+non_tensor")))
+        assert memory[1] == ("unknown" if "dram" not in on_page else
+                             "memory_bound" if on_page["dram"] >= 0.5 else "not_memory_bound")
+        assert parts["clock"][1] == "unknown"  # dcgm-exporter does not export clock event reasons
+        checked += 1
+    assert checked or all("dropped" in g for g in expected["gpus"])
