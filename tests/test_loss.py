@@ -128,6 +128,11 @@ def test_clock_cause_is_the_most_severe_reason(mask, cause):
     assert loss.clock_cause(mask) == cause
 
 
+def test_the_clock_cause_table_agrees_with_the_bits_for_every_mask():
+    for mask in range(0x800):
+        assert loss.clock_cause(mask) == loss.clock_cause(float(mask)) == loss.clock_cause(str(mask))
+
+
 @pytest.mark.parametrize("dram,cause", [(0.49, NOT_MEMORY_BOUND), (0.5, MEMORY_BOUND), (0.91, MEMORY_BOUND),
                                         (None, UNKNOWN), (DCGM_FP64_BLANK, UNKNOWN)])
 def test_memory_cause_from_dram_active(dram, cause):
@@ -163,6 +168,7 @@ def test_the_parts_and_ofu_add_up_to_one(tpa, clock, fref, correction, gr, sm, d
         if name != CLOCK:
             assert value >= 0, (name, value)
     assert account.cause(CLOCK) in loss.CLOCK_CAUSES
+    assert account.causes == tuple(account.cause(name) for name in names)
     # a counter with a clean, consistent value is used as a level; one without a value never is
     for counter, value, step_above in (("gr_engine_active", gr, ENGINE_IDLE), ("sm_active", sm, SM_IDLE)):
         used = counter not in dict(account.unused)

@@ -139,3 +139,32 @@ def test_a_template_is_for_its_metric_names_in_their_order():
     clock = MetricPoint("gpu.sm.clock.frequency", 1.8e9, T0, gpu, (), "Hz")
     for points in ([ofu, raw], [raw, ofu], [ofu, clock], [ofu, raw], [ofu, raw]):
         assert otlp.encode_request(points) == reference(points).SerializeToString()
+
+
+def test_a_gauge_with_several_points_is_written_from_the_template_too():
+    """The loss account: one gpu.ofu.loss point per part, each with its own attributes, every interval."""
+    gpu = attrs({"host.name": "node-1", "hw.id": "GPU-1", "gpu.index": "0", "ofu.job.id": "job-1"})
+    fref = attrs({"ofu.fref.source": "spec"})
+    parts = [attrs({"ofu.loss.part": part, **({"ofu.loss.cause": cause} if cause else {})})
+             for part, cause in (("engine_idle", None), ("sm_idle+non_tensor", "memory_bound"),
+                                 ("clock", "sw_power_cap"), ("padding", None))]
+
+    def window(t: int, value: float, loss_parts: list) -> list[MetricPoint]:
+        return [MetricPoint("gpu.ofu", value, t, gpu, fref),
+                *[MetricPoint("gpu.ofu.loss", value / (k + 2), t, gpu, a) for k, a in enumerate(loss_parts)],
+                MetricPoint("gpu.sm.clock.frequency", 1.8e9, t, gpu, (), "Hz")]
+
+    for interval, value in enumerate((0.41, 0.0, -1.5, 0.7)):
+        points = window(T0 + interval * 10**10, value, parts)
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
+    # Checked on every use: a part more or less, other parts, the parts in another order
+    variants = [window(T0, 0.3, parts[:3]), window(T0, 0.3, [*parts, attrs({"ofu.loss.part": "x"})]),
+                window(T0, 0.3, [parts[1], parts[0], *parts[2:]]),
+                window(T0, 0.3, [attrs({"ofu.loss.part": "engine_idle"}), *parts[1:]])]
+    for points in [*variants, *variants, window(T0, 0.5, parts)]:
+        assert otlp.encode_request(points) == reference(points).SerializeToString()
+    # a metric's points apart (another metric between them): written as they are, not from a template
+    apart = [MetricPoint("gpu.ofu.loss", 0.1, T0, gpu, parts[0]), MetricPoint("gpu.ofu", 0.5, T0, gpu, fref),
+             MetricPoint("gpu.ofu.loss", 0.2, T0, gpu, parts[1])]
+    for _ in range(2):
+        assert otlp.encode_request(apart) == reference(apart).SerializeToString()

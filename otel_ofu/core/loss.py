@@ -97,16 +97,29 @@ MEMORY_BOUND_DRAM = 0.5
 INCONSISTENT = "inconsistent"  # a level further below the next one than the tolerance
 
 
-@dataclass(frozen=True, slots=True)
 class LossAccount:
-    """One GPU window: its loss parts (shares of the dense peak, chain order) and OFU; together 1."""
+    """One GPU window: its loss parts (shares of the dense peak, chain order) and OFU; together 1.
 
-    parts: tuple[tuple[str, float], ...]
-    ofu: float
-    clock_cause: str
-    memory_cause: str
-    reordered: bool = False  # a level was raised to the one below it (sampling noise)
-    unused: tuple[tuple[str, str], ...] = ()  # (counter, why) of GR/SM not used as a level
+    ``causes`` runs beside ``parts``: the clock part's event reason, the memory cause of the part
+    holding the non-tensor step, None for the others.
+    """
+
+    __slots__ = ("parts", "causes", "ofu", "clock_cause", "memory_cause", "reordered", "unused")
+
+    def __init__(self, parts: tuple[tuple[str, float], ...], causes: tuple[str | None, ...], ofu: float,
+                 clock_cause: str, memory_cause: str, reordered: bool = False,
+                 unused: tuple[tuple[str, str], ...] = ()):
+        self.parts = parts
+        self.causes = causes
+        self.ofu = ofu
+        self.clock_cause = clock_cause
+        self.memory_cause = memory_cause
+        self.reordered = reordered  # a level was raised to the one below it (sampling noise)
+        self.unused = unused  # (counter, why) of GR/SM not used as a level
+
+    def __repr__(self) -> str:
+        return f"LossAccount(parts={self.parts!r}, ofu={self.ofu!r}, clock={self.clock_cause}, " \
+               f"memory={self.memory_cause}, reordered={self.reordered}, unused={self.unused!r})"
 
     def cause(self, part: str) -> str | None:
         """The cause a part carries: the clock part's reason, memory-bound for the non-tensor step."""
@@ -133,19 +146,20 @@ class LossAccount:
         return max(self.parts, key=lambda item: item[1])
 
 
-def _level(name: str, value: object, tolerance: float) -> tuple[float | None, tuple[str, str] | None]:
+_MISSING = "missing"
+
+
+def _level(value: object, tolerance: float) -> tuple[float | None, str]:
+    """A ratio that is not a plain float in [0, 1] as a level of the chain, or why it is none."""
+    if value is None:
+        return None, _MISSING
     number, reason = clean_ratio(value, tolerance)
     if number is None:
-        return None, (name, str(reason))
-    return number, None
+        return None, str(reason)
+    return number, ""
 
 
-def clock_cause(reasons: object) -> str:
-    """The most severe clock event reason in a bitmask (DCGM 112); ``unknown`` without one."""
-    number, _ = clean(reasons, "int64")
-    if number is None or number != int(number):
-        return UNKNOWN
-    mask = int(number)
+def _clock_cause(mask: int) -> str:
     if mask == 0:
         return NO_REASON
     for bit, name in CLOCK_REASONS:
@@ -154,12 +168,107 @@ def clock_cause(reasons: object) -> str:
     return OTHER_REASON
 
 
+_CLOCK_CAUSE_TABLE = tuple(_clock_cause(mask) for mask in range(0x200))  # every combination of the known bits
+
+
+def clock_cause(reasons: object) -> str:
+    """The most severe clock event reason in a bitmask (DCGM 112); ``unknown`` without one."""
+    if type(reasons) is int and 0 <= reasons < 0x200:  # the usual reading: a table lookup
+        return _CLOCK_CAUSE_TABLE[reasons]
+    if reasons is None:
+        return UNKNOWN
+    number, _ = clean(reasons, "int64")
+    if number is None or number != int(number):
+        return UNKNOWN
+    return _clock_cause(int(number))
+
+
 def memory_cause(dram: object, tolerance: float = TPA_TOLERANCE, threshold: float = MEMORY_BOUND_DRAM) -> str:
     """Whether DRAM_ACTIVE says the window's non-tensor work was memory-bound; ``unknown`` without it."""
+    if type(dram) is float and 0.0 <= dram <= 1.0:
+        return MEMORY_BOUND if dram >= threshold else NOT_MEMORY_BOUND
+    if dram is None:
+        return UNKNOWN
     number, _ = clean_ratio(dram, tolerance)
     if number is None:
         return UNKNOWN
     return MEMORY_BOUND if number >= threshold else NOT_MEMORY_BOUND
+
+
+# The four layouts a window's parts can have, by which of GR and SM are levels; each part's kind
+# of cause beside it (the clock's reason, the memory cause of the part holding the non-tensor step).
+FULL = (ENGINE_IDLE, SM_IDLE, NON_TENSOR, CLOCK, PADDING)
+WITHOUT_SM = (ENGINE_IDLE, SM_IDLE + MERGE + NON_TENSOR, CLOCK, PADDING)
+WITHOUT_GR = (ENGINE_IDLE + MERGE + SM_IDLE, NON_TENSOR, CLOCK, PADDING)
+WITHOUT_BOTH = (MERGE.join(_STEPS), CLOCK, PADDING)
+_MEMORY, _CLOCK = "memory", "clock"
+CAUSE_KINDS: dict[tuple[str, ...], tuple[str | None, ...]] = {
+    names: tuple(_CLOCK if n == CLOCK else _MEMORY if NON_TENSOR in n.split(MERGE) else None for n in names)
+    for names in (FULL, WITHOUT_SM, WITHOUT_GR, WITHOUT_BOTH)}
+
+
+def causes_of(names: tuple[str, ...], memory: str, clock: str) -> tuple[str | None, ...]:
+    """The cause beside each part of a layout."""
+    return tuple(clock if k is _CLOCK else memory if k is _MEMORY else None for k in CAUSE_KINDS[names])
+
+
+def _levels(tpa: float, gr: object, sm: object, tolerance: float
+            ) -> tuple[float | None, float | None, bool, str, str]:
+    """GR and SM as levels above TPA (or None), whether one was raised, and why each is not used ("" if it is).
+
+    A plain ratio (a float within [0, 1], the usual reading) is taken as is; anything else goes
+    through the blank rule (values.clean_ratio), which also names why it is no value. Bottom up:
+    TPA is the anchor (it makes OFU); a level may sit below the next one by noise only.
+    """
+    if type(sm) is float and 0.0 <= sm <= 1.0:
+        sm_level: float | None = sm
+        sm_why = ""
+    else:
+        sm_level, sm_why = _level(sm, tolerance)
+    if type(gr) is float and 0.0 <= gr <= 1.0:
+        gr_level: float | None = gr
+        gr_why = ""
+    else:
+        gr_level, gr_why = _level(gr, tolerance)
+    reordered = False
+    below = tpa
+    if sm_level is not None:
+        if sm_level < below - tolerance:
+            sm_level, sm_why = None, INCONSISTENT
+        else:
+            if sm_level < below:
+                sm_level, reordered = below, True
+            below = sm_level
+    if gr_level is not None:
+        if gr_level < below - tolerance:
+            gr_level, gr_why = None, INCONSISTENT
+        elif gr_level < below:
+            gr_level, reordered = below, True
+    return gr_level, sm_level, reordered, gr_why, sm_why
+
+
+def loss_shares(tpa: float, raw: float, ofu: float, gr: object = None, sm: object = None, dram: object = None,
+                reasons: object = None, tolerance: float = TPA_TOLERANCE,
+                memory_bound_dram: float = MEMORY_BOUND_DRAM
+                ) -> tuple[tuple[str, ...], tuple[float, ...], str, str]:
+    """The account of one window, lean: (layout, the parts' shares in its order, memory cause, clock cause).
+
+    What :func:`loss_account` returns, without the object and the diagnostics: the ofu processor
+    calls this once per GPU window. ``layout`` is one of the module's four tuples of part names.
+    """
+    gr_level, sm_level, _, _, _ = _levels(tpa, gr, sm, tolerance)
+    if type(reasons) is int and 0 <= reasons < 0x200:
+        clock = _CLOCK_CAUSE_TABLE[reasons]
+    else:
+        clock = UNKNOWN if reasons is None else clock_cause(reasons)
+    memory = memory_cause(dram, tolerance, memory_bound_dram)
+    if gr_level is not None:
+        if sm_level is not None:
+            return FULL, (1.0 - gr_level, gr_level - sm_level, sm_level - tpa, tpa - raw, raw - ofu), memory, clock
+        return WITHOUT_SM, (1.0 - gr_level, gr_level - tpa, tpa - raw, raw - ofu), memory, clock
+    if sm_level is not None:
+        return WITHOUT_GR, (1.0 - sm_level, sm_level - tpa, tpa - raw, raw - ofu), memory, clock
+    return WITHOUT_BOTH, (1.0 - tpa, tpa - raw, raw - ofu), memory, clock
 
 
 def loss_account(tpa: float, raw: float, ofu: float, gr: object = None, sm: object = None, dram: object = None,
@@ -168,42 +277,11 @@ def loss_account(tpa: float, raw: float, ofu: float, gr: object = None, sm: obje
     """The account of one window from its OFU figures (TPA, raw and corrected OFU, clean
     numbers as :func:`otel_ofu.core.ofu.compute_ofu` returns them) and the raw readings of
     GR, SM, DRAM and the clock event reasons (None, blanks, NaN: no value)."""
-    unused: list[tuple[str, str]] = []
-    sm_level, why = _level("sm_active", sm, tolerance)
-    if why:
-        unused.append(why)
-    gr_level, why = _level("gr_engine_active", gr, tolerance)
-    if why:
-        unused.append(why)
-    reordered = False
-    # Bottom up: TPA is the anchor (it makes OFU); a level may sit below the next by noise only.
-    below = tpa
-    if sm_level is not None:
-        if sm_level < below - tolerance:
-            unused.append(("sm_active", INCONSISTENT))
-            sm_level = None
-        elif sm_level < below:
-            sm_level, reordered = below, True
-        if sm_level is not None:
-            below = sm_level
-    if gr_level is not None:
-        if gr_level < below - tolerance:
-            unused.append(("gr_engine_active", INCONSISTENT))
-            gr_level = None
-        elif gr_level < below:
-            gr_level, reordered = below, True
-    parts: list[tuple[str, float]] = []
-    above = 1.0
-    pending: list[str] = []
-    for step, level in ((ENGINE_IDLE, gr_level), (SM_IDLE, sm_level), (NON_TENSOR, tpa)):
-        pending.append(step)
-        if level is not None:
-            parts.append((MERGE.join(pending), above - level))
-            above, pending = level, []
-    parts.append((CLOCK, tpa - raw))
-    parts.append((PADDING, raw - ofu))
-    return LossAccount(tuple(parts), ofu, clock_cause(reasons), memory_cause(dram, tolerance, memory_bound_dram),
-                       reordered, tuple(unused))
+    names, values, memory, clock = loss_shares(tpa, raw, ofu, gr, sm, dram, reasons, tolerance, memory_bound_dram)
+    _, _, reordered, gr_why, sm_why = _levels(tpa, gr, sm, tolerance)
+    unused = tuple((name, why) for name, why in (("sm_active", sm_why), ("gr_engine_active", gr_why)) if why)
+    return LossAccount(tuple(zip(names, values)), causes_of(names, memory, clock), ofu, clock, memory, reordered,
+                       unused)
 
 
 def part_order(part: str) -> int:
@@ -229,8 +307,7 @@ class LossTotals:
 
     def add(self, account: LossAccount, seconds: float) -> None:
         self.add_parts(account.parts, account.ofu, seconds,
-                       {CLOCK: account.clock_cause, **{p: account.memory_cause for p, _ in account.parts
-                                                       if NON_TENSOR in p.split(MERGE)}})
+                       {part: cause for (part, _), cause in zip(account.parts, account.causes) if cause is not None})
 
     def add_parts(self, parts: Iterable[tuple[str, float]], ofu: float, seconds: float,
                   causes: dict[str, str] | None = None) -> None:

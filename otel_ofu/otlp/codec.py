@@ -217,14 +217,16 @@ def _gauge_prefix(name: str, unit: str, attributes_size: int) -> bytes:
     return prefix
 
 
-# --- A resource whose metrics are one plain gauge point each, written from a template ----------
+# --- A resource whose metrics are plain gauge points, written from a template ------------------
 #
 # Why: that is what the ofu processor makes for a GPU every interval (gpu.ofu, gpu.ofu.raw, the
-# reference clock, FLOP/s, the inputs), and a jobs tier forwards the same. Its bytes are the
-# same every interval but for each point's time and value (fixed64: the same sizes), so the
-# whole ResourceMetrics field is kept as a template, per resource object and metric names, and
-# written with one struct call. Checked on every use: the same resource object, and per metric
-# the same unit, attribute tuple object and metric definition; anything else builds it anew.
+# reference clock, FLOP/s, the loss account's parts, the inputs), and a jobs tier forwards the
+# same. Its bytes are the same every interval but for each point's time and value (fixed64: the
+# same sizes), so the whole ResourceMetrics field is kept as a template, per resource object and
+# point count, and written with one struct call. A metric's points lie next to each other (the
+# loss account's parts: one metric, several points). Checked on every use: the same resource
+# object, and per point the same metric name, unit, attribute tuple object and metric definition;
+# anything else builds it anew.
 
 _TEMPLATE_CACHE_SIZE = 1 << 17  # resources (a 100,000-GPU instance's GPUs), about 2 KB each
 _templates: Cache = Cache("otlp resource templates", _TEMPLATE_CACHE_SIZE)  # (id, points) -> template
@@ -236,23 +238,20 @@ class _PlainTemplate:
     def __init__(self, resource: Attributes, signature: tuple[tuple[str, str, Attributes, MetricInfo | None], ...],
                  packer: struct.Struct, head: bytes, tails: tuple[bytes, ...]):
         self.resource = resource
-        self.signature = signature  # per metric: name, unit, attributes, its METRICS entry
+        self.signature = signature  # per point: its metric's name, unit, its attributes, the metric's METRICS entry
         self.packer = packer
         self.head = head  # the bytes before the first point's time
-        self.tails = tails  # per metric: the bytes after its value, up to the next point's time
+        self.tails = tails  # per point: the bytes after its value, up to the next point's time
 
 
-def _plain_point(points: list[MetricPoint]) -> MetricPoint | None:
-    """The one point of a metric group, when it is a plain gauge point (time, no start time)."""
-    if len(points) != 1:
-        return None
-    point = points[0]
-    return point if point.time_unix_nano and not point.start_time_unix_nano and not point.monotonic else None
+def _plain(point: MetricPoint) -> bool:
+    """A plain gauge point: a time, no start time."""
+    return bool(point.time_unix_nano) and not point.start_time_unix_nano and not point.monotonic
 
 
 def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], scope: bytes) -> bytes | None:
     """The ResourceMetrics field for a resource's ``points`` from its template; None: not all plain
-    (one gauge point per metric name, with a time and no start time)."""
+    (gauge points with a time and no start time, each metric's points next to each other)."""
     key = (id(resource), len(points))
     template = _templates.get(key)
     if template is not None and template.resource is resource:
@@ -266,10 +265,16 @@ def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], sco
             args += (point.time_unix_nano, 0x21, float(point.value), tail)
         else:
             return template.packer.pack(*args)
-    names = {point.name for point in points}
-    if len(names) != len(points):
-        return None  # a metric with several points: not this template's
-    template = _plain_template(resource, {point.name: [point] for point in points}, scope)
+    metrics: dict[str, list[MetricPoint]] = {}
+    last = None
+    for point in points:
+        if point.name != last:
+            if point.name in metrics:
+                return None  # a metric's points apart: not this template's
+            last = point.name
+            metrics[last] = []
+        metrics[last].append(point)
+    template = _plain_template(resource, metrics, scope)
     if template is None:
         return None
     _templates.put(key, template)
@@ -279,17 +284,29 @@ def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], sco
 def _plain_template(resource: Attributes, metrics: dict[str, list[MetricPoint]], scope: bytes
                     ) -> _PlainTemplate | None:
     signature = []
-    bodies = []  # per metric: its field up to the time, and after the value
+    bodies = []  # per point: its metric's bytes up to its time (the metric head for its first), and after its value
+    scope_size = len(scope)
     for name, pts in metrics.items():
-        point = _plain_point(pts)
-        if point is None:
+        unit = pts[0].unit
+        if not all(_plain(p) and p.unit == unit for p in pts):
             return None
-        attributes = _attributes_bytes(point.attributes, b"\x3a")
-        prefix = _gauge_prefix(name, point.unit, len(attributes))
-        bodies.append((prefix + b"\x19", attributes))
-        signature.append((name, point.unit, point.attributes, METRICS.get(name)))
+        encoded = [_attributes_bytes(p.attributes, b"\x3a") for p in pts]
+        if len(pts) == 1:
+            prefix = _gauge_prefix(name, unit, len(encoded[0]))
+            bodies.append((prefix + b"\x19", encoded[0]))
+            scope_size += len(prefix) + 18 + len(encoded[0])
+        else:
+            point_fields = [b"\x0a" + varint(_TIME_VALUE.size + len(a)) for a in encoded]
+            gauge_size = sum(len(f) + _TIME_VALUE.size + len(a) for f, a in zip(point_fields, encoded))
+            head = _metric_head(name, unit)
+            gauge_field = b"\x2a" + varint(gauge_size)
+            metric_prefix = b"\x12" + varint(len(head) + len(gauge_field) + gauge_size) + head + gauge_field
+            for k, (field, attributes) in enumerate(zip(point_fields, encoded)):
+                bodies.append(((metric_prefix if k == 0 else b"") + field + b"\x19", attributes))
+            scope_size += len(metric_prefix) + gauge_size
+        info = METRICS.get(name)
+        signature += [(name, unit, p.attributes, info) for p in pts]
     # Everything but the points' 17 bytes each (time, the value's tag, value) is known now: the sizes too.
-    scope_size = len(scope) + sum(len(head) + 17 + len(tail) for head, tail in bodies)
     head = _len_field(b"\x0a", _attributes_bytes(resource, b"\x0a")) + b"\x12" + varint(scope_size)
     first = b"\x0a" + varint(len(head) + scope_size) + head + scope + bodies[0][0]
     # Shared by every GPU whose points look alike: only the first part holds the resource.

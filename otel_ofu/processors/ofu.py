@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.core.loss import MEMORY_BOUND_DRAM, loss_account
+from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
@@ -343,16 +343,17 @@ class OfuProcessor(Processor):
                 # What the recording rules weigh the instance by: its fraction of the physical GPU.
                 out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs))
             if cfg.loss.enabled:
-                account = loss_account(result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active,
-                                       sample.dram_active, sample.clock_event_reasons, tolerance=cfg.tpa_tolerance,
-                                       memory_bound_dram=cfg.loss.memory_bound_dram)
-                for part, value in account.parts:
-                    cause = account.cause(part)
-                    part_attrs = loss_attrs.get((part, cause))
-                    if part_attrs is None:
-                        part_attrs = loss_attrs[(part, cause)] = attrs(
-                            {**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
-                    out.append(MetricPoint("gpu.ofu.loss", value, t, resource, part_attrs))
+                names, shares, memory, clock = loss_shares(
+                    result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
+                    sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
+                key = (names, memory, clock)
+                part_attrs = loss_attrs.get(key)
+                if part_attrs is None:
+                    part_attrs = loss_attrs[key] = tuple(
+                        attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
+                        for part, cause in zip(names, causes_of(names, memory, clock)))
+                for share, part_attributes in zip(shares, part_attrs):
+                    out.append(MetricPoint("gpu.ofu.loss", share, t, resource, part_attributes))
         else:
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
@@ -434,9 +435,9 @@ class OfuProcessor(Processor):
         return found[0]
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes],
-                                                      dict[tuple[str, str | None], Attributes]]:
-        """The inputs' point attributes, the OFU points' (by f_ref source) and the loss points' (by part
-        and cause), shared by many GPUs.
+                                                      dict[tuple, tuple[Attributes, ...]]]:
+        """The inputs' point attributes, the OFU points' (by f_ref source) and the loss points' (by layout
+        and causes: one per part), shared by many GPUs.
 
         Why: GPUs with the same extra attributes (usually none) carry the same attribute sets;
         one tuple object for all of them is sorted once and lets the exporter encode it once per
@@ -458,8 +459,7 @@ class OfuProcessor(Processor):
             cached = self._attributes_cache.get(key)
             if cached is not None:
                 return cached
-        entry: tuple[Attributes, dict[str, Attributes], dict[tuple[str, str | None], Attributes]] = (
-            attrs(extra), {}, {})
+        entry: tuple[Attributes, dict[str, Attributes], dict[tuple, tuple[Attributes, ...]]] = (attrs(extra), {}, {})
         if key is not None:
             self._attributes_cache.put(key, entry)
         return entry
