@@ -165,3 +165,39 @@ def test_receiver_sleeps_until_the_next_window_is_due(monkeypatch):
     clock.now += 12.0  # fell behind (17 s = 34 simulated): catches up at once, then waits for 40
     receiver.poll()
     assert len(got) == 3 and receiver.interval() == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(("jobs", "extra", "key"), [
+    ([{"scenario": "steady", "profile": {"tensor": 0.5, "non_tensor": 0.4, "sm_idle": 0.2}}], {},
+     "jobs[0].profile.tensor"),
+    ([{"scenario": "steady", "non_tensor_dram": 1.5}], {}, "jobs[0].non_tensor_dram"),
+    ([], {"throttled_nodes": [{"node": 5, "clock_mhz": 1100}]}, "throttled_nodes[0].node"),
+    ([], {"throttled_nodes": [{"node": 0, "clock_mhz": 1100, "reason": "bad_luck"}]}, "throttled_nodes[0].reason"),
+])
+def test_loss_settings_are_checked(jobs, extra, key):
+    from otel_ofu.pipeline.config import FieldError
+    with pytest.raises(FieldError) as info:
+        build_config(SimReceiverConfig, {"nodes": 1, "jobs": jobs, **extra})
+    assert info.value.key == key
+
+
+def test_a_throttled_node_reports_its_reason_and_holds_its_clock():
+    fleet = fleet_of([{"scenario": "steady", "gpus": 1, "node": 1}, {"scenario": "steady", "gpus": 1, "node": 0}],
+                     nodes=2, throttled_nodes=[{"node": 1, "clock_mhz": 1100, "reason": "hw_thermal"}])
+    windows = run(fleet, 120)[2:]
+    hot = [s for w in windows for s, _ in w if s.host.endswith("1") and s.job_id != "none"]
+    cool = [s for w in windows for s, _ in w if s.host.endswith("0") and s.job_id != "none"]
+    assert all(s.clock_event_reasons & 0x40 for s in hot) and not any(s.clock_event_reasons & 0x40 for s in cool)
+    assert statistics.mean(s.sm_clock_mhz for s in hot) == pytest.approx(1100, abs=20)
+    assert statistics.mean(s.sm_clock_mhz for s in cool) > 1700
+
+
+def test_the_counters_nest_as_on_a_gpu():
+    windows = run(fleet_of([{"scenario": "steady", "gpus": 2}, {"scenario": "input_bound", "gpus": 2}]), 300)
+    for sample, truth in (x for w in windows for x in w):
+        if sample.job_id == "none":
+            assert sample.gr_active == sample.sm_active == sample.tensor_active == 0.0
+            continue
+        # reported within the sampling noise of GR >= SM >= TPA; the truth adds up with the true MFU
+        assert sample.gr_active >= sample.sm_active - 0.01 >= sample.tensor_active - 0.02
+        assert sum(truth.parts.values()) + truth.true_mfu == pytest.approx(1.0, abs=1e-12)

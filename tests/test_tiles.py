@@ -50,3 +50,12 @@ def test_override_precedence():
     assert correction_factor("ampere", "bf16") == tiles.DEFAULT_CORRECTIONS["ampere"]["bf16"]
     assert correction_factor(None, "bf16") == 1.0
     assert correction_factor("hopper", "unknown") == tiles.DEFAULT_CORRECTIONS["hopper"]["bf16"]
+
+
+def test_a_jobs_own_correction_from_its_shapes():
+    # 2,050 tokens on Blackwell's 256-row BF16 tile pad to 2,304: 2050 / 2304 = 0.88976, then the
+    # pipe excess of aligned GEMMs (2 pp at 85 %): 0.88976 / 1.023529 = 0.86931
+    assert tiles.job_correction([(2050, 256, 256)], "blackwell", "bf16") == 0.869
+    assert tiles.job_correction([(2048, 256, 256)], "blackwell", "bf16") == round(1 / (1 + 0.02 / 0.85), 3)
+    assert tiles.job_correction([(2050, 256, 256)], "hopper", "fp4") == tiles.job_correction(
+        [(2050, 256, 256)], "hopper", "bf16")  # a precision the architecture has no tile for: BF16's

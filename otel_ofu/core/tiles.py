@@ -106,6 +106,19 @@ def default_corrections() -> dict[str, dict[str, float]]:
 
 DEFAULT_CORRECTIONS: dict[str, dict[str, float]] = default_corrections()
 
+
+def job_correction(shapes: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...], architecture: str,
+                   precision: str) -> float:
+    """c_tile for one job from its own GEMM shapes (M tokens x N out x K in), rounded to 1e-3.
+
+    For a job whose shapes pad far more than the fleet's reference mix (a ragged vocabulary,
+    odd packed lengths): the ofu processor's ``tile_correction.jobs`` takes it, so the job's OFU
+    is its MFU and the loss account's padding part shows what its shapes cost.
+    """
+    table = ARCH_TILES[architecture]
+    tile = table.get(precision, table[FALLBACK_PRECISION])
+    return round(flops_weighted_efficiency(list(shapes), tile) / (1.0 + PIPE_EXCESS), 3)
+
 #: Used when the precision is unknown: the BF16 factor, the most common training precision.
 FALLBACK_PRECISION = "bf16"
 

@@ -21,7 +21,8 @@ from otel_ofu.sim import fleet as sim
 
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64
-Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint"]
+Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint",
+                   "input_bound", "memory_bound", "ragged_vocab"]
 
 
 @dataclass
@@ -31,6 +32,38 @@ class SimPhaseConfig:
     precision: str  # the phase's precision (fp4, fp8, bf16, ...)
     mfu: float  # true MFU during the phase
     duration: Duration  # how long the phase lasts
+
+
+@dataclass
+class SimProfileConfig:
+    """What a job's kernels do with the time the engine is busy: the three shares add up to 1."""
+
+    tensor: float  # tensor pipes busy
+    non_tensor: float  # SMs busy on other work (elementwise, softmax, communication kernels)
+    sm_idle: float  # kernels running on idle SMs (launch gaps, small grids, tails)
+
+    def validate(self) -> None:
+        require(self.tensor > 0 and self.non_tensor >= 0 and self.sm_idle >= 0, "tensor",
+                "shares are >= 0, the tensor share > 0")
+        require(abs(self.tensor + self.non_tensor + self.sm_idle - 1.0) < 1e-6, "tensor",
+                f"the shares add up to 1, got {self.tensor + self.non_tensor + self.sm_idle:g}")
+
+
+@dataclass
+class SimThrottleConfig:
+    """A node whose SM clock is held down whenever its GPUs work, with the clock event reason it reports."""
+
+    node: int  # the node (0-based)
+    clock_mhz: float  # the SM clock it is held at
+    # The reason its GPUs report (DCGM 112): hw_thermal, hw_slowdown, hw_power_brake, sw_thermal,
+    # sw_power_cap, sync_boost or app_clocks.
+    reason: str = "hw_thermal"
+
+    def validate(self) -> None:
+        require(self.node >= 0, "node", "must be >= 0")
+        require(100 <= self.clock_mhz <= 5000, "clock_mhz", f"expected MHz within [100, 5000], got {self.clock_mhz}")
+        require(self.reason in sim.THROTTLE_REASONS, "reason",
+                f"unknown reason {self.reason!r} (known: {', '.join(sim.THROTTLE_REASONS)})")
 
 
 @dataclass
@@ -66,9 +99,15 @@ class SimJobConfig:
     # blank, so that GPU has no OFU meanwhile):
     profiler_at: Duration | None = None  # when it attaches, into the job; unset: never
     profiler_length: Duration = field(default_factory=lambda: Duration(600))  # how long it holds the lock
+    # Its kernels (the loss account it makes); unset: the scenario's (steady 0.5/0.4/0.1).
+    profile: SimProfileConfig | None = None
+    # DRAM activity while its non-tensor kernels run; unset: the scenario's (0.35; memory_bound 0.95).
+    non_tensor_dram: float | None = None
 
     def validate(self) -> None:
         require(self.gpus >= 1, "gpus", "must be at least 1")
+        require(self.non_tensor_dram is None or 0 <= self.non_tensor_dram <= 1, "non_tensor_dram",
+                f"must be within [0, 1], got {self.non_tensor_dram}")
         require(self.mfu is None or 0 <= self.mfu <= 1, "mfu", f"must be within [0, 1], got {self.mfu}")
         require(self.precision is None or specs.normalize_precision(self.precision) != specs.UNKNOWN_PRECISION,
                 "precision", f"unknown precision {self.precision!r} (known: {', '.join(specs.PRECISIONS)})")
@@ -98,6 +137,10 @@ class SimJobConfig:
             phases=phases or list(defaults.get("phases", [])),
             profiler_at=float(self.profiler_at) if self.profiler_at is not None else None,
             profiler_length=float(self.profiler_length),
+            profile=((self.profile.tensor, self.profile.non_tensor, self.profile.sm_idle) if self.profile
+                     else defaults.get("profile", sim.JobSpec.profile)),
+            non_tensor_dram=(self.non_tensor_dram if self.non_tensor_dram is not None
+                             else defaults.get("non_tensor_dram", sim.JobSpec.non_tensor_dram)),
         )
 
 
@@ -128,6 +171,9 @@ class SimReceiverConfig:
     # The jobs; GPUs not given a job are idle. [] = a built-in mix filling the fleet (steady,
     # moe_inflated, regression, checkpoint, power_capped, idle).
     jobs: list[SimJobConfig] = field(default_factory=list)
+    # Nodes whose SM clock is held down (cooling, power delivery): their jobs lose throughput to
+    # the clock, and their GPUs report the reason.
+    throttled_nodes: list[SimThrottleConfig] = field(default_factory=list)
 
     def validate(self) -> None:
         # Upper bounds: the fleet is built in memory (found by benchmarks/fuzz.py: nodes 2^47 hung validation).
@@ -157,6 +203,8 @@ class SimReceiverConfig:
         for i, job in enumerate(self.job_specs()):
             if job.node is not None:
                 require(0 <= job.node < self.nodes, f"jobs[{i}].node", f"must be within [0, {self.nodes - 1}]")
+        for i, throttle in enumerate(self.throttled_nodes):
+            require(throttle.node < self.nodes, f"throttled_nodes[{i}].node", f"must be within [0, {self.nodes - 1}]")
         total = sum(j.gpus for j in self.job_specs())
         require(total <= self.nodes * self.gpus_per_node, "jobs",
                 f"the jobs need {total} GPUs but the fleet has {self.nodes * self.gpus_per_node}")
@@ -178,7 +226,8 @@ def build_fleet(config: SimReceiverConfig, start_unix_s: float) -> sim.Fleet:
     return sim.Fleet(nodes=config.nodes, gpus_per_node=config.gpus_per_node, models=config.models,
                      jobs=config.job_specs(), seed=config.seed, window_s=float(config.collection_interval),
                      clock_sample_s=float(config.clock_sample_interval), start_unix_s=start_unix_s,
-                     host_prefix=config.host_prefix, clock_sampling=config.clock_sampling)
+                     host_prefix=config.host_prefix, clock_sampling=config.clock_sampling,
+                     throttles={t.node: sim.Throttle(t.clock_mhz, t.reason) for t in config.throttled_nodes})
 
 
 def window_batch(results: list[tuple[object, sim.WindowTruth]], emit_truth: bool) -> Batch:

@@ -4,14 +4,21 @@ What it models, per GPU, in ticks of 0.25 s of simulated time:
 
 - the job's tensor pipe activity a(t) (fraction of SM cycles with a tensor pipe busy),
   from its scenario, with iteration jitter;
+- what the rest of the time does, from the job's kernel profile (its ``profile``: the shares of
+  engine-busy time with tensor pipes busy, with SMs busy on other work, and with kernels
+  running on idle SMs): the engine is busy g = a / tensor share of the time, so a job that
+  does less work per second (waiting for input, a regression on the host) leaves the engine
+  idle longer; DRAM activity follows its kernels' memory intensity;
 - the SM clock f(t): near max when idle-but-busy, pulled down under heavy tensor load
   (power), held at the cap by a power limit, with a random walk of tens of MHz;
 - ground truth: useful FLOP/s = a x f x FLOP/clk x e, where e (< 1) is the job's tile and
   pipe efficiency from its GEMM shapes; true MFU = mean(a x f) x e / f_ref.
 
 What it reports, per window, is what DCGM would: TPA = sum(a f) / sum(f) (cycle-weighted),
-the SM clock as point samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock
-event reasons. The ``ofu`` processor never sees the truth; tests compare against it.
+GR, SM and DRAM activity the same way (with a little sampling noise), the SM clock as point
+samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock event reasons.
+The ``ofu`` processor never sees the truth (true MFU, and the true loss account of
+:class:`WindowTruth`); tests compare against it.
 """
 
 from __future__ import annotations
@@ -19,14 +26,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from otel_ofu.core import specs, tiles
+from otel_ofu.core import loss, specs, tiles
 from otel_ofu.core.model import NO_JOB, GpuSample
 from otel_ofu.core.values import DCGM_FP64_BLANK
 
-SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint")
+SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint",
+             "input_bound", "memory_bound", "ragged_vocab")
 
 REASON_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
+# A throttled node's clock event reasons by name (core/loss.py's table).
+THROTTLE_REASONS: dict[str, int] = {name: bit for bit, name in loss.CLOCK_REASONS
+                                    if name not in ("idle", "display_clocks")}
+TENSOR_DRAM = 0.3  # DRAM activity while tensor pipes run (GEMMs stream their operands)
+COUNTER_NOISE = 0.002  # sd of the sampling noise on the reported GR, SM and DRAM ratios
 CLOCK_STEP_MHZ = 15.0
 TICK_S = 0.25  # the simulation's time step; clock sampling intervals are multiples of it
 CLOCK_WALK_AR = 0.97  # per sub-tick: the wander decorrelates over ~8 s
@@ -54,6 +67,10 @@ class JobSpec:
     power_cap_mhz: float | None = None
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (precision, mfu, seconds)
     efficiency: float | None = None  # overrides the tile x pipe efficiency from shapes (benchmarks: one GEMM)
+    # Its kernels: the shares of engine-busy time with tensor pipes busy, with SMs busy on other
+    # work (elementwise, softmax, communication), and with kernels running on idle SMs (launch gaps).
+    profile: tuple[float, float, float] = (0.50, 0.40, 0.10)
+    non_tensor_dram: float = 0.35  # DRAM activity while its non-tensor kernels run (memory intensity)
     # A user's profiler (Nsight) takes DCGM's profiling lock on the job's first GPU for this span
     # (seconds into the job): DCGM publishes blanks for profiling fields, so that GPU has no OFU.
     profiler_at: float | None = None
@@ -62,14 +79,37 @@ class JobSpec:
 
 SCENARIO_DEFAULTS: dict[str, dict] = {
     "steady": {"mfu": 0.45, "precision": "bf16"},
-    "moe_inflated": {"mfu": 0.26, "precision": "bf16", "reported_mfu_factor": 2.1},
+    # all-to-all communication kernels: more non-tensor work and small grids
+    "moe_inflated": {"mfu": 0.26, "precision": "bf16", "reported_mfu_factor": 2.1, "profile": (0.35, 0.50, 0.15)},
     "regression": {"mfu": 0.48, "precision": "bf16"},
-    "mixed_precision": {"mfu": 0.42, "precision": "fp8",
+    "mixed_precision": {"mfu": 0.42, "precision": "fp8", "profile": (0.55, 0.37, 0.08),
                         "phases": [("fp4", 0.35, 600.0), ("fp8", 0.42, 600.0), ("bf16", 0.50, 600.0)]},
     "idle": {"mfu": 0.0, "precision": "bf16"},
-    "power_capped": {"mfu": 0.45, "precision": "bf16", "power_cap_mhz": 1455.0},
+    "power_capped": {"mfu": 0.45, "precision": "bf16", "power_cap_mhz": 1455.0, "profile": (0.55, 0.37, 0.08)},
     "checkpoint": {"mfu": 0.44, "precision": "bf16"},
+    # Losses built in, one each (docs/components/receivers/sim.md): the GPU waits for its input ...
+    "input_bound": {"mfu": 0.18, "precision": "bf16", "profile": (0.55, 0.35, 0.10)},
+    # ... its kernels stream memory (decode-style attention, elementwise chains) ...
+    "memory_bound": {"mfu": 0.12, "precision": "bf16", "profile": (0.15, 0.80, 0.05), "non_tensor_dram": 0.95},
+    # ... or its GEMMs fill tiles badly (RAGGED_VOCAB_GEMMS): a well-tuned job whose largest loss is padding
+    "ragged_vocab": {"mfu": 0.70, "precision": "bf16", "profile": (0.90, 0.06, 0.04)},
 }
+
+# The ragged_vocab job's GEMMs (M tokens x N out x K in): a 2,048-wide model with GPT-2's vocabulary
+# of 50,257 (not a multiple of 128) and sequences packed to 2,050 tokens (two more than a tile
+# multiple), so M, N and the SwiGLU width all end in a partial tile. Its own tile correction is
+# tiles.job_correction(RAGGED_VOCAB_GEMMS, architecture, precision).
+RAGGED_VOCAB_GEMMS: tuple[tuple[int, int, int], ...] = (
+    (2050, 3 * 2048, 2048), (2050, 2048, 2048), (2050, 5461, 2048), (2050, 2048, 5461), (2050, 50257, 2048),
+)
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """A node whose SMs are held at ``clock_mhz`` whenever they work, for ``reason``."""
+
+    clock_mhz: float
+    reason: str  # a name of THROTTLE_REASONS (hw_thermal, sw_power_cap, ...)
 
 
 @dataclass
@@ -84,9 +124,13 @@ class _Gpu:
     last_clock: float = 0.0
     load: float = 0.0  # activity as the power controller sees it: smoothed over ~2 s
     first_of_job: bool = False  # the GPU a profiler attaches to (JobSpec.profiler_at)
+    throttle: Throttle | None = None  # its node's
     # accumulators for the current window
     sum_af: float = 0.0
     sum_f: float = 0.0
+    sum_gf: float = 0.0  # graphics engine busy x clock
+    sum_sf: float = 0.0  # SMs busy x clock
+    sum_df: float = 0.0  # DRAM busy x clock
     sum_power: float = 0.0
     ticks: int = 0
     reasons: int = 0
@@ -123,6 +167,8 @@ def job_efficiency(job: JobSpec, spec: specs.GpuSpec, rng: random.Random) -> flo
     tokens = rng.choice((4096, 8192, 6100))
     ffn = int(8 * hidden / 3)
     shapes = [(tokens, 3 * hidden, hidden), (tokens, hidden, hidden), (tokens, ffn, hidden), (tokens, hidden, ffn)]
+    if job.scenario == "ragged_vocab":
+        shapes = list(RAGGED_VOCAB_GEMMS)
     tile = tiles.ARCH_TILES[spec.architecture].get(specs.normalize_precision(job.precision),
                                                    tiles.ARCH_TILES[spec.architecture]["bf16"])
     tile_eff = tiles.flops_weighted_efficiency(shapes, tile)
@@ -137,6 +183,11 @@ class WindowTruth:
     true_mfu: float
     reported_mfu: float | None
     mean_clock_mhz: float | None = None  # the true time-mean SM clock of the window (clock-noise benchmark)
+    # The true loss account (engine_idle, sm_idle, non_tensor, clock, padding: core/loss.py's
+    # parts); with true_mfu they add up to 1.
+    parts: dict[str, float] = field(default_factory=dict)
+    clock_cause: str = loss.NO_REASON  # the clock event reason built in (its most severe bit)
+    memory_bound: bool = False  # the window's true DRAM activity is at or above the memory-bound line
 
 
 class Fleet:
@@ -144,8 +195,9 @@ class Fleet:
 
     def __init__(self, *, nodes: int, gpus_per_node: int, models: list[str], jobs: list[JobSpec], seed: int,
                  window_s: float, clock_sample_s: float, start_unix_s: float, host_prefix: str = "sim-node-",
-                 clock_sampling: str = "averaged"):
+                 clock_sampling: str = "averaged", throttles: dict[int, Throttle] | None = None):
         self.rng = random.Random(seed)
+        self.counter_rng = random.Random(seed + 1)  # the ratios' sampling noise: the main stream stays as it was
         self.window_s = window_s
         self.clock_sample_s = clock_sample_s
         self.dt = TICK_S
@@ -172,7 +224,8 @@ class Fleet:
                 if job is not None and job.efficiency is not None:  # drawn anyway: same random stream
                     eff = job.efficiency
                 first = job is not None and not any(g.job is job for g in self.gpus)
-                self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff, first_of_job=first))
+                self.gpus.append(_Gpu(f"{host_prefix}{node}", index, uuid, spec, job, eff, first_of_job=first,
+                                      throttle=(throttles or {}).get(node)))
 
     @staticmethod
     def _place(nodes: int, gpus_per_node: int, jobs: list[JobSpec]) -> dict[tuple[int, int], JobSpec]:
@@ -198,12 +251,13 @@ class Fleet:
             # runs at (its step rate is set by the job, e.g. a CPU-side regression). A power-capped
             # job is compute-bound instead: its activity is what it would be at the typical
             # loaded clock, so throttling costs it throughput, as on real hardware.
-            compute_bound = gpu.job is not None and gpu.job.power_cap_mhz is not None
+            compute_bound = gpu.job is not None and (gpu.job.power_cap_mhz is not None or gpu.throttle is not None)
             clock_now = loaded_clock if compute_bound or not gpu.last_clock else gpu.last_clock
             activity = mfu * spec.tensor_ref_clock_mhz / (gpu.efficiency * clock_now)
             activity = min(1.0, activity * (1.0 + self.rng.gauss(0.0, 0.03)))
         else:
             activity = 0.0
+        engine, sm_busy, dram = _kernel_time(gpu.job, activity) if running else (0.0, 0.0, 0.0)
         # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw,
         # wandering a few 15 MHz steps (stationary sd ~6 MHz; a power cap dithers twice as much).
         gpu.clock_walk = CLOCK_WALK_AR * gpu.clock_walk + self.rng.gauss(0.0, CLOCK_WALK_SD)
@@ -218,10 +272,16 @@ class Fleet:
             if cap is not None and clock > cap and activity > 0.2:
                 clock = cap + gpu.clock_walk * 2.0
                 reasons |= REASON_SW_POWER_CAP
+            if gpu.throttle is not None and clock > gpu.throttle.clock_mhz:
+                clock = gpu.throttle.clock_mhz + gpu.clock_walk
+                reasons |= THROTTLE_REASONS[gpu.throttle.reason]
             clock = min(clock, max_clock)
         clock = round(clock / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ  # the clock moves in steps
         gpu.sum_af += activity * clock
         gpu.sum_f += clock
+        gpu.sum_gf += engine * clock
+        gpu.sum_sf += sm_busy * clock
+        gpu.sum_df += dram * clock
         if precision:
             gpu.precision_cycles[precision] = gpu.precision_cycles.get(precision, 0.0) + activity * clock
         power = spec.board_power_w * (0.12 + (0.25 if running else 0.0) + 0.6 * activity)
@@ -235,7 +295,7 @@ class Fleet:
         start_t = self.t
         window_ticks = max(1, round(self.window_s / self.dt))
         for gpu in self.gpus:
-            gpu.sum_af = gpu.sum_f = gpu.sum_power = 0.0
+            gpu.sum_af = gpu.sum_f = gpu.sum_power = gpu.sum_gf = gpu.sum_sf = gpu.sum_df = 0.0
             gpu.ticks = gpu.reasons = 0
             gpu.clock_samples = []
             gpu.precision_cycles = {}
@@ -265,6 +325,11 @@ class Fleet:
             n = len(samples)
         tpa = gpu.sum_af / gpu.sum_f if gpu.sum_f else 0.0
         true_mfu = (gpu.sum_af / gpu.ticks) * gpu.efficiency / spec.tensor_ref_clock_mhz if gpu.ticks else 0.0
+        gr, sm, dram = ((gpu.sum_gf / gpu.sum_f, gpu.sum_sf / gpu.sum_f, gpu.sum_df / gpu.sum_f) if gpu.sum_f
+                        else (0.0, 0.0, 0.0))
+        raw = gpu.sum_af / gpu.ticks / spec.tensor_ref_clock_mhz if gpu.ticks else 0.0
+        parts = {loss.ENGINE_IDLE: 1.0 - gr, loss.SM_IDLE: gr - sm, loss.NON_TENSOR: sm - tpa, loss.CLOCK: tpa - raw,
+                 loss.PADDING: raw - true_mfu}
         _, _, running = job_state(gpu.job, self.t)
         precision = max(gpu.precision_cycles, key=gpu.precision_cycles.get) if gpu.precision_cycles else None
         job = gpu.job if running else None
@@ -274,17 +339,47 @@ class Fleet:
         tensor_active: float = round(tpa, 6)
         if job is not None and gpu.first_of_job and _profiled(job, start_t, self.t):
             tensor_active = DCGM_FP64_BLANK
+        gr_read, sm_read, dram_read = (self._reading(gr), self._reading(sm), self._reading(dram))
+        if tensor_active == DCGM_FP64_BLANK:  # the profiler holds every profiling counter
+            gr_read = sm_read = dram_read = DCGM_FP64_BLANK
         sample = GpuSample(
             time_unix_nano=end_ns, window_s=self.t - start_t, host=gpu.host, gpu_index=gpu.index, uuid=gpu.uuid,
             model=_model_string(spec), tensor_active=tensor_active, sm_clock_mhz=clock, sm_clock_samples=n,
             max_sm_clock_mhz=spec.max_sm_clock_mhz, power_w=round(gpu.sum_power / max(gpu.ticks, 1), 1),
-            clock_event_reasons=gpu.reasons, source="sim", job_id=job.id if job else NO_JOB,
-            precision=precision,
+            clock_event_reasons=gpu.reasons, sm_active=sm_read, gr_active=gr_read, dram_active=dram_read,
+            source="sim", job_id=job.id if job else NO_JOB, precision=precision,
         )
-        return sample, WindowTruth(true_mfu, reported, gpu.sum_f / gpu.ticks if gpu.ticks else None)
+        truth = WindowTruth(true_mfu, reported, gpu.sum_f / gpu.ticks if gpu.ticks else None, parts,
+                            loss.clock_cause(gpu.reasons), dram >= loss.MEMORY_BOUND_DRAM)
+        return sample, truth
+
+    def _reading(self, ratio: float) -> float:
+        """A ratio as DCGM reports it: sampled a moment apart from the others (a little noise), six decimals."""
+        if ratio <= 0.0:
+            return 0.0
+        return round(min(1.0, max(0.0, ratio + self.counter_rng.gauss(0.0, COUNTER_NOISE))), 6)
 
     def running_jobs(self) -> list[JobSpec]:
         return [j for j in self.jobs if job_state(j, self.t)[2]]
+
+
+def _kernel_time(job: JobSpec | None, activity: float) -> tuple[float, float, float]:
+    """(engine busy, SMs busy, DRAM busy) in a tick where tensor pipes are busy ``activity`` of the time.
+
+    The engine is busy ``activity / tensor share`` of the time (the job's profile); beyond full
+    time the tensor share grows and the rest keeps its proportions.
+    """
+    if job is None or activity <= 0.0:
+        return 0.0, 0.0, 0.0
+    tensor, other, gaps = job.profile
+    engine = activity / tensor
+    if engine <= 1.0:
+        sm_busy = engine * (tensor + other)
+        dram = engine * (tensor * TENSOR_DRAM + other * job.non_tensor_dram)
+        return engine, sm_busy, dram
+    rest = 1.0 - activity
+    other_time = rest * other / (other + gaps) if other + gaps > 0 else 0.0
+    return 1.0, activity + other_time, activity * TENSOR_DRAM + other_time * job.non_tensor_dram
 
 
 def _profiled(job: JobSpec, start_t: float, end_t: float) -> bool:
