@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 import yaml
 
 from tests.e2e_util import (
@@ -170,7 +171,8 @@ def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(ote
         def back():
             points = read_points(sink)
             names = {p.name for p in points}
-            return points if {"gpu.ofu.raw", "gpu.ofu.dropped", "DCGM_FI_DEV_POWER_USAGE"} <= names else None
+            return points if {"gpu.ofu.raw", "gpu.ofu.loss", "gpu.ofu.dropped", "DCGM_FI_DEV_POWER_USAGE",
+                              "DCGM_FI_PROF_GR_ENGINE_ACTIVE"} <= names else None
 
         points = wait_for("OFU from the scraped page back in the Collector's file", back, timeout=120,
                           diagnostics=diagnostics(processes))
@@ -189,3 +191,14 @@ def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(ote
     assert not [p for p in points if p.name == "gpu.ofu" and dict(p.resource)["hw.id"].endswith("61")]  # never 0
     power = {dict(p.attributes)["UUID"]: p.value for p in points if p.name == "DCGM_FI_DEV_POWER_USAGE"}
     assert power["GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60"] == 612.304
+    # The loss account from the page's GR 0.991104, SM 0.972451, TPA 0.929260: the ratios came with the
+    # scrape and went on as they came (dashboards keep their DCGM series)
+    window = raw.time_unix_nano
+    loss = {dict(p.attributes)["ofu.loss.part"]: p.value for p in points
+            if p.name == "gpu.ofu.loss" and p.time_unix_nano == window and dict(p.resource)["hw.id"].endswith("60")}
+    assert loss["engine_idle"] == pytest.approx(1 - 0.991104) and loss["sm_idle"] == pytest.approx(0.991104 - 0.972451)
+    assert loss["non_tensor"] == pytest.approx(0.972451 - 0.929260)
+    assert loss["clock"] == pytest.approx(0.929260 - raw.value)
+    gr = {dict(p.attributes)["UUID"]: p.value for p in points if p.name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    assert gr["GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60"] == 0.991104
+    assert not [p for p in points if p.name == "gpu.graphics_engine.activity"]  # not twice under two names

@@ -39,12 +39,19 @@ def test_demo_runs_and_writes_otlp_json(tmp_path):
     points = read_points(out)
     ofu = [p for p in points if p.name == "gpu.ofu"]
     gpus = {dict(p.resource)["hw.id"] for p in ofu}
-    assert len(gpus) == 16
-    assert {dict(p.resource)["host.name"] for p in ofu} == {"sim-node-0", "sim-node-1"}
+    assert len(gpus) == 32
+    assert {dict(p.resource)["host.name"] for p in ofu} == {f"sim-node-{n}" for n in range(4)}
     assert all(0 <= p.value <= 1.2 for p in ofu)
     names = {p.name for p in points}
-    assert {"gpu.ofu", "gpu.ofu.raw", "gpu.tensor.activity", "gpu.sm.clock.frequency", "sim.gpu.mfu.true",
-            "training.mfu"} <= names
+    assert {"gpu.ofu", "gpu.ofu.raw", "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency",
+            "sim.gpu.mfu.true", "training.mfu"} <= names
+    # every window's loss parts and OFU add up to 1
+    loss = {}
+    for p in points:
+        if p.name == "gpu.ofu.loss":
+            loss[(p.resource, p.time_unix_nano)] = loss.get((p.resource, p.time_unix_nano), 0.0) + p.value
+    assert len(loss) == len(ofu)
+    assert all(abs(loss[(p.resource, p.time_unix_nano)] + p.value - 1) < 1e-9 for p in ofu)
     jobs = {dict(p.resource)["ofu.job.id"] for p in ofu}
     assert {"llama-70b-pretrain", "moe-236b", "sft-debug-flag", "gpt-mixed-precision", "none"} <= jobs
     # Timestamps are simulated time: several windows of 10 s passed in a few wall seconds.

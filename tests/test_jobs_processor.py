@@ -20,8 +20,9 @@ from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "collector-config" / "demo.yaml"
 START = 1_800_000_000.0
-QUIET_JOBS = ("llama-70b-pretrain", "vit-ckpt", "gpt-mixed-precision", "capped-finetune")  # steady, checkpoint,
-# mixed_precision, power_capped
+# steady, checkpoint, mixed_precision, power_capped, and the jobs with one loss built in each
+QUIET_JOBS = ("llama-70b-pretrain", "vit-ckpt", "gpt-mixed-precision", "capped-finetune", "input-starved-vit",
+              "kv-decode-memory-bound", "hot-node-gemm", "ragged-vocab-lm")
 
 
 def demo_sections():
@@ -108,7 +109,8 @@ def test_job_start_and_end_events_with_a_summary(demo_run):
     _, events, final = demo_run
     started = {dict(e.attributes)[JOB_ID] for e in events if e.name == "ofu.job.start"}
     assert started == {"llama-70b-pretrain", "moe-236b", "sft-debug-flag", "vit-ckpt", "gpt-mixed-precision",
-                       "capped-finetune"}
+                       "capped-finetune", "input-starved-vit", "kv-decode-memory-bound", "hot-node-gemm",
+                       "ragged-vocab-lm"}
     ends = {dict(e.attributes)[JOB_ID]: dict(e.attributes) for e in final.events if e.name == "ofu.job.end"}
     assert set(ends) == started
     llama = ends["llama-70b-pretrain"]

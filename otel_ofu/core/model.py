@@ -107,6 +107,9 @@ class GpuSample:
     sm_active: object = None  # DCGM 1002
     gr_active: object = None  # DCGM 1001 GR_ENGINE_ACTIVE (GPM GRAPHICS_UTIL), ratio 0..1
     dram_active: object = None  # DCGM 1005 DRAM_ACTIVE (GPM DRAM_BW_UTIL), ratio 0..1
+    # GR, SM and DRAM travel on as they came (the otlp join leaves them in the pass-through): the
+    # ofu processor does not re-emit them under its own names.
+    ratios_forwarded: bool = False
     source: str = ""
     job_id: str | None = None
     precision: str | None = None

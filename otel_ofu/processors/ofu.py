@@ -517,6 +517,8 @@ class OfuProcessor(Processor):
             value = clean(sample.clock_event_reasons)[0]
             if value is not None:
                 out.append(MetricPoint("gpu.clock.event_reasons", value * 1.0, t, resource, point_attrs, "1"))
+        if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
+            return out
         if sample.sm_active is not None:
             value = clean_ratio(sample.sm_active, tolerance)[0]
             if value is not None:

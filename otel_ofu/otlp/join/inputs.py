@@ -1,4 +1,5 @@
-"""Which OTLP metrics the join reads, what each feeds (TPA, SM clock, max SM clock), and in which unit.
+"""Which OTLP metrics the join reads, what each feeds (TPA, SM clock, max SM clock, the loss account's
+ratios), and in which unit.
 
 Only these metrics are read point by point; every other metric passes through. Two shapes
 of DCGM data arrive (REFERENCE.md sections 6 and 7): a Collector's Prometheus receiver
@@ -33,6 +34,17 @@ PROMETHEUS_INPUTS: dict[str, str] = {
 DCGMRECEIVER_INPUTS = {DCGMRECEIVER_PIPE: TPA, DCGMRECEIVER_CLOCK: CLOCK}
 INPUT_METRICS: frozenset[str] = frozenset(PROMETHEUS_INPUTS) | frozenset(DCGMRECEIVER_INPUTS)
 
+# The loss account's ratios (core/loss.py): read into the samples like the inputs above, but
+# kept in the pass-through as they came (dashboards downstream keep their DCGM series); the
+# ofu processor does not re-emit them (GpuSample.ratios_forwarded).
+GR, SM, DRAM = "gr", "sm", "dram"
+RATIO_KINDS = frozenset({TPA, GR, SM, DRAM})
+KEPT_INPUTS: dict[str, str] = {
+    **{name: GR for name in dcgm_fields.FIELD_NAMES[dcgm_fields.GR_ENGINE_ACTIVE]},
+    **{name: SM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_ACTIVE]},
+    **{name: DRAM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.DRAM_ACTIVE]},
+}
+
 FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 
 
@@ -53,7 +65,7 @@ def scale(value: object, unit: str, kind: str) -> object:
         return value
     if kind in _FIELD_OF_KIND:  # a DCGM base-unit field: its unit is its name's (dcgm_fields' table)
         return dcgm_fields.legacy_value(_FIELD_OF_KIND[kind], value)
-    if kind == TPA:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
+    if kind in RATIO_KINDS:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")
         return rescale(value, 0.01) if unit == "%" else value
     # dcgmreceiver reports Hz. A clock in Hz may exceed the INT32 blank sentinel (2.2 GHz),
     # so it is converted here and never judged as a possible DCGM blank.

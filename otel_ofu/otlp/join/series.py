@@ -42,6 +42,10 @@ class Entity:
     # Readings of the base-unit fields (DCGM 4.6.1), already in MHz; used instead of the above when present.
     clock_base_unit: list[tuple[int, object]] = field(default_factory=list)
     max_clock_base_unit: list[tuple[int, object]] = field(default_factory=list)
+    # The loss account's ratios (GR, SM, DRAM activity), read but left to pass through.
+    gr: list[tuple[int, object]] = field(default_factory=list)
+    sm: list[tuple[int, object]] = field(default_factory=list)
+    dram: list[tuple[int, object]] = field(default_factory=list)
 
 
 def int_or_str(index: object) -> int | str:

@@ -1,5 +1,8 @@
 """The join in time: one GPU's TPA and SM clock readings of a request -> its windows (GPU samples).
 
+The loss account's ratios (GR, SM, DRAM activity) go with the window whose time they are
+nearest, within the same tolerance; without one near, the window has none (no value).
+
 Join rule: a GPU entity (host, index, UUID, MIG instance, pod) gives one sample per TPA data
 point, at the TPA point's time. The clock points of the same entity whose timestamps lie
 within ``tolerance_s`` of it (nearest TPA wins) are averaged into the sample's SM clock.
@@ -21,6 +24,30 @@ from otel_ofu.otlp.join.series import Entity
 SOURCE = "otlp"  # GpuSample.source of every window the join makes
 
 
+def near(readings: list[tuple[int, object]], t: int, tolerance_ns: int) -> object:
+    """The reading nearest ``t`` within the tolerance (a later duplicate wins), else None (no value)."""
+    if len(readings) == 1:
+        r_t, value = readings[0]
+        return value if abs(r_t - t) <= tolerance_ns else None
+    best = None
+    for r_t, value in readings:
+        distance = abs(r_t - t)
+        if distance <= tolerance_ns and (best is None or distance <= best[0]):
+            best = (distance, value)
+    return None if best is None else best[1]
+
+
+def with_ratios(sample: GpuSample, entity: Entity, tolerance_ns: int) -> GpuSample:
+    """The loss account's ratios of the sample's window (they pass through as they came: not re-emitted)."""
+    if entity.gr or entity.sm or entity.dram:
+        t = sample.time_unix_nano
+        sample.gr_active = near(entity.gr, t, tolerance_ns) if entity.gr else None
+        sample.sm_active = near(entity.sm, t, tolerance_ns) if entity.sm else None
+        sample.dram_active = near(entity.dram, t, tolerance_ns) if entity.dram else None
+        sample.ratios_forwarded = True
+    return sample
+
+
 def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
     """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
 
@@ -36,7 +63,7 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
         (t, tpa_value), (clock_t, raw) = entity.tpa[0], clocks[0]
         sample = scrape_sample(entity, t, tpa_value, clock_t, raw, max_clock, window_s, tolerance_ns, entity.resource)
         if sample is not None:
-            return [sample]
+            return [with_ratios(sample, entity, tolerance_ns)]
     tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
     times = [t for t, _ in tpa]
     windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
@@ -64,8 +91,9 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
             clock, count = (raw_clocks[0] if raw_clocks else None), 0
         # Each sample gets its own resource dict (the entity's own when it makes only one).
         resource = entity.resource if len(windows) == 1 else dict(entity.resource)
-        out.append(GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
-                             count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource))
+        sample = GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
+                           count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource)
+        out.append(with_ratios(sample, entity, tolerance_ns))
     return out
 
 
