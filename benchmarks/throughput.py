@@ -78,6 +78,8 @@ FIELDS: tuple[tuple[str, bool, float], ...] = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", False, 0.98), ("DCGM_FI_PROF_SM_ACTIVE", False, 0.93),
     ("DCGM_FI_PROF_DRAM_ACTIVE", False, 0.41), ("DCGM_FI_PROF_PCIE_TX_BYTES", False, 1.2e8),
 )
+TYPICAL = {name: typical for name, _, typical in FIELDS}
+_NESTED = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
 SCRAPE_SERIES = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
                  "scrape_series_added")
 POINTS_PER_NODE = GPUS_PER_NODE * len(FIELDS) + len(SCRAPE_SERIES)
@@ -115,7 +117,15 @@ def node_metrics(node: int, t_ns: int, rng: random.Random, seed: int = 7) -> Res
         ])
     fields = list(FIELDS)
     rng.shuffle(fields)
-    for name, counter, typical in fields:
+    readings = {name: [typical * (0.9 + 0.2 * rng.random()) if typical else 0.0 for _ in range(GPUS_PER_NODE)]
+                for name, _, typical in fields}
+    # The activity ratios nest as on a GPU (a tensor cycle is an SM cycle is an engine cycle): each
+    # level is the one below plus its own varying share, at most 1.
+    below = readings[_NESTED[0]]
+    for name in _NESTED[1:]:
+        gap = TYPICAL[name] - TYPICAL[_NESTED[_NESTED.index(name) - 1]]
+        below = readings[name] = [min(1.0, b + gap * (0.9 + 0.2 * rng.random())) for b in below]
+    for name, counter, _ in fields:
         metric = sm.metrics.add(name=name)
         if counter:
             metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -124,7 +134,7 @@ def node_metrics(node: int, t_ns: int, rng: random.Random, seed: int = 7) -> Res
         else:
             points = metric.gauge.data_points
         for g in range(GPUS_PER_NODE):
-            value = typical * (0.9 + 0.2 * rng.random()) if typical else 0.0
+            value = readings[name][g]
             if name == "DCGM_FI_DEV_SM_CLOCK":
                 value = float(round(value / 15) * 15)
             dp = points.add(time_unix_nano=t_ns, as_double=value)
