@@ -162,3 +162,37 @@ def test_every_corpus_page_gives_the_parts_its_counters_allow(page_path):
         assert parts["clock"][1] == "unknown"  # dcgm-exporter does not export clock event reasons
         checked += 1
     assert checked or all("dropped" in g for g in expected["gpus"])
+
+
+COLLECTOR_CAPTURE = DATA / "real" / "otlp" / "collector-prometheus-receiver.json"
+
+
+@pytest.mark.parametrize("page_path", sorted(REAL.glob("*.prom")), ids=lambda p: p.name)
+def test_the_collectors_otlp_of_every_page_gives_the_pages_parts(page_path):
+    """The real Collector's prometheus receiver scraped each corpus page (tests/data/real/README.md, "made"):
+    its OTLP, joined (from protobuf objects, from the bytes, and by the node's learned shape on a second
+    request), gives each GPU the parts the page gives when scraped directly; GR, SM and DRAM pass on as
+    they came."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_ofu.otlp import join as otlp_join
+    from tests.test_corpus import collector_requests
+
+    direct = account(parse_metrics(page_path.read_text(), time_unix_nano=1_772_445_600_000_000_000, window_s=30))
+    request = collector_requests(COLLECTOR_CAPTURE.read_text().splitlines())[page_path.stem]
+    body = request.SerializeToString()
+    ratios = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+              "dcgm_fi_prof_gr_engine_active", "dcgm_fi_prof_dram_active"}
+    sent = sum(len(m.gauge.data_points) for rm in request.resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics if m.name in ratios)
+    for found in (otlp_join.split(ExportMetricsServiceRequest.FromString(body)),
+                  otlp_join.split(ExportMetricsServiceRequest.FromString(body), wire=body),
+                  otlp_join.split_wire(body), otlp_join.split_wire(body)):  # the last by the learned shape
+        joined = account(found.samples)
+        assert set(joined) == set(direct), page_path.name
+        for gpu, parts in direct.items():
+            assert shares(joined[gpu]) == pytest.approx(shares(parts), abs=1e-9), (page_path.name, gpu)
+            assert joined[gpu] == parts  # and the causes
+        forwarded = [m for rm in otlp_join.codec.passthrough_messages(found.passthrough)
+                     for sm in rm.scope_metrics for m in sm.metrics if m.name in ratios]
+        assert sum(len(m.gauge.data_points) for m in forwarded) == sent  # left as they came

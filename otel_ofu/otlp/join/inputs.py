@@ -56,11 +56,11 @@ def point_value(dp: Any) -> object:
 
 def scales(unit: str, kind: str) -> bool:
     """Whether :func:`scale` changes readings of this unit and kind (False: they are taken as they are)."""
-    return kind in _FIELD_OF_KIND or (unit == "%" if kind == TPA else unit in ("Hz", "kHz", "GHz"))
+    return kind in _FIELD_OF_KIND or (unit == "%" if kind in RATIO_KINDS else unit in ("Hz", "kHz", "GHz"))
 
 
 def scale(value: object, unit: str, kind: str) -> object:
-    """Bring a reading to the sample's units: TPA as a 0..1 ratio, clocks in MHz."""
+    """Bring a reading to the sample's units: TPA and the other activity ratios as 0..1, clocks in MHz."""
     if not isinstance(value, (int, float)):
         return value
     if kind in _FIELD_OF_KIND:  # a DCGM base-unit field: its unit is its name's (dcgm_fields' table)

@@ -47,7 +47,19 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_ofu.core.model import GpuSample
 from otel_ofu.otlp.codec import varint, varint_at
-from otel_ofu.otlp.join.inputs import CLOCK, CLOCK_BASE_UNIT, DCGMRECEIVER_INPUTS, PROMETHEUS_INPUTS, TPA, scale, scales
+from otel_ofu.otlp.join.inputs import (
+    CLOCK,
+    CLOCK_BASE_UNIT,
+    DCGMRECEIVER_INPUTS,
+    DRAM,
+    GR,
+    KEPT_INPUTS,
+    PROMETHEUS_INPUTS,
+    SM,
+    TPA,
+    scale,
+    scales,
+)
 from otel_ofu.otlp.join.point_bytes import ATTRIBUTES_TAG, VALUE_TAGS
 from otel_ofu.otlp.join.points import Joiner, point_series
 from otel_ofu.otlp.join.series import Entity, ResourceView, resource_of
@@ -70,16 +82,17 @@ Series = tuple[tuple, Entity]
 class MetricShape:
     """One metric of a node's scrape: its skeleton, and what it is (an input, or passed through)."""
 
-    __slots__ = ("size", "check", "expected", "points", "kind", "unit", "scaled", "values", "time_first", "series",
-                 "keys", "index", "orders")
+    __slots__ = ("size", "check", "expected", "points", "kind", "kept", "unit", "scaled", "values", "time_first",
+                 "series", "keys", "index", "orders")
 
     def __init__(self, size: int, check: struct.Struct, expected: tuple, points: int, kind: str | None, unit: str,
-                 values: struct.Struct | None, time_first: bool, series: tuple[Series, ...]):
+                 values: struct.Struct | None, time_first: bool, series: tuple[Series, ...], kept: bool = False):
         self.size = size  # the Metric message's size
         self.check = check  # unpacks its skeleton
         self.expected = expected  # the skeleton learned
         self.points = points  # its data points (counted in the pass-through)
         self.kind = kind  # the reading it feeds (inputs.TPA, ...), None: it passes through
+        self.kept = kept  # read, and passed through as it came (the loss account's ratios: inputs.KEPT_INPUTS)
         self.unit = unit
         self.scaled = kind is not None and scales(unit, kind)  # whether inputs.scale changes its values
         self.values = values  # unpacks each point's time and value, in the order they lie, for an input
@@ -218,7 +231,11 @@ class ScrapeShapes:
                     kept += 1
                 else:
                     inputs.append((shape, a))
-                    cut += (i, a + size)
+                    if shape.kept:
+                        points += shape.points
+                        kept += 1
+                    else:
+                        cut += (i, a + size)
                 i = a + size
         except (IndexError, struct.error):
             return None
@@ -349,7 +366,8 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
             return None  # another field, or a known one with another wire type
     if name in decode or name in DCGMRECEIVER_INPUTS:
         return None  # decoded into points, or dcgmreceiver's: the message path's
-    kind = PROMETHEUS_INPUTS.get(name) if data is not None and data[0] in (_GAUGE, _SUM) else None
+    kind = (PROMETHEUS_INPUTS.get(name) or KEPT_INPUTS.get(name)) if data is not None and data[0] in (_GAUGE, _SUM) \
+        else None
     points = 0
     series: list[Series] = []
     slots: list[int] = []  # where each fixed64 payload of a point lies: every other byte is the skeleton
@@ -399,7 +417,8 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
             fmt.append(f"{slots[k] - at}x{first_code}x{second_code}")
             at = slots[k + 1] + 8
         values = _struct("".join(fmt))
-    return MetricShape(end - start, check, expected, points, kind, unit, values, time_first, tuple(series))
+    return MetricShape(end - start, check, expected, points, kind, unit, values, time_first, tuple(series),
+                       name in KEPT_INPUTS)
 
 
 def _data_fields(wire: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -452,7 +471,9 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
     clock's units) of the same GPUs, each once, no GPU is in two of them, and each GPU's two
     readings lie within the tolerance: then each GPU has exactly one window, made by the join
     rule's scrape case (:func:`otel_ofu.otlp.join.windows.scrape_sample`), in the order the
-    joiner would make them (its first reading's). None otherwise: the joiner makes them.
+    joiner would make them (its first reading's). The loss account's ratios, when the node sends
+    them (at most one metric each, of the same GPUs), go with each GPU's window as the join rule
+    puts them. None otherwise: the joiner makes them.
     """
     seen: set[tuple] = set()
     total = 0
@@ -461,36 +482,56 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
         inputs = read.inputs
         if not inputs:
             continue
-        if len(inputs) != 2:
+        tpa = clock = None
+        ratios: list[tuple[MetricShape, int]] = []
+        for item in inputs:
+            kind = item[0].kind
+            if kind == TPA and tpa is None:
+                tpa = item
+            elif kind in _CLOCKS and clock is None:
+                clock = item
+            elif kind in _RATIOS and len(ratios) < 3 and all(r[0].kind != kind for r in ratios):
+                ratios.append(item)
+            else:
+                return None
+        if tpa is None or clock is None:
             return None
-        (first, _), (second, _) = inputs
-        if first.kind == TPA:
-            tpa, clock = inputs
-        elif second.kind == TPA:
-            clock, tpa = inputs
-        else:
-            return None
-        if clock[0].kind not in _CLOCKS or first.keys is None or first.keys != second.keys:
+        first = inputs[0][0]  # the joiner makes the windows in the order of the first reading it gets
+        if first.keys is None or any(other[0].keys != first.keys for other in (tpa, clock, *ratios)):
             return None
         seen.update(first.keys)
         total += len(first.keys)
-        pairs.append((first, tpa, clock))
+        pairs.append((first, tpa, clock, ratios))
     if len(seen) != total:
         return None
     out = []
-    for first, (tpa, tpa_at), (clock, clock_at) in pairs:
-        tpa_readings, clock_readings = tpa.readings(wire, tpa_at), clock.readings(wire, clock_at)
-        if first is tpa:  # each GPU's other reading, in the first one's order
-            clock_readings = _in_order(clock_readings, _order(tpa, clock))
-        else:
-            tpa_readings = _in_order(tpa_readings, _order(clock, tpa))
-        for (_, gpu), (t, tpa_value), (clock_t, clock_value) in zip(first.series, tpa_readings, clock_readings):
+    for first, (tpa, tpa_at), (clock, clock_at), ratios in pairs:
+        # each GPU's readings in the first metric's order
+        tpa_readings, clock_readings = _readings(first, tpa, tpa_at, wire), _readings(first, clock, clock_at, wire)
+        ratio_readings = [(shape.kind, _readings(first, shape, at, wire)) for shape, at in ratios]
+        for k, ((_, gpu), (t, tpa_value), (clock_t, clock_value)) in enumerate(
+                zip(first.series, tpa_readings, clock_readings)):
             sample = scrape_sample(gpu, t, tpa_value, clock_t, clock_value, None, window_s, tolerance_ns,
                                    dict(gpu.resource))
             if sample is None:
                 return None
+            if ratio_readings:
+                for kind, readings in ratio_readings:
+                    r_t, value = readings[k]
+                    setattr(sample, _RATIO_FIELDS[kind], value if abs(r_t - t) <= tolerance_ns else None)
+                sample.ratios_forwarded = True
             out.append(sample)
     return out
+
+
+_RATIOS = frozenset({GR, SM, DRAM})
+_RATIO_FIELDS = {GR: "gr_active", SM: "sm_active", DRAM: "dram_active"}  # GpuSample fields
+
+
+def _readings(first: MetricShape, shape: MetricShape, at: int, wire: bytes) -> list:
+    """An input metric's readings, in the order ``first`` holds its GPUs."""
+    readings = shape.readings(wire, at)
+    return readings if shape is first else _in_order(readings, _order(first, shape))
 
 
 def _in_order(readings: list, order: tuple[int, ...] | None) -> list:
@@ -506,7 +547,7 @@ def _order(first: MetricShape, other: MetricShape) -> tuple[int, ...] | None:
         found = tuple(other.index[key] for key, _ in first.series)
         if found == tuple(range(len(found))):
             found = None
-        if len(orders) >= 4:  # type: ignore[arg-type]
+        if len(orders) >= 8:  # type: ignore[arg-type]
             orders.clear()  # type: ignore[union-attr]
         orders[other] = found  # type: ignore[index]
     return found  # type: ignore[return-value]
