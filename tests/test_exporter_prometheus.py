@@ -16,8 +16,10 @@ from otel_ofu.exporters.prometheus import (
     prometheus_name,
     to_labels,
 )
+from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
+from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
 from tests.otlp_shapes import Gpu, dcgm_exporter_request
@@ -234,3 +236,29 @@ def test_series_of_gone_pods_expire_without_any_scrape(exporter):
     bound = 31 + 6  # five minutes of pods, one every 10 s, plus up to a minute before the next expiry
     assert series <= bound and len(exp._targets) <= bound and len(exp._series_of) <= bound
     assert len(exp._gpu_jobs) <= 8
+
+
+def test_two_overlapping_runs_of_one_job_are_two_series_without_resource_conversion(exporter):
+    """A job deleted and created again under one name is a new run (ofu.job.run, docs/jobs.md): while
+    the old run's last GPUs still report and the new run's first ones start, the jobs processor keeps
+    two jobs, and their series must stay two also when only job_labels become labels."""
+    exp = exporter(resource_to_telemetry_conversion={"enabled": False})
+    jobs = JobsProcessor(build_config(JobsConfig, {}), Context("jobs"))
+
+    def gpu(uuid: str, run: str, t: int) -> MetricPoint:
+        resource = (("host.name", "node-1"), ("hw.id", uuid), ("hw.model", "NVIDIA H100 80GB HBM3"),
+                    ("k8s.namespace.name", "ml"), ("ofu.job.id", "k8s:ml/PyTorchJob/llama"),
+                    ("ofu.job.kind", "PyTorchJob"), ("ofu.job.run", run), ("ofu.precision", "bf16"))
+        return MetricPoint("gpu.ofu", 0.4 if run == "uid-1" else 0.2, T0 + t * 10**9, resource)
+
+    for t in range(10, 181, 10):
+        out = jobs.process(Batch(points=[gpu("GPU-a", "uid-1", t), gpu("GPU-b", "uid-2", t)]))
+        exp.export(Batch(points=[p for p in out.points if p.name.startswith("job.")]))
+    samples = scrape(exp)["job_gpus"]["samples"]
+    runs = {(labels["ofu_job_id"], labels.get("ofu_job_run"), labels.get("ofu_job_kind"))
+            for labels in (dict(key[1]) for key in samples)}
+    assert runs == {("k8s:ml/PyTorchJob/llama", "uid-1", "PyTorchJob"),
+                    ("k8s:ml/PyTorchJob/llama", "uid-2", "PyTorchJob")}
+    ofu = {dict(key[1])["ofu_job_run"]: value for key, (value, _) in scrape(exp)["job_ofu"]["samples"].items()
+           if dict(key[1])["ofu_window"] == "5m"}
+    assert ofu == {"uid-1": pytest.approx(0.4), "uid-2": pytest.approx(0.2)}

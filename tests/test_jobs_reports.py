@@ -195,3 +195,21 @@ def test_reports_of_every_kind_resume_after_a_crash_or_a_restart(tmp_path, stop)
     for job, mfu in (("train", 0.5), ("later", (0.4 + 0.3) / 2)):  # later: the mean of its two reporters
         assert second.book.jobs[job].mfu_life == pytest.approx(mfu)
         assert second.book.jobs[job].mfu_life == pytest.approx(uninterrupted.book.jobs[job].mfu_life)
+
+
+def test_a_rank_is_one_reporter_before_and_after_attribution_names_its_jobs_kind():
+    """Attribution adds the job's identity to a report's resource (ofu.job.id, .run, .kind, ...); a rank
+    whose reports gain one of those (the Kubernetes API source caught up with its pod) is the same
+    rank: its windows go on, its next report does not start a new series of its own."""
+    book = JobBook(fast_config())
+
+    def ranked(t, kind):
+        point = report(t, 0.3)
+        return point if kind is None else MetricPoint(point.name, point.value, point.time_unix_nano,
+                                                      attrs({**dict(point.resource), "ofu.job.kind": kind}),
+                                                      point.attributes, point.unit)
+
+    for t in range(30, 121, 30):  # every 30 s; the API source names the kind from the third report on
+        book.observe([gpu(t - 20, 0.3), gpu(t - 10, 0.3), gpu(t, 0.3), ranked(t, None if t < 90 else "PyTorchJob")])
+    # One rank: its first window is default_interval (10 s), then 30 s each: 100 s, not 10 + 30 + 10 + 30.
+    assert book.jobs["train"].mfu_seconds == pytest.approx(100)

@@ -86,7 +86,8 @@ _ATTRIBUTES = (
                   "replicas of it, several Slurm jobs); their ids are then comma-joined in ofu.job.id.",
                   ("processors/attribution",)),
     AttributeInfo("ofu.job.kind", RESOURCE, "The Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, "
-                  "Job, Deployment, Pod, ...); a bounded set, kept on overflow.", ("processors/attribution",)),
+                  "Job, Deployment, Pod, ...); a bounded set, kept on overflow. The jobs processor copies it onto "
+                  "the job's own series (copy_attributes).", ("processors/attribution", "processors/jobs")),
     AttributeInfo("ofu.job.run", RESOURCE, "The incarnation of the job ofu.job.id names: the UID of its Kubernetes "
                   "workload object, when the pods know it (docs/kubernetes-attribution.md, Runs). A job deleted and "
                   "created again under one name keeps its id and gets a new run: the jobs processor counts it as a "

@@ -41,7 +41,7 @@ Attributes = tuple[tuple[str, Any], ...]
 
 # The job identity attribution adds to a resource, next to what the resource already said (a
 # GPU's host, hw.id, index, MIG instance, its pod; a training process's pod or pid).
-JOB_RESOURCE_KEYS = frozenset({JOB_ID, JOB_RUN, PRECISION, JOB_SHARED, JOB_SOURCE})
+JOB_RESOURCE_KEYS = frozenset({JOB_ID, JOB_RUN, JOB_KIND, PRECISION, JOB_SHARED, JOB_SOURCE})
 
 
 GpuKey = tuple[str, str, str]  # (host, UUID or "#<index>", MIG instance or "")

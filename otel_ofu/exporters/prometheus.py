@@ -32,7 +32,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.core.metrics import METRICS
-from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, GpuKey, MetricPoint, gpu_key, names_a_gpu
+from otel_ofu.core.model import (
+    JOB_ID,
+    JOB_KIND,
+    JOB_RUN,
+    PRECISION,
+    Attributes,
+    Batch,
+    GpuKey,
+    MetricPoint,
+    gpu_key,
+    names_a_gpu,
+)
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, invalid, require
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
@@ -162,8 +173,9 @@ class PrometheusExporterConfig:
     # histograms are skipped, logged once).
     passthrough: bool = True
     # Resource attributes that are labels even with resource_to_telemetry_conversion off, so
-    # gpu_ofu{ofu_job_id="..."} works either way.
-    job_labels: list[str] = field(default_factory=lambda: [JOB_ID, PRECISION])
+    # gpu_ofu{ofu_job_id="..."} works either way: the job's identity (its id, run and kind: two
+    # runs of one job are two jobs, whose series must not merge) and the precision.
+    job_labels: list[str] = field(default_factory=lambda: [JOB_ID, JOB_RUN, JOB_KIND, PRECISION])
     tls: ServerTlsConfig = field(default_factory=ServerTlsConfig)
 
     def validate(self) -> None:

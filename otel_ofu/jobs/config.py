@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
-from otel_ofu.core.model import NO_JOB
+from otel_ofu.core.model import JOB_KIND, NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
 from otel_ofu.jobs.regression import RegressionConfig
@@ -13,7 +13,9 @@ from otel_ofu.pipeline.config import Duration, require, require_directory
 
 
 def _default_copy_attributes() -> list[str]:
-    return ["k8s.namespace.name", "slurm.job.user", "slurm.job.account", "slurm.job.partition", "slurm.job.name"]
+    # The job's kind (ofu.job.kind) as its GPUs' series carry it, then where and whose it is.
+    return [JOB_KIND, "k8s.namespace.name", "slurm.job.user", "slurm.job.account", "slurm.job.partition",
+            "slurm.job.name"]
 
 
 
