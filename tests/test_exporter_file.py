@@ -464,3 +464,61 @@ def test_a_batch_that_fails_after_a_rotation_leaves_the_new_file_its_description
     for part in parts:
         first = json.loads(next(files.read_json_lines(part))[1])["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
         assert all(m.get("description") for m in first), (part.name, first)
+
+
+def _unshare_works() -> bool:
+    """A user and mount namespace of our own, where a small tmpfs can be mounted (no root needed where
+    unprivileged user namespaces are allowed)."""
+    if not shutil.which("unshare"):
+        return False
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                          capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no user/mount namespace here for a small tmpfs (unshare -rm); "
+                    "test_a_full_file_system_leaves_the_file_readable_and_loses_no_batch covers it with EFBIG")
+@pytest.mark.parametrize("compression, size, filler, grown", [("", "1m", 900_000, 400_000),
+                                                              ("zstd", "256k", 200_000, 80_000)])
+def test_a_full_tmpfs_leaves_the_file_readable_and_loses_no_batch(tmp_path, compression, size, filler, grown):
+    """The same with a real full disk: a small tmpfs nearly filled by another file (ENOSPC), which is
+    deleted later (space freed), as a log rotation would."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out, copied, log, config = disk / "out.jsonl", tmp_path / "out.jsonl", tmp_path / "run.log", tmp_path / "c.yaml"
+    config.write_text(f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
+processors:
+  ofu: {{}}
+exporters:
+  file: {{path: {out}, compression: "{compression}"}}
+service:
+  pipelines:
+    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
+""")
+    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && head -c {filler} /dev/zero > {disk}/filler && "
+              f"{sys.executable} -m otel_ofu run --config {config} 2> {log}; rc=$?; cp {out} {copied}; exit $rc")
+    shell = subprocess.Popen(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL)
+
+    def otel_ofu() -> int | None:  # the run inside the namespace: the shell's child
+        children = Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
+        pids = children.read_text().split() if children.exists() else []
+        return int(pids[0]) if pids else None
+
+    try:
+        assert wait_until(lambda: (log.exists() and "No space left" in log.read_text()) or shell.poll() is not None,
+                          timeout=60)
+        pid = otel_ofu()
+        assert shell.poll() is None and pid is not None, log.read_text()[-3000:]
+        inside = Path(f"/proc/{pid}/root") / disk.relative_to("/")
+        (inside / "filler").unlink()  # space freed
+        assert wait_until(lambda: (inside / "out.jsonl").stat().st_size > grown, timeout=60)
+        os.kill(pid, signal.SIGTERM)
+        assert shell.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+    times, warnings = _windows_read_back(copied)
+    assert warnings == [] and len(times) > 10
+    assert {b - a for a, b in zip(times, times[1:], strict=False)} == {10 * 10**9}  # no window missing
