@@ -264,7 +264,8 @@ def gpu_windows(draw) -> list[GpuSample]:
                 model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Mystery GPU", ""])),
                 tensor_active=draw(st.sampled_from([0.5, 1.02, None, float("nan"), DCGM_FP64_BLANK])),
                 sm_clock_mhz=draw(st.sampled_from([1830.0, 0.0, None, 1410])),
-                max_sm_clock_mhz=draw(st.sampled_from([None, 1980.0, 2100, "N/A", float("nan"), DCGM_FP64_BLANK])),
+                max_sm_clock_mhz=draw(st.sampled_from([None, 1980.0, 2100, "N/A", float("nan"), DCGM_FP64_BLANK,
+                                                       True, 1, 1.0, 1980])),
                 precision=draw(st.sampled_from([None, "bf16", "fp8", "tf32"])),
                 job_id=draw(st.sampled_from([None, "job-a"])),
                 resource=draw(st.sampled_from([{}, {"gpu.mig.profile": "3g.40gb", "gpu.mig.instance_id": "1"},
@@ -289,3 +290,17 @@ def test_what_is_kept_per_gpu_gives_what_a_fresh_processor_gives(samples, cfg):
         got = kept.process(Batch(samples=[s])).points
         fresh = processor(**cfg).process(Batch(samples=[s])).points
         assert comparable(got) == comparable(fresh)
+
+
+@pytest.mark.parametrize("readings", [(1, True), (True, 1), (1980, 1980.0, "1980", 1980), (float("nan"), 1980.0)])
+def test_a_gpus_calibration_follows_its_max_clock_reading_exactly(readings):
+    """An unknown model's f_ref is its reported max SM clock: a reading equal but of another type (True and
+    1, an int and its text) is worked out again, as a fresh processor would."""
+    kept = processor()
+    for t, max_clock in enumerate(readings):
+        s = sample(time_unix_nano=1_000 + t, model="Mystery GPU", max_sm_clock_mhz=max_clock, precision=None)
+        got = [repr(replace(p, value=0, start_time_unix_nano=0) if p.name == "gpu.ofu.dropped" else p)
+               for p in kept.process(Batch(samples=[s])).points]
+        fresh = [repr(replace(p, value=0, start_time_unix_nano=0) if p.name == "gpu.ofu.dropped" else p)
+                 for p in processor().process(Batch(samples=[s])).points]
+        assert got == fresh, max_clock

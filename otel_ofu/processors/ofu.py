@@ -172,7 +172,6 @@ class OfuProcessorConfig:
 
 
 _NEW: Any = object()
-_CALIBRATIONS_PER_GPU = 4  # distinct max SM clock readings of a GPU whose calibration is kept (one, in practice)
 
 
 @dataclass(slots=True)
@@ -183,14 +182,16 @@ class _Gpu:
     resource: Attributes  # of its points: the GPU's identity and its job's
     share: float | None  # the fraction of the physical GPU it is (specs.instance_share)
     mig: bool  # a MIG instance (whose points carry gpu.mig.share)
-    calibrations: dict[object, Calibration | None]  # by the raw max SM clock reading (None, nearly always)
+    # Its calibration (core.ofu.calibration; None: no f_ref) and the raw max SM clock reading it was
+    # worked out with (None, nearly always): worked out again when another reading comes.
+    calibration: Calibration | None | object = None
+    max_clock: object = _NEW
 
     @classmethod
     def of(cls, sample: GpuSample, job: str, precision: str) -> _Gpu:
         share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
         mig = share is not None and bool(sample.resource) and specs.is_mig_instance(sample.resource)
-        return cls(sample.gpu_key(), sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig,
-                   {})
+        return cls(sample.gpu_key(), sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig)
 
 
 class OfuProcessor(Processor):
@@ -300,22 +301,16 @@ class OfuProcessor(Processor):
         out: list[MetricPoint] = []
 
         max_clock = sample.max_sm_clock_mhz
-        try:
-            cal = gpu.calibrations.get(max_clock, _NEW)
-        except TypeError:  # an unhashable reading: worked out, not kept
-            cal = _NEW
-        if cal is _NEW:
+        known = gpu.max_clock
+        if max_clock is not known and not (type(max_clock) is type(known) and max_clock == known):
             corrections = cfg.tile_correction.factors
             if cfg.tile_correction.jobs and sample.job_id:  # a job's own c_tile (the GPU's entry is per job)
                 corrections = self._job_corrections(sample.job_id)
-            cal = calibration(sample.model, precision, clean_clock(max_clock)[0], fref_overrides=cfg.reference_clocks,
-                              correction_overrides=corrections,
-                              apply_correction=cfg.tile_correction.enabled)
-            if len(gpu.calibrations) < _CALIBRATIONS_PER_GPU:
-                try:
-                    gpu.calibrations[max_clock] = cal
-                except TypeError:
-                    pass
+            gpu.calibration = calibration(sample.model, precision, clean_clock(max_clock)[0],
+                                          fref_overrides=cfg.reference_clocks, correction_overrides=corrections,
+                                          apply_correction=cfg.tile_correction.enabled)
+            gpu.max_clock = max_clock
+        cal: Calibration | None = gpu.calibration  # type: ignore[assignment]
         result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, tpa_tolerance=cfg.tpa_tolerance, share=share)
         point_attrs, ofu_attrs_by_fref, loss_attrs = self._point_attributes(sample.attributes)
         if isinstance(result, OfuResult):

@@ -371,6 +371,7 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
     points = 0
     series: list[Series] = []
     slots: list[int] = []  # where each fixed64 payload of a point lies: every other byte is the skeleton
+    last_point_end = start
     layouts = set()
     if data is not None:
         tag, d_start, d_end = data
@@ -381,6 +382,7 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
                     return None  # an input's Gauge or Sum holds its points and a Sum's settings, nothing else
                 continue
             points += 1
+            last_point_end = f_end
             if not numbers:
                 continue
             first, second = wire[p_start], wire[p_start + 9] if f_end - p_start >= 18 else 0
@@ -397,10 +399,15 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
                 series.append(found)
     # The skeleton: the pieces between the slots. A piece runs from one point's value to the next
     # one's time: a GPU's labels and the point framing, the same in every metric of the node (one
-    # shared object).
-    starts = [start, *[slot + 8 for slot in slots]]
-    ends = [*slots, end]
-    check = _struct("<" + "s8x".join(map(str, map(int.__sub__, ends, starts))) + "s")
+    # shared object); the last point's labels are a piece apart from what follows them (the name
+    # and description, in the Collector's order: the same in every node).
+    cuts = [(slot, 8) for slot in slots]
+    if slots and slots[-1] + 8 < last_point_end < end:
+        cuts.append((last_point_end, 0))
+    starts = [start, *[at + gap for at, gap in cuts]]
+    ends = [*[at for at, _ in cuts], end]
+    gaps = [f"{gap}x" if gap else "" for _, gap in cuts] + [""]
+    check = _struct("<" + "".join([f"{b - a}s{gap}" for a, b, gap in zip(starts, ends, gaps)]))
     kept = _parts.get
     expected = tuple([kept(piece) or _parts.put(piece, piece) for piece in [wire[a:b] for a, b in zip(starts, ends)]])
     values = None
