@@ -168,3 +168,15 @@ def test_a_gauge_with_several_points_is_written_from_the_template_too():
              MetricPoint("gpu.ofu.loss", 0.2, T0, gpu, parts[1])]
     for _ in range(2):
         assert otlp.encode_request(apart) == reference(apart).SerializeToString()
+def test_a_template_follows_a_change_of_the_metric_registry(monkeypatch):
+    """A metric's description or unit changed after a GPU's template was built: the next request carries the new."""
+    from dataclasses import replace
+
+    gpu = attrs({"host.name": "node-1", "hw.id": "GPU-7"})
+    points = [MetricPoint("gpu.ofu", 0.4, T0, gpu), MetricPoint("gpu.ofu.raw", 0.5, T0, gpu)]
+    assert otlp.encode_request(points) == reference(points).SerializeToString()  # the template is built
+    monkeypatch.setitem(METRICS, "gpu.ofu", replace(METRICS["gpu.ofu"], description="changed"))
+    encoded = otlp.encode_request(points)
+    assert encoded == reference(points).SerializeToString()
+    assert ExportMetricsServiceRequest.FromString(encoded).resource_metrics[0].scope_metrics[0].metrics[0] \
+        .description == "changed"

@@ -7,6 +7,7 @@ take units and descriptions from here.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,46 @@ _METRICS = (
                "and exporter."),
 )
 
-METRICS: dict[str, MetricInfo] = {m.name: m for m in _METRICS}
+class Registry(dict):
+    """The metric registry: a dict of MetricInfo by name whose ``revision`` counts its changes.
+
+    Why: what is built from a definition (an encoder's template, holding the description and
+    unit) is kept per GPU, and checked against the registry on every use; one revision compare
+    replaces a look-up per point.
+    """
+
+    revision = 0
+
+    def __setitem__(self, key: str, value: MetricInfo) -> None:
+        super().__setitem__(key, value)
+        self.revision += 1
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.revision += 1
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self.revision += 1
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.revision += 1
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.revision += 1
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, MetricInfo]:
+        self.revision += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self.revision += 1
+
+
+METRICS: Registry = Registry({m.name: m for m in _METRICS})
 
 # What a training job reports about itself (docs/audit.md), by default: its MFU as a fraction,
 # and achieved TFLOP/s per GPU under otel-ofu's name and under Megatron-LM's own OpenTelemetry

@@ -233,11 +233,12 @@ _templates: Cache = Cache("otlp resource templates", _TEMPLATE_CACHE_SIZE)  # (i
 
 
 class _PlainTemplate:
-    __slots__ = ("resource", "signature", "packer", "head", "tails")
+    __slots__ = ("resource", "signature", "packer", "head", "tails", "revision")
 
     def __init__(self, resource: Attributes, signature: tuple[tuple[str, str, Attributes, MetricInfo | None], ...],
                  packer: struct.Struct, head: bytes, tails: tuple[bytes, ...]):
         self.resource = resource
+        self.revision = METRICS.revision  # the metric definitions it was built from (descriptions, units)
         self.signature = signature  # per point: its metric's name, unit, its attributes, the metric's METRICS entry
         self.packer = packer
         self.head = head  # the bytes before the first point's time
@@ -254,13 +255,11 @@ def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], sco
     (gauge points with a time and no start time, each metric's points next to each other)."""
     key = (id(resource), len(points))
     template = _templates.get(key)
-    if template is not None and template.resource is resource:
+    if template is not None and template.resource is resource and template.revision == METRICS.revision:
         args: list[Any] = [template.head]
-        get_info = METRICS.get
-        for (name, unit, attributes, info), point, tail in zip(template.signature, points, template.tails):
-            if (point.name != name or point.attributes is not attributes or point.unit != unit
-                    or not point.time_unix_nano or point.start_time_unix_nano or point.monotonic
-                    or get_info(name) is not info):
+        for (name, unit, attributes, _), point, tail in zip(template.signature, points, template.tails):
+            if (point.attributes is not attributes or point.name != name or point.unit != unit
+                    or point.start_time_unix_nano or point.monotonic or not point.time_unix_nano):
                 break
             args += (point.time_unix_nano, 0x21, float(point.value), tail)
         else:
