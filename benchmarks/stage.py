@@ -93,7 +93,8 @@ MODEL = "NVIDIA H100 80GB HBM3"
 GZIP_LEVEL = 6  # the Collector's gzip level (configcompression.DefaultCompressionLevel: zlib's default)
 
 # dcgm-exporter's default counters in its order (etc/default-counters.csv), with their HELP
-# text; a typical value and its spread for the readings.
+# text; a typical value and its spread for the readings (a training job's: its memory traffic
+# steady from one window to the next, its tensor, SM and engine activity nested, see scrape()).
 FIELDS: tuple[tuple[str, str, float, float], ...] = (
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1755.0, 225.0),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", 0.45, 0.4),
@@ -107,7 +108,7 @@ FIELDS: tuple[tuple[str, str, float, float], ...] = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", 0.9, 0.1),
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", 0.85, 0.15),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.",
-     0.4, 0.3),
+     0.4, 0.04),
 )
 INPUTS = frozenset({"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"})  # what otel-ofu consumes
 PASSED = tuple(name for name, *_ in FIELDS if name not in INPUTS)
@@ -181,9 +182,15 @@ def scrape(node: Node, window: int, rng: random.Random, shuffled: bool) -> bytes
     new order when ``shuffled`` (the prometheus receiver ranges over a Go map)."""
     t_ns = (T0_MS + window * INTERVAL_S * 1000 + node.offset_ms) * 1_000_000
     buf = bytearray(node.template)
-    for name, _, typical, spread in FIELDS:
-        for t_at, v_at in node.slots[name]:
-            value = typical + spread * (2 * rng.random() - 1)
+    readings = {name: [typical + spread * (2 * rng.random() - 1) for _ in range(GPUS_PER_NODE)]
+                for name, _, typical, spread in FIELDS}
+    # The activity ratios nest as on a GPU (a tensor cycle is an SM cycle is an engine cycle): each
+    # level is the one below plus its own varying share, at most 1.
+    for inner, outer in zip(_NESTED, _NESTED[1:]):
+        gap = _TYPICAL[outer] - _TYPICAL[inner]
+        readings[outer] = [min(1.0, below + gap * (0.5 + rng.random())) for below in readings[inner]]
+    for name, _, typical, _ in FIELDS:
+        for (t_at, v_at), value in zip(node.slots[name], readings[name]):
             if name == "DCGM_FI_DEV_SM_CLOCK":
                 value = float(round(value / 15) * 15)
             elif typical >= 10:
@@ -200,6 +207,8 @@ def scrape(node: Node, window: int, rng: random.Random, shuffled: bool) -> bytes
 
 
 _TIME, _VALUE = struct.Struct("<Q"), struct.Struct("<d")
+_TYPICAL = {name: typical for name, _, typical, _ in FIELDS}
+_NESTED = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
 
 
 def window_requests(nodes: list[Node], window: int, per_request: int, seed: int, shuffled: bool) -> list[bytes]:
