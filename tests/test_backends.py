@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -18,7 +21,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_ofu.cli import main as cli
 from otel_ofu.core import metrics
 from otel_ofu.pipeline import registry
-from tests.e2e_util import ROOT, collector_binary, prometheus3_binary, victoriametrics_binary
+from tests.e2e_util import (
+    ROOT,
+    Process,
+    collector_binary,
+    otel_ofu_command,
+    prometheus3_binary,
+    require_alive,
+    victoriametrics_binary,
+    wait_for,
+)
 from tools import backends
 from tools import grafana_queries as gq
 from tools.backends import ALERTS
@@ -315,3 +327,100 @@ def test_doctor_says_when_the_backend_cannot_be_reached(capsys):
     (port,) = free_ports(1)
     code, report = doctor(f"http://127.0.0.1:{port}", capsys)
     assert code == 1 and report["checks"][0]["status"] == "fail"
+
+
+# --- job events (OTLP logs) and a backend that takes metrics only ------------------------------
+
+def metrics_only_backend(kind: str, workdir):
+    """Prometheus 3 (OTLP receiver, the shipped settings) or VictoriaMetrics (Prometheus naming), started,
+    and the otlphttp base URL docs/backends.md gives for it."""
+    if kind == "prometheus3":
+        server = PrometheusServer(prometheus3_binary(), workdir, flags=backends.PROMETHEUS_OTLP_FLAGS,
+                                  config=backends.prometheus_config(backends.PROMETHEUS_OTLP_CONFIG)).start()
+        return server, server.api, f"{server.api.url}/api/v1/otlp"
+    server = backends.VictoriaMetrics(victoriametrics_binary(), workdir).start()
+    return server, server.api, f"{server.url}/opentelemetry"
+
+
+def documented_exporter(kind: str) -> dict:
+    """The otlphttp exporter docs/backends.md tells a user to configure for the backend (its snippet)."""
+    section = DOC.read_text().split("## Sending OTLP to Prometheus 3 and VictoriaMetrics", 1)[1]
+    snippet = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    return snippet["exporters"]["otlphttp/prometheus" if kind == "prometheus3" else "otlphttp/victoriametrics"]
+
+
+def run_with_events(tmp_path, url: str, exporter_extra: dict) -> tuple[Process, Path]:
+    """otel-ofu with one simulated job (so ofu.job.start and friends) and its self-telemetry, both into
+    one otlphttp exporter at ``url``."""
+    config = {
+        "receivers": {"sim": {"nodes": 1, "gpus_per_node": 2, "collection_interval": "1s",
+                              "jobs": [{"id": "llama", "scenario": "steady", "gpus": 2, "node": 0}]},
+                      "selftelemetry": {"collection_interval": "1s"}},
+        "processors": {"ofu": {}, "jobs": {"resolution": "1s", "windows": ["5s"], "default_interval": "1s",
+                                           "job_timeout": "5s"}},
+        "exporters": {"otlphttp/backend": {"endpoint": url, **exporter_extra}},
+        "service": {"pipelines": {
+            "metrics": {"receivers": ["sim"], "processors": ["ofu", "jobs"], "exporters": ["otlphttp/backend"]},
+            "metrics/self": {"receivers": ["selftelemetry"], "exporters": ["otlphttp/backend"]}}},
+    }
+    path = tmp_path / "otel-ofu.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "otel-ofu.log"
+    return Process("otel-ofu", otel_ofu_command(path), log), log
+
+
+def self_counter(api, name: str, **labels: str) -> float | None:
+    """The newest value of otel-ofu's own counter, summed over the series with ``labels``; None: no such series."""
+    match = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    found = api.query(f"sum(last_over_time({name}{{{match}}}[1h]))", time.time())
+    return float(found[0]["value"][1]) if found else None
+
+
+@pytest.mark.parametrize("kind", ["prometheus3", "victoriametrics"])
+def test_events_to_a_metrics_only_backend_are_not_sent_when_told(kind, tmp_path):
+    """The exporter as docs/backends.md configures it (logs_endpoint: none): the metrics and job metrics
+    arrive, and no batch of events is dropped (otel_ofu_exporter_dropped_total, which OtelOfuDroppingData
+    reads, never appears)."""
+    server, api, url = metrics_only_backend(kind, tmp_path / kind)
+    try:
+        documented = documented_exporter(kind)
+        assert url.endswith(urlparse(documented.pop("endpoint")).path)
+        proc, log = run_with_events(tmp_path, url, documented)
+        try:
+            wait_for("job_ofu and otel-ofu's sent metrics in the backend", lambda: require_alive(proc) or (
+                api.query('job_ofu{ofu_job_id="llama"}', time.time())
+                and (self_counter(api, "otel_ofu_exporter_sent_total", signal="metrics") or 0) > 0),
+                timeout=90, interval=1, diagnostics=proc.tail)
+            # Several self-telemetry snapshots later (1 s each), still nothing dropped: events were made
+            # (ofu.job.start at once), and not sent.
+            time.sleep(4)
+            assert "job llama first seen by this instance" in log.read_text()
+            assert self_counter(api, "otel_ofu_exporter_dropped_total") is None, proc.tail()
+        finally:
+            code = proc.stop()
+        assert code == 0, proc.tail()
+        text = log.read_text()
+        assert "logs_endpoint is none: events" in text and "permanent error" not in text
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["prometheus3", "victoriametrics"])
+def test_events_refused_by_a_metrics_only_backend_say_what_to_set(kind, tmp_path):
+    """Without the setting, the backend refuses the logs (Prometheus 3: 404, VictoriaMetrics: 400
+    "unsupported path"): the batches are dropped and counted, and the error says what to set."""
+    server, api, url = metrics_only_backend(kind, tmp_path / kind)
+    try:
+        proc, log = run_with_events(tmp_path, url, {})
+        try:
+            wait_for("the dropped events counted in the backend", lambda: require_alive(proc) or (
+                self_counter(api, "otel_ofu_exporter_dropped_total", signal="logs") or 0) > 0,
+                timeout=90, interval=1, diagnostics=proc.tail)
+        finally:
+            proc.stop()
+        errors = [line for line in log.read_text().splitlines() if "dropping" in line and "logs items" in line]
+        assert errors, proc.tail()
+        assert f"takes no OTLP logs at {url}/v1/logs" in errors[0], errors[0]
+        assert "logs_endpoint: none" in errors[0] and "a logs backend" in errors[0], errors[0]
+    finally:
+        server.stop()

@@ -348,6 +348,17 @@ def test_otlp_headers_from_secrets_stay_out_of_the_configmap() -> None:
     assert {"name": "otlp-tls", "secret": {"secretName": "otlp-ca"}} in spec["volumes"]
 
 
+def test_a_metrics_only_backend_gets_no_events_when_told() -> None:
+    """otlp.logsEndpoint: none (Prometheus 3, VictoriaMetrics: docs/backends.md) reaches every OTLP exporter."""
+    objects = template(sets=("otlp.protocol=http", "otlp.endpoint=http://prometheus.monitoring:9090/api/v1/otlp",
+                             "otlp.logsEndpoint=none"))
+    jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
+    for config in (agent_config(objects), jobs_config):
+        assert config["exporters"]["otlphttp"]["logs_endpoint"] == "none"
+    assert "logs_endpoint" not in agent_config(template(sets=("otlp.protocol=http",
+                                                              "otlp.endpoint=http://c:4318")))["exporters"]["otlphttp"]
+
+
 def test_fleet_wires_agents_to_the_gateway_and_the_gateway_to_the_jobs_tier() -> None:
     objects = template(next(p for p in EXAMPLES if p.stem == "fleet"))
     gateway_service = one(objects, "Service", "gateway")
@@ -393,6 +404,8 @@ def test_dns_resolver_needs_no_rbac() -> None:
     (("otlp.endpoint=x:4317", "otlp.tls.certKey=tls.crt", "otlp.tls.secretName=s"),
      "otlp.tls.keyKey goes with otlp.tls.certKey"),
     (("sorce=nvml",), "additional properties 'sorce' not allowed"),
+    (("otlp.endpoint=x:4317", "otlp.logsEndpoint=none"), "otlp.logsEndpoint needs otlp.protocol http"),
+    (("otlp.protocol=http", "otlp.endpoint=http://x", "otlp.logsEndpoint=off"), "at '/otlp/logsEndpoint'"),
 ])
 def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
     args = ["template", "x", str(CHART)]

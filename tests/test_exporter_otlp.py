@@ -295,6 +295,11 @@ def test_http_endpoints():
     assert resolve(_cfg(OtlpHttpExporterConfig, {}), env).targets == {"metrics": "http://m:1/custom",
                                                                       "logs": "http://b:2/v1/logs"}
     assert resolve(_cfg(OtlpHttpExporterConfig, {}), {}).targets["metrics"] == "http://localhost:4318/v1/metrics"
+    # logs_endpoint: none: metrics only (no logs target: events are not sent), whatever the environment says.
+    metrics_only = _cfg(OtlpHttpExporterConfig, {"endpoint": "http://prometheus:9090/api/v1/otlp",
+                                                 "logs_endpoint": "none"})
+    assert resolve(metrics_only, {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://l/x"}).targets == {
+        "metrics": "http://prometheus:9090/api/v1/otlp/v1/metrics"}
 
 
 @pytest.mark.parametrize("cls, data, env, key", [

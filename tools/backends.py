@@ -251,11 +251,13 @@ def demo_on_roads(workdir: Path, binaries: Binaries, *, span_s: float = 3600.0,
         _wait_port(grpc_port, collector.process, collector.workdir / "otelcol.log")
         # Retry long enough, and queue enough, that a busy machine loses nothing.
         delivery = {"retry_on_failure": {"max_elapsed_time": "120s"}, "sending_queue": {"queue_size": 100000}}
+        # Neither OTLP backend takes logs: the events are not sent there (docs/backends.md).
+        metrics_only = {"logs_endpoint": "none", **delivery}
         exporters = {
-            "otlphttp/prometheus": {"endpoint": f"{otlp.api.url}/api/v1/otlp", **delivery},
-            "otlphttp/prometheus_defaults": {"endpoint": f"{otlp_defaults.api.url}/api/v1/otlp", **delivery},
-            "otlphttp/victoriametrics": {"endpoint": f"{victoria.url}/opentelemetry", **delivery},
-            "otlphttp/victoriametrics_defaults": {"endpoint": f"{victoria_defaults.url}/opentelemetry", **delivery},
+            "otlphttp/prometheus": {"endpoint": f"{otlp.api.url}/api/v1/otlp", **metrics_only},
+            "otlphttp/prometheus_defaults": {"endpoint": f"{otlp_defaults.api.url}/api/v1/otlp", **metrics_only},
+            "otlphttp/victoriametrics": {"endpoint": f"{victoria.url}/opentelemetry", **metrics_only},
+            "otlphttp/victoriametrics_defaults": {"endpoint": f"{victoria_defaults.url}/opentelemetry", **metrics_only},
             "otlp/collector": {"endpoint": f"http://127.0.0.1:{grpc_port}", **delivery},
         }
         openmetrics, start, end, self_start, self_end = run_demo(workdir / "demo", span_s=span_s,

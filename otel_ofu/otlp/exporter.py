@@ -29,6 +29,7 @@ class OtlpExporter(Exporter):
     def __init__(self, config: OtlpExporterConfig, context: Context):
         super().__init__(config, context)
         self.settings = resolve(config, os.environ)
+        self._send_logs = "logs" in self.settings.targets  # logs_endpoint: none sends metrics only
         self.delivery: Delivery | None = None
         self._transport = None
 
@@ -59,6 +60,9 @@ class OtlpExporter(Exporter):
         if self.settings.insecure_skip_verify:
             self.log.warning("%s: tls.insecure_skip_verify is set: the server's certificate is not checked",
                              self.context.component_id)
+        if not self._send_logs:
+            self.log.info("%s: logs_endpoint is none: events (ofu.job.start, ofu.job.end, findings) are not sent",
+                          self.context.component_id)
         where = queue_file(queue_cfg.storage, self.context.component_id) if queue_cfg.storage else "memory"
         self.log.info("%s: exporting to %s (%s, compression %s, queue %s)", self.context.component_id,
                       self.settings.targets["metrics"], "plaintext" if self.settings.insecure else "TLS",
@@ -72,9 +76,10 @@ class OtlpExporter(Exporter):
         metrics = metrics_payload(batch.points, batch.passthrough)
         if metrics is not None:
             self.delivery.submit("metrics", *metrics)
-        logs = logs_payload(batch.events)
-        if logs is not None:
-            self.delivery.submit("logs", *logs)
+        if self._send_logs:
+            logs = logs_payload(batch.events)
+            if logs is not None:
+                self.delivery.submit("logs", *logs)
 
     def saturated(self) -> bool:
         delivery = self.delivery

@@ -24,6 +24,7 @@ GRPC_DEFAULT_ENDPOINT = "localhost:4317"
 HTTP_DEFAULT_ENDPOINT = "http://localhost:4318"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_COMPRESSION = "gzip"  # as the Collector's otlp exporters
+NO_LOGS = "none"  # logs_endpoint: none: events are not sent
 
 
 @dataclass
@@ -160,8 +161,9 @@ class OtlpHttpExporterConfig(OtlpExporterConfig):
     # The full metrics URL, used as it is. Unset: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else
     # endpoint + /v1/metrics.
     metrics_endpoint: str | None = None
-    # The full logs URL (events), used as it is. Unset: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, else
-    # endpoint + /v1/logs.
+    # The full logs URL (events: job start and end, findings), used as it is; none: events are not
+    # sent (a backend that takes metrics only: Prometheus 3, VictoriaMetrics). Unset:
+    # OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, else endpoint + /v1/logs.
     logs_endpoint: str | None = None
 
     protocol = "http"
@@ -171,7 +173,7 @@ class OtlpHttpExporterConfig(OtlpExporterConfig):
 class Settings:
     """Everything a transport needs, after config and environment are merged."""
 
-    targets: dict[str, str]  # signal -> gRPC target (host:port) or HTTP URL
+    targets: dict[str, str]  # signal -> gRPC target (host:port) or HTTP URL; no "logs": events are not sent
     insecure: bool
     ca_file: str | None
     cert_file: str | None
@@ -223,6 +225,8 @@ def resolve(config: OtlpExporterConfig, environ: Mapping[str, str]) -> Settings:
         for signal, explicit in (("metrics", config.metrics_endpoint), ("logs", config.logs_endpoint)):
             env_signal = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
             env_base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+            if signal == "logs" and explicit is not None and explicit.strip() == NO_LOGS:
+                continue
             if explicit:
                 targets[signal] = _http_url(f"{signal}_endpoint", explicit)
             elif config.endpoint:

@@ -268,12 +268,25 @@ class HttpTransport:
                     pass
             return SendResult.success(rejected, message)
         detail = _http_error_message(response)
+        if item.signal == "logs" and _takes_no_logs(status, detail):
+            detail = (f"{detail}. The backend takes no OTLP logs at {url}: the job events (ofu.job.start, ofu.job.end, "
+                      "findings) cannot go there. Set this exporter's logs_endpoint to a logs backend's OTLP URL "
+                      "(Loki, VictoriaLogs), or logs_endpoint: none to send metrics only (docs/backends.md)")
         if status in RETRYABLE_HTTP:
             return SendResult.retry(f"http_{status}", detail, parse_retry_after(response.headers.get("Retry-After")))
         return SendResult.permanent(f"http_{status}", detail, too_large=status == 413)
 
     def close(self) -> None:
         self._session.close()
+
+
+def _takes_no_logs(status: int, detail: str) -> bool:
+    """A refusal that says there is no OTLP logs endpoint at the URL, not that the logs were bad.
+
+    404/405: no such path (Prometheus 3's /api/v1/otlp/v1/logs answers 404); VictoriaMetrics'
+    /opentelemetry/v1/logs answers 400 "unsupported path requested".
+    """
+    return status in (404, 405) or (status == 400 and "unsupported path" in detail.lower())
 
 
 def _http_error_message(response: Any) -> str:

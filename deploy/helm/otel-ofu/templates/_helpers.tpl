@@ -225,6 +225,12 @@ seccompProfile:
 {{- define "otel-ofu.otlpExporter" -}}
 {{- $o := .root.Values.otlp }}
 endpoint: {{ $o.endpoint | quote }}
+{{- with $o.logsEndpoint }}
+{{- if ne $o.protocol "http" }}
+{{- fail "otlp.logsEndpoint needs otlp.protocol http (the gRPC exporter sends events to otlp.endpoint)" }}
+{{- end }}
+logs_endpoint: {{ . | quote }}
+{{- end }}
 compression: {{ $o.compression }}
 {{- $headers := dict }}
 {{- range $k, $v := $o.headers }}
