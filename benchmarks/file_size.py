@@ -41,7 +41,10 @@ def measure(windows: int, out_dir: Path) -> dict:
     doc = load_document(ROOT / "collector-config" / "demo.yaml")
     doc["exporters"] = {f"file/{name}": {"path": str(out_dir / f"{name}.jsonl"), **extra}
                         for name, extra in VARIANTS.items()}
-    doc["service"]["pipelines"]["metrics"]["exporters"] = list(doc["exporters"])
+    # The demo's GPU pipeline only: its self-telemetry pipeline (metrics/self) is not what is measured.
+    doc["service"]["pipelines"] = {"metrics": {**doc["service"]["pipelines"]["metrics"],
+                                               "exporters": list(doc["exporters"])}}
+    doc["receivers"] = {"sim": doc["receivers"]["sim"]}
     service = Service(parse_service_config(doc, "demo.yaml", registry.factories()))
     for slot in service.exporters.values():
         slot.exporter.start()

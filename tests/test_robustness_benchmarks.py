@@ -14,9 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from e2e_util import collector_binary
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def run_json(script: str, *args: str, env: dict | None = None, timeout: float = 600) -> tuple[int, dict]:
@@ -33,7 +35,8 @@ def test_file_size_after_is_smaller_than_before():
     code, out = run_json("file_size.py", "--windows", "12")
     assert code == 0
     variants = out["variants"]
-    assert out["gpu_windows"] == 16 * 12
+    sim = yaml.safe_load((ROOT / "collector-config" / "demo.yaml").read_text())["receivers"]["sim"]
+    assert out["gpu_windows"] == sim["nodes"] * sim["gpus_per_node"] * 12
     assert variants["after"]["bytes"] < variants["before"]["bytes"]
     assert max(variants["zstd"]["bytes"], variants["gzip"]["bytes"]) < variants["after"]["bytes"]
 

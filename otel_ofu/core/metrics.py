@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+# The unit of every ratio (a fraction of 1), as the OpenTelemetry semantic conventions write it: an
+# annotation, so that Prometheus-compatible backends add no suffix (docs/backends.md). Components
+# that make a ratio's points give them this unit, the one the registry declares and the encoder
+# writes (tests/test_metric_units.py).
+RATIO = "{ratio}"
+
 
 @dataclass(frozen=True)
 class MetricInfo:
@@ -22,20 +28,20 @@ class MetricInfo:
 
 
 _METRICS = (
-    MetricInfo("gpu.ofu", "{ratio}", "gauge",
+    MetricInfo("gpu.ofu", RATIO, "gauge",
                "Overall FLOP Utilization: TPA x f_SM / f_ref x c_tile, a fraction of the dense peak at the "
                "precision in use."),
-    MetricInfo("gpu.ofu.raw", "{ratio}", "gauge", "OFU before the tile-quantization correction: TPA x f_SM / f_ref."),
+    MetricInfo("gpu.ofu.raw", RATIO, "gauge", "OFU before the tile-quantization correction: TPA x f_SM / f_ref."),
     MetricInfo("gpu.ofu.reference_clock", "Hz", "gauge",
                "f_ref used for this point: the clock the GPU's tensor peak is quoted at."),
     MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
                "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7); "
                "only when the precision and the share are known."),
-    MetricInfo("gpu.mig.share", "{ratio}", "gauge",
+    MetricInfo("gpu.mig.share", RATIO, "gauge",
                "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
                "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
                "recording rules weigh an instance's GPU time by it, so a GPU split into instances counts once."),
-    MetricInfo("gpu.tensor.activity", "{ratio}", "gauge",
+    MetricInfo("gpu.tensor.activity", RATIO, "gauge",
                "Input: tensor pipe activity (DCGM 1004 / GPM ANY_TENSOR_UTIL), average over the window."),
     MetricInfo("gpu.sm.clock.frequency", "Hz", "gauge",
                "Input: SM clock, mean of the point samples in the window (DCGM 100)."),
@@ -44,23 +50,23 @@ _METRICS = (
     MetricInfo("gpu.clock.event_reasons", "{bitmask}", "gauge",
                "Input: clock event (throttle) reason bitmask (DCGM 112): 0x1 idle, 0x4 SW power cap, "
                "0x8 HW slowdown, 0x20/0x40 thermal, 0x80 power brake."),
-    MetricInfo("gpu.ofu.loss", "{ratio}", "gauge",
+    MetricInfo("gpu.ofu.loss", RATIO, "gauge",
                "The loss account: the share of the dense peak lost to each part (ofu.loss.part: engine_idle, "
                "sm_idle, non_tensor, clock, padding, or steps merged where a counter is missing); the parts add up "
                "to 1 - gpu.ofu. The clock part carries its event reason, the non-tensor part whether it was "
                "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account."),
-    MetricInfo("gpu.sm.activity", "{ratio}", "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
-    MetricInfo("gpu.graphics_engine.activity", "{ratio}", "gauge",
+    MetricInfo("gpu.sm.activity", RATIO, "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
+    MetricInfo("gpu.graphics_engine.activity", RATIO, "gauge",
                "Input: graphics/compute engine activity ratio (DCGM 1001 GR_ENGINE_ACTIVE, GPM GRAPHICS_UTIL), when "
                "the source has it."),
-    MetricInfo("gpu.dram.activity", "{ratio}", "gauge",
+    MetricInfo("gpu.dram.activity", RATIO, "gauge",
                "Input: DRAM activity ratio (DCGM 1005 DRAM_ACTIVE, GPM DRAM_BW_UTIL), when the source has it."),
     MetricInfo("gpu.ofu.dropped", "{window}", "sum",
                "GPU windows that produced no OFU, by reason (ofu.drop.reason): blank, not_supported, "
                "nan, out_of_range, zero_clock, ... Never reported as 0 OFU."),
-    MetricInfo("sim.gpu.mfu.true", "{ratio}", "gauge",
+    MetricInfo("sim.gpu.mfu.true", RATIO, "gauge",
                "Simulator only: the ground-truth MFU of the simulated job on this GPU over the window."),
-    MetricInfo("training.mfu", "{ratio}", "gauge",
+    MetricInfo("training.mfu", RATIO, "gauge",
                "MFU as the training job reports it about itself, a fraction (unit % is read as percent); "
                "the MFU audit compares it with OFU (docs/audit.md). The simulator emits it as a framework would."),
     MetricInfo("training.tflops_per_gpu", "T{flop}/s", "gauge",

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
-from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.core.metrics import RATIO, MetricInfo, register
 from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
@@ -45,9 +45,9 @@ from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 for _info in (
-    MetricInfo("job.ofu", "{ratio}", "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
+    MetricInfo("job.ofu", RATIO, "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
                "(rolling windows such as 5m and 1h, or life)."),
-    MetricInfo("job.mfu.reported", "{ratio}", "gauge", "The MFU the job reports about itself, time-weighted over the "
+    MetricInfo("job.mfu.reported", RATIO, "gauge", "The MFU the job reports about itself, time-weighted over the "
                "window in ofu.window; the MFU audit compares it with job.ofu."),
     MetricInfo("job.gpus", "{gpu}", "gauge", "GPUs that reported for the job in the last bin."),
     MetricInfo("job.gpu_seconds", "s", "sum", "GPU time the job has held since it started."),
@@ -57,7 +57,7 @@ for _info in (
                "the window in ofu.window."),
     MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
                "job held but did not use."),
-    MetricInfo("job.ofu.baseline", "{ratio}", "gauge", "The regression detector's baseline: the median of the job's "
+    MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
                "mfu_gap or regression; ofu.finding.cause), 0 once when it closes."),
@@ -246,7 +246,7 @@ class JobsProcessor(Processor):
                 f = transition.finding
                 points.append(MetricPoint("job.finding", 0.0, _close_marker_ns(tracker, transition),
                                           tracker.resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
-                                          "1"))
+                                          "{finding}"))
         for summary in update.ended:
             events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
                                 self._end_text(summary)))
@@ -309,8 +309,9 @@ class JobsProcessor(Processor):
     def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
         resource, start = tracker.resource, _ns(tracker.first_start)
         t = _ns(s.time)
-        out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w})) for w, v in s.ofu.items()]
-        out += [MetricPoint("job.mfu.reported", v, t, resource, attrs({WINDOW: w})) for w, v in s.mfu.items()]
+        out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w}), RATIO) for w, v in s.ofu.items()]
+        out += [MetricPoint("job.mfu.reported", v, t, resource, attrs({WINDOW: w}), RATIO)
+                for w, v in s.mfu.items()]
         out += [MetricPoint("job.flops.achieved", v, t, resource, attrs({WINDOW: w}), "{flop}/s")
                 for w, v in s.flops_rate.items()]
         out.append(MetricPoint("job.gpus", float(s.gpus), t, resource, (), "{gpu}"))
@@ -319,9 +320,9 @@ class JobsProcessor(Processor):
         if s.totals.flops_known:
             out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
         if s.baseline is not None:
-            out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource))
-        out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}))
-                for f in s.open_findings]
+            out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
+        out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
+                            "{finding}") for f in s.open_findings]
         return out
 
 

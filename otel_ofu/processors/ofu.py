@@ -27,7 +27,7 @@ from typing import Any
 
 from otel_ofu.core import specs
 from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
-from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, MetricInfo, register
+from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
     FREF_SOURCE,
@@ -326,9 +326,9 @@ class OfuProcessor(Processor):
                 ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
                     {**sample.attributes, FREF_SOURCE: result.fref_source})
             out += [
-                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs,
+                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs, RATIO,
                             start_time_unix_nano=self._window_start(sample, gpu, resource)),
-                MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs),
+                MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs, RATIO),
                 MetricPoint("gpu.ofu.reference_clock", result.fref_mhz * 1e6, t, resource, ofu_attrs, "Hz"),
             ]
             if result.achieved_flops is not None:
@@ -336,7 +336,7 @@ class OfuProcessor(Processor):
                                        "{flop}/s"))
             if gpu.mig:
                 # What the recording rules weigh the instance by: its fraction of the physical GPU.
-                out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs))
+                out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs, RATIO))
             if cfg.loss.enabled:
                 names, shares, memory, clock = loss_shares(
                     result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
@@ -348,7 +348,7 @@ class OfuProcessor(Processor):
                         attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
                         for part, cause in zip(names, causes_of(names, memory, clock)))
                 for share, part_attributes in zip(shares, part_attrs):
-                    out.append(MetricPoint("gpu.ofu.loss", share, t, resource, part_attributes))
+                    out.append(MetricPoint("gpu.ofu.loss", share, t, resource, part_attributes, RATIO))
         else:
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
@@ -496,7 +496,7 @@ class OfuProcessor(Processor):
         else:
             tpa, clock = clean_ratio(sample.tensor_active, tolerance)[0], clean_clock(sample.sm_clock_mhz)[0]
         if tpa is not None:
-            out.append(MetricPoint("gpu.tensor.activity", tpa * 1.0, t, resource, point_attrs, "1"))
+            out.append(MetricPoint("gpu.tensor.activity", tpa * 1.0, t, resource, point_attrs, RATIO))
         if clock is not None:
             out.append(MetricPoint("gpu.sm.clock.frequency", clock * 1e6, t, resource, point_attrs, "Hz"))
         # The other inputs are often absent (None, which cleans to no value): skip them early.
@@ -511,21 +511,21 @@ class OfuProcessor(Processor):
         if sample.clock_event_reasons is not None:
             value = clean(sample.clock_event_reasons)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.clock.event_reasons", value * 1.0, t, resource, point_attrs, "1"))
+                out.append(MetricPoint("gpu.clock.event_reasons", value * 1.0, t, resource, point_attrs, "{bitmask}"))
         if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
             return out
         if sample.sm_active is not None:
             value = clean_ratio(sample.sm_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.sm.activity", value * 1.0, t, resource, point_attrs, "1"))
+                out.append(MetricPoint("gpu.sm.activity", value * 1.0, t, resource, point_attrs, RATIO))
         if sample.gr_active is not None:
             value = clean_ratio(sample.gr_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.graphics_engine.activity", value * 1.0, t, resource, point_attrs, "1"))
+                out.append(MetricPoint("gpu.graphics_engine.activity", value * 1.0, t, resource, point_attrs, RATIO))
         if sample.dram_active is not None:
             value = clean_ratio(sample.dram_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.dram.activity", value * 1.0, t, resource, point_attrs, "1"))
+                out.append(MetricPoint("gpu.dram.activity", value * 1.0, t, resource, point_attrs, RATIO))
         return out
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Literal
 
 from otel_ofu.core import specs
+from otel_ofu.core.metrics import RATIO
 from otel_ofu.core.model import JOB_ID, PRECISION, Batch, MetricPoint, attrs
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, invalid, require
@@ -243,14 +244,14 @@ def window_batch(results: list[tuple[object, sim.WindowTruth]], emit_truth: bool
         precision = specs.normalize_precision(sample.precision)  # type: ignore[attr-defined]
         if emit_truth:  # on the GPU's resource with its job identity, as the ofu processor's points
             resource = sample.resource_attributes({JOB_ID: job, PRECISION: precision})  # type: ignore[attr-defined]
-            batch.points.append(MetricPoint("sim.gpu.mfu.true", truth.true_mfu, t, resource))
+            batch.points.append(MetricPoint("sim.gpu.mfu.true", truth.true_mfu, t, resource, (), RATIO))
         if truth.reported_mfu is not None:
             reported.setdefault(job, []).append(truth.reported_mfu)
             precision_of[job] = precision
     for job, values in reported.items():
         # As a training process would send it: its own resource, naming its job.
         resource = attrs({"service.name": "training-framework", JOB_ID: job, PRECISION: precision_of[job]})
-        batch.points.append(MetricPoint("training.mfu", sum(values) / len(values), t, resource))
+        batch.points.append(MetricPoint("training.mfu", sum(values) / len(values), t, resource, (), RATIO))
     return batch
 
 
