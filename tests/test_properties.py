@@ -26,12 +26,14 @@ from otel_ofu.core.values import NoValue
 from otel_ofu.otlp import codec
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Context
+from otel_ofu.processors import jobs as _jobs_registers_job_metrics  # noqa: F401 (job.ofu in METRICS)
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 
 SDK_CAPTURE = Path(__file__).parent / "data" / "real" / "otlp" / "sdk-training-reporter.http-protobuf.bin"
 NAMES = ("gpu.ofu", "job.ofu", "training.mfu", "training.tflops_per_gpu", "a.b", "x")
 # One unit and kind per name, as the OpenTelemetry data model has it (a metric's identity): for
-# otel-ofu's own metrics the declared ones (core/metrics.py), which its encoder writes.
+# otel-ofu's own metrics the declared ones (core/metrics.py; job.ofu once the jobs processor's module
+# registered it, whichever test file was collected first), which its encoder writes.
 DECLARED = {name: (METRICS[name].unit, METRICS[name].kind) if name in METRICS else (unit, kind)
             for name, unit, kind in [("gpu.ofu", "", ""), ("job.ofu", "", "gauge"), ("training.mfu", "", ""),
                                      ("training.tflops_per_gpu", "", ""), ("a.b", "By", "sum"), ("x", "1", "gauge")]}
