@@ -309,9 +309,12 @@ def collector_config(protocol: str, grpc_port: int, http_port: int, sink_port: i
     }
 
 
-def stage_config(protocol: str, sink_port: int) -> dict:
-    """collector-config/processor-stage.yaml with its exporter's compression set (and over HTTP for ``http``)."""
+def stage_config(protocol: str, sink_port: int, loss: bool = True) -> dict:
+    """collector-config/processor-stage.yaml with its exporter's compression set (and over HTTP for ``http``);
+    ``loss`` False: the ofu processor's loss account off."""
     config = yaml.safe_load((ROOT / "collector-config" / "processor-stage.yaml").read_text())
+    if not loss:
+        config["processors"]["ofu"]["loss"] = {"enabled": False}
     exporter = config["exporters"].pop("otlp")
     if protocol == "grpc":
         exporter.update(endpoint=f"127.0.0.1:{sink_port}", compression="none")
@@ -405,7 +408,7 @@ class Span:
 
 
 def run(protocol: str, otelcol: str, nodes: list[Node], windows: int, per_request: int, seed: int, shuffled: bool,
-        work: Path, py_spy: str | None = None) -> dict:
+        work: Path, py_spy: str | None = None, loss: bool = True) -> dict:
     procs: list[subprocess.Popen] = []
     sampler: subprocess.Popen | None = None
     sinks = [Sink(protocol), Sink(protocol)]
@@ -415,7 +418,7 @@ def run(protocol: str, otelcol: str, nodes: list[Node], windows: int, per_reques
         collector_yaml = work / f"collector-{protocol}.yaml"
         collector_yaml.write_text(yaml.safe_dump(collector_config(protocol, c_grpc, c_http, sinks[0].port)))
         stage_yaml = work / f"stage-{protocol}.yaml"
-        stage_yaml.write_text(yaml.safe_dump(stage_config(protocol, sinks[1].port), sort_keys=False))
+        stage_yaml.write_text(yaml.safe_dump(stage_config(protocol, sinks[1].port, loss), sort_keys=False))
         collector = subprocess.Popen([otelcol, f"--config=file:{collector_yaml}"], cwd=ROOT,
                                      stdout=open(work / f"collector-{protocol}.log", "wb"), stderr=subprocess.STDOUT)
         procs.append(collector)
@@ -596,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", action="store_true",
                         help="instead: cProfile the stage's request path in this process (no Collector)")
+    parser.add_argument("--no-loss", action="store_true",
+                        help="the ofu processor's loss account off (processors.ofu.loss.enabled: false): its cost")
     parser.add_argument("--py-spy", metavar="PREFIX", default=None,
                         help="also sample otel-ofu with py-spy (pip install py-spy) into PREFIX-<protocol>.txt "
                              "(collapsed stacks); the figures of such a run include py-spy's reading")
@@ -626,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ofu-stage-") as tmp:
         for protocol in protocols:
             runs[protocol] = run(protocol, otelcol, nodes, max(1, args.windows), args.per_request, args.seed,
-                                 args.order == "shuffled", Path(tmp), args.py_spy)
+                                 args.order == "shuffled", Path(tmp), args.py_spy, not args.no_loss)
     headline = runs[protocols[0]]
     out = {
         "ratio_to_collector": headline["ratio_to_collector"],
@@ -636,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         "gzip_first_window_ratio_to_collector": runs["http"]["first_window_ratio_to_collector"]
         if "http" in runs else None,
         "nodes": args.nodes, "gpus": args.nodes * GPUS_PER_NODE, "per_request": args.per_request,
-        "windows": args.windows, "order": args.order, "cores": os.cpu_count(),
+        "windows": args.windows, "order": args.order, "loss_account": not args.no_loss, "cores": os.cpu_count(),
         "complete": all(r["complete"] for r in runs.values()), "runs": runs,
     }
     if args.json:
