@@ -41,7 +41,8 @@ BLANKS = (0x7FFFFFF0, 0x7FFFFFF0 + 2, 9223372036854775794, 140737488355328.0)  #
 INPUTS = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MAX_SM_CLOCK",
           "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ",
           "dcgm_sm_clock", "dcgm_fi_prof_pipe_tensor_active")
-PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_DRAM_ACTIVE")
+PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_DRAM_ACTIVE",
+          "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE")  # the last three: the loss account's ratios
 OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency")
 
 
@@ -393,3 +394,114 @@ def test_the_kept_collector_capture_read_by_shape_as_by_the_message_path(layout)
             bodies = [as_collector_writes(body) for body in bodies]
         job = request.resource_metrics[0].resource.attributes[0].value.string_value
         assert assert_same(bodies) == 1, job
+
+
+# --- the whole processing stage: every point out as the protobuf walk gives it -----------------------
+
+
+STAGE_CONFIG = Path(__file__).parent.parent / "collector-config" / "processor-stage.yaml"
+
+
+def _ofu_processor():
+    """The ofu processor with the processing stage's settings (collector-config/processor-stage.yaml)."""
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.processors.ofu import FACTORY as OFU
+
+    settings = yaml.safe_load(STAGE_CONFIG.read_text())["processors"]["ofu"]
+    return OFU.create(build_config(OFU.config_type, settings), Context("ofu"))
+
+
+def _stage_requests(bodies: list[bytes], shapes: bool) -> tuple[list[ExportMetricsServiceRequest], int]:
+    """Each request through the processing stage, as the request its otlp exporter sends (parsed), and how
+    many requests were parsed. ``shapes``: as the stage runs (the receiver's split_wire with scrape shapes
+    learned as it goes, the ofu processor, the encoder's templates); else the protobuf walk: each request
+    parsed and split through protobuf objects, its points built message by message with protobuf
+    (tests/test_otlp_encode.py's reference encoder), the pass-through appended as protobuf parses it."""
+    from otel_ofu.core.model import Batch
+    from otel_ofu.otlp.codec import passthrough_messages
+    from otel_ofu.otlp.payload import metrics_payload
+    from tests.test_otlp_encode import reference
+
+    ofu = _ofu_processor()
+    out = []
+    parsed = 0
+
+    class Counted:
+        @staticmethod
+        def FromString(body: bytes) -> ExportMetricsServiceRequest:  # noqa: N802 (protobuf's name)
+            nonlocal parsed
+            parsed += 1
+            return ExportMetricsServiceRequest.FromString(body)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(otlp_join, "_scrape_stores", {})
+        patch.setattr(otlp_join, "ExportMetricsServiceRequest", Counted)
+        if not shapes:
+            patch.setattr(ScrapeShapes, "read", lambda self, *args: None)
+        for body in bodies:
+            found = _split(body, receiver=shapes)
+            batch = ofu.process(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
+            if shapes:
+                payload = metrics_payload(batch.points, batch.passthrough)
+                out.append(ExportMetricsServiceRequest.FromString(payload[0]) if payload else None)
+            else:
+                request = reference(batch.points)
+                request.resource_metrics.extend(passthrough_messages(batch.passthrough))
+                out.append(request if request.resource_metrics else None)
+    return out, parsed
+
+
+def assert_stage_exact(bodies: list[bytes]) -> int:
+    """Every request the stage sends, read by shape and written from templates, equals the protobuf walk's
+    (every point: its resource, metric, attributes, time and value; the pass-through); returns how many
+    requests the stage parsed."""
+    expected, _ = _stage_requests(bodies, shapes=False)
+    got, parsed = _stage_requests(bodies, shapes=True)
+    for number, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert a == b, f"request {number}"
+    return parsed
+
+
+def _stage_workload(nodes: int, windows_: int, per_request: int) -> list[bytes]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    try:
+        import stage
+    finally:
+        sys.path.pop(0)
+    fleet_ = stage.fleet(nodes, seed=3)
+    return [body for w in range(windows_) for body in stage.window_requests(fleet_, w, per_request, 3, True)]
+
+
+def test_the_stage_sends_what_the_protobuf_walk_gives_on_its_benchmark_workload():
+    """benchmarks/stage.py's workload (a Collector's scrapes of dcgm-exporter, the metrics in a new order each
+    scrape, a training job's readings): every request the stage sends is the protobuf walk's, gpu.ofu, the
+    loss account's parts (several points of one gauge per GPU) and the inputs too; only the first window
+    is parsed."""
+    bodies = _stage_workload(nodes=12, windows_=4, per_request=5)
+    got, _ = _stage_requests(bodies[:3], shapes=True)
+    names = {m.name for request in got for rm in request.resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics}
+    assert {"gpu.ofu", "gpu.ofu.loss", "gpu.tensor.activity", "DCGM_FI_PROF_DRAM_ACTIVE"} <= names
+    assert assert_stage_exact(bodies) == 3  # the first window's three requests
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets(plain=True), st.sampled_from([0.0, 0.05]), LAYOUTS)
+def test_the_stage_sends_what_the_protobuf_walk_gives_on_random_scrapes(fleet, odd, layout):
+    """Random scrapes around a Collector's (odd ones among them at times): the requests the stage sends are
+    the protobuf walk's, read by shape or not."""
+    assert_stage_exact(windows(fleet, 4, odd, layout))
+
+
+def test_the_stage_sends_what_the_protobuf_walk_gives_on_the_kept_collector_capture():
+    """Every corpus page as the real Collector made it (tests/data/real/otlp/), three scrapes each: the
+    requests the stage sends are the protobuf walk's."""
+    from otel_ofu.otlp import codec
+
+    pages = [codec.from_json_line(line) for line in KEPT_CAPTURE.read_text().splitlines() if line.strip()]
+    for request in pages:
+        bodies = [as_collector_writes(_later_scrape(request, k).SerializeToString()) for k in range(3)]
+        assert_stage_exact(bodies)

@@ -131,9 +131,11 @@ def calibration(model: str | None, precision: str = specs.UNKNOWN_PRECISION, max
     return Calibration(ref.mhz, ref.source, factor, arch, peak.flops if peak is not None else None)
 
 
-def ofu_with(cal: Calibration | None, tpa: object, sm_clock_mhz: object, *, tpa_tolerance: float = TPA_TOLERANCE,
+def ofu_with(cal: Calibration | None, tpa: object, sm_clock_mhz: object, tpa_tolerance: float = TPA_TOLERANCE,
              share: float | None = 1.0) -> OfuResult | NoValue:
-    """OFU for one GPU window from raw readings and the GPU's calibration (None: no f_ref); see :func:`compute_ofu`."""
+    """OFU for one GPU window from raw readings and the GPU's calibration (None: no f_ref); see :func:`compute_ofu`.
+
+    Its settings may be passed by position: the ofu processor calls it once per GPU window."""
     tpa_value, reason = clean_ratio(tpa, tpa_tolerance)
     if tpa_value is None:
         return reason  # type: ignore[return-value]

@@ -298,7 +298,6 @@ class OfuProcessor(Processor):
         gpu = self._gpu(sample, job, precision)
         resource, share = gpu.resource, gpu.share
         t = sample.time_unix_nano
-        out: list[MetricPoint] = []
 
         max_clock = sample.max_sm_clock_mhz
         known = gpu.max_clock
@@ -311,8 +310,9 @@ class OfuProcessor(Processor):
                                           apply_correction=cfg.tile_correction.enabled)
             gpu.max_clock = max_clock
         cal: Calibration | None = gpu.calibration  # type: ignore[assignment]
-        result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, tpa_tolerance=cfg.tpa_tolerance, share=share)
+        result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, cfg.tpa_tolerance, share)
         point_attrs, ofu_attrs_by_fref, loss_attrs = self._point_attributes(sample.attributes)
+        out: list[MetricPoint]
         if isinstance(result, OfuResult):
             if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
                 if len(self._warned_models) >= _WARNED_MODELS_SIZE:
@@ -325,9 +325,10 @@ class OfuProcessor(Processor):
             if ofu_attrs is None:
                 ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
                     {**sample.attributes, FREF_SOURCE: result.fref_source})
-            out += [
-                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs, RATIO,
-                            start_time_unix_nano=self._window_start(sample, gpu, resource)),
+            # Positional arguments: keywords cost as much again per point (a GPU has a dozen per window).
+            out = [
+                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs, RATIO, False,
+                            self._window_start(sample, gpu, resource)),
                 MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs, RATIO),
                 MetricPoint("gpu.ofu.reference_clock", result.fref_mhz * 1e6, t, resource, ofu_attrs, "Hz"),
             ]
@@ -347,12 +348,12 @@ class OfuProcessor(Processor):
                     part_attrs = loss_attrs[key] = tuple(
                         attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
                         for part, cause in zip(names, causes_of(names, memory, clock)))
-                for share, part_attributes in zip(shares, part_attrs):
-                    out.append(MetricPoint("gpu.ofu.loss", share, t, resource, part_attributes, RATIO))
+                out += [MetricPoint("gpu.ofu.loss", part, t, resource, part_attributes, RATIO)
+                        for part, part_attributes in zip(shares, part_attrs)]
         else:
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
-            out.append(self._drop(sample, result, resource, t))
+            out = [self._drop(sample, result, resource, t)]
 
         if cfg.emit_inputs:
             out += self._input_points(sample, resource, point_attrs, t, result)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import KeysView
+from itertools import repeat
 from typing import Any
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import NumberDataPoint
@@ -110,11 +111,15 @@ class MetricShape:
 
     def readings(self, wire: bytes, start: int) -> list[tuple[int, object]]:
         """Each point's (time, value in the sample's units), for the metric whose payload starts at ``wire[start]``."""
+        return list(zip(*self.times_values(wire, start)))
+
+    def times_values(self, wire: bytes, start: int) -> tuple[tuple[int, ...], tuple[object, ...]]:
+        """Its points' times and their values in the sample's units (two tuples, in the order the points lie)."""
         values = self.values.unpack_from(wire, start)  # type: ignore[union-attr]
         times, readings = (values[0::2], values[1::2]) if self.time_first else (values[1::2], values[0::2])
         if self.scaled:
-            readings = tuple(scale(value, self.unit, self.kind) for value in readings)  # type: ignore[arg-type]
-        return list(zip(times, readings))
+            readings = tuple([scale(value, self.unit, self.kind) for value in readings])  # type: ignore[arg-type]
+        return times, readings
 
 
 class NodeShape:
@@ -504,7 +509,7 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
         if tpa is None or clock is None:
             return None
         first = inputs[0][0]  # the joiner makes the windows in the order of the first reading it gets
-        if first.keys is None or any(other[0].keys != first.keys for other in (tpa, clock, *ratios)):
+        if first.keys is None or any(_order(first, other[0]) is _APART for other in (tpa, clock, *ratios)):
             return None
         seen.update(first.keys)
         total += len(first.keys)
@@ -514,50 +519,65 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
     out = []
     for first, (tpa, tpa_at), (clock, clock_at), ratios in pairs:
         # each GPU's readings in the first metric's order
-        tpa_readings, clock_readings = _readings(first, tpa, tpa_at, wire), _readings(first, clock, clock_at, wire)
-        ratio_readings = [(shape.kind, _readings(first, shape, at, wire)) for shape, at in ratios]
-        for k, ((_, gpu), (t, tpa_value), (clock_t, clock_value)) in enumerate(
-                zip(first.series, tpa_readings, clock_readings)):
+        tpa_times, tpa_values = _readings(first, tpa, tpa_at, wire)
+        clock_times, clock_values = _readings(first, clock, clock_at, wire)
+        gr = sm = dram = _NONE
+        for shape, at in ratios:
+            kind = shape.kind
+            if kind == GR:
+                gr = _readings(first, shape, at, wire)
+            elif kind == SM:
+                sm = _readings(first, shape, at, wire)
+            else:
+                dram = _readings(first, shape, at, wire)
+        forwarded = bool(ratios)
+        for (_, gpu), t, tpa_value, clock_t, clock_value, gr_t, gr_value, sm_t, sm_value, dram_t, dram_value in zip(
+                first.series, tpa_times, tpa_values, clock_times, clock_values, *gr, *sm, *dram):
+            # A ratio goes with the window when it lies within the tolerance of its TPA reading (the join rule).
             sample = scrape_sample(gpu, t, tpa_value, clock_t, clock_value, None, window_s, tolerance_ns,
-                                   dict(gpu.resource))
+                                   dict(gpu.resource), gr_value if abs(gr_t - t) <= tolerance_ns else None,
+                                   sm_value if abs(sm_t - t) <= tolerance_ns else None,
+                                   dram_value if abs(dram_t - t) <= tolerance_ns else None, forwarded)
             if sample is None:
                 return None
-            if ratio_readings:
-                for kind, readings in ratio_readings:
-                    r_t, value = readings[k]
-                    setattr(sample, _RATIO_FIELDS[kind], value if abs(r_t - t) <= tolerance_ns else None)
-                sample.ratios_forwarded = True
             out.append(sample)
     return out
 
 
 _RATIOS = frozenset({GR, SM, DRAM})
-_RATIO_FIELDS = {GR: "gr_active", SM: "sm_active", DRAM: "dram_active"}  # GpuSample fields
 
 
-def _readings(first: MetricShape, shape: MetricShape, at: int, wire: bytes) -> list:
-    """An input metric's readings, in the order ``first`` holds its GPUs."""
-    readings = shape.readings(wire, at)
-    return readings if shape is first else _in_order(readings, _order(first, shape))
+_NONE = (repeat(0), repeat(None))  # a ratio the node does not send: no reading for any GPU (None at any time)
 
 
-def _in_order(readings: list, order: tuple[int, ...] | None) -> list:
-    return readings if order is None else [readings[i] for i in order]
+def _readings(first: MetricShape, shape: MetricShape, at: int, wire: bytes) -> tuple[tuple, tuple]:
+    """An input metric's times and values, in the order ``first`` holds its GPUs (which :func:`_order` found)."""
+    times, values = shape.times_values(wire, at)
+    order = _order(first, shape)
+    if order is None:
+        return times, values
+    return tuple([times[i] for i in order]), tuple([values[i] for i in order])
 
 
-def _order(first: MetricShape, other: MetricShape) -> tuple[int, ...] | None:
-    """Where ``other`` holds each of ``first``'s GPUs; None: in the same order (kept: two input metrics of a
-    node pair up the same way every scrape)."""
+def _order(first: MetricShape, other: MetricShape) -> tuple[int, ...] | None | object:
+    """Where ``other`` holds each of ``first``'s GPUs; None: in the same order; _APART: it holds other GPUs
+    (or one twice). Kept: two input metrics of a node pair up the same way every scrape."""
+    if other is first:
+        return None
     orders = first.orders
     found = orders.get(other, _NEW)  # type: ignore[union-attr]
     if found is _NEW:
-        found = tuple(other.index[key] for key, _ in first.series)
-        if found == tuple(range(len(found))):
-            found = None
+        if other.keys is None or other.keys != first.keys:
+            found = _APART
+        else:
+            found = tuple(other.index[key] for key, _ in first.series)
+            if found == tuple(range(len(found))):
+                found = None
         if len(orders) >= 8:  # type: ignore[arg-type]
             orders.clear()  # type: ignore[union-attr]
         orders[other] = found  # type: ignore[index]
-    return found  # type: ignore[return-value]
+    return found
 
 
 _NEW: Any = object()
+_APART: Any = object()

@@ -98,12 +98,15 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
 
 
 def scrape_sample(gpu: Entity, t: int, tpa: object, clock_t: int, clock: object, max_clock: object, window_s: float,
-                  tolerance_ns: int, resource: dict) -> GpuSample | None:
+                  tolerance_ns: int, resource: dict, gr: object = None, sm: object = None, dram: object = None,
+                  ratios_forwarded: bool = False) -> GpuSample | None:
     """The window of a GPU whose request holds one TPA and one clock reading of it (a scrape); None when
-    they lie more than the tolerance apart (two windows: :func:`samples_of` makes them)."""
+    they lie more than the tolerance apart (two windows: :func:`samples_of` makes them). ``gr``, ``sm``,
+    ``dram``: the loss account's ratios of the window, as :func:`with_ratios` puts them."""
     if abs(clock_t - t) > tolerance_ns:
         return None
     valid = clean_clock(clock)[0]
     clock, count = (clock, 0) if valid is None else (valid, 1)
-    return GpuSample(t, window_s, gpu.host, gpu.gpu_index, gpu.uuid, gpu.model, tpa, clock, count, max_clock,
-                     source=SOURCE, job_id=gpu.job_id, resource=resource)
+    # Positional: a processing stage makes one per GPU per interval, and keywords cost about as much again.
+    return GpuSample(t, window_s, gpu.host, gpu.gpu_index, gpu.uuid, gpu.model, tpa, clock, count, max_clock, None,
+                     None, sm, gr, dram, ratios_forwarded, SOURCE, gpu.job_id, None, resource)
