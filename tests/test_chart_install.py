@@ -108,9 +108,9 @@ def one(stored: dict[tuple[str, str], dict[str, Any]], kind: str, component: str
 # --- a pod as the kubelet would run it -----------------------------------------------------------
 
 
-def container_env(container: dict[str, Any], server: KubeApiServer, pod_name: str) -> dict[str, str]:
-    """The container's env with the downward API resolved for a pod on NODE, and what the kubelet adds."""
-    values = {**FIELD_PLACEHOLDERS, "spec.nodeName": NODE, "status.hostIP": NODE_IP, "status.podIP": "127.0.0.1",
+def container_env(container: dict[str, Any], server: KubeApiServer, pod_name: str, node: str = NODE) -> dict[str, str]:
+    """The container's env with the downward API resolved for a pod on ``node``, and what the kubelet adds."""
+    values = {**FIELD_PLACEHOLDERS, "spec.nodeName": node, "status.hostIP": NODE_IP, "status.podIP": "127.0.0.1",
               "metadata.name": pod_name, "metadata.namespace": NAMESPACE}
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port)}
     for item in container.get("env", []):

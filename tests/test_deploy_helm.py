@@ -372,7 +372,7 @@ def test_fleet_wires_agents_to_the_gateway_and_the_gateway_to_the_jobs_tier() ->
     lb = relay["exporters"]["load_balancing/jobs"]
     assert lb["routing_key"] == "attributes" and lb["routing_attributes"] == ["ofu.job.id"]
     assert lb["resolver"]["k8s"]["service"] == f"{headless['metadata']['name']}.{NAMESPACE}"
-    assert relay["exporters"]["load_balancing/gpus"]["resolver"] == lb["resolver"]
+    assert set(relay["exporters"]) == {"load_balancing/jobs"}  # GPUs without a job stop at the gateway
     role = one(objects, "Role", "gateway")
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
                               "verbs": ["get", "list", "watch"]}]
@@ -388,13 +388,12 @@ def test_dns_resolver_needs_no_rbac() -> None:
     assert not by_kind(objects, "Role")
     relay = yaml.safe_load(one(objects, "ConfigMap", "gateway")["data"]["relay.yaml"])
     assert set(relay["exporters"]["load_balancing/jobs"]["resolver"]) == {"dns"}
-    assert set(relay["exporters"]["load_balancing/gpus"]["resolver"]) == {"dns"}
     assert pod_spec(one(objects, "Deployment", "gateway"))["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize(("sets", "message"), [
     (("gateway.enabled=true", "jobs.enabled=false"), "gateway.enabled needs jobs.enabled"),
-    (("prometheus.enabled=false", "jobs.enabled=false"), "the agent has nowhere to send OFU"),
+    (("prometheus.enabled=false", "jobs.enabled=false"), "the agent has nowhere to send its GPUs' OFU"),
     (("prometheus.enabled=false",), "has nowhere to send"),
     (("jobs.replicas=3",), "jobs.replicas is 3: more than one jobs instance needs gateway.enabled"),
     (("agent.otlpReceiver.grpcPort=0", "agent.otlpReceiver.httpPort=0"),
@@ -442,12 +441,15 @@ def test_by_default_one_jobs_instance_gets_every_agents_ofu_and_reports() -> Non
 
 
 def test_the_gateway_still_routes_a_fleet_to_several_jobs_instances() -> None:
+    """With the gateway as without: the agents serve and send their GPUs' series, the jobs tier its jobs'."""
     objects = template(next(p for p in EXAMPLES if p.stem == "fleet"))
     agent = agent_config(objects)
     assert "otlp/jobs" not in agent["exporters"] and "otlp/gateway" in agent["exporters"]
+    assert agent["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus", "otlp", "otlp/gateway"]
+    assert agent["service"]["pipelines"]["metrics/self"]["exporters"] == ["prometheus", "otlp"]
     jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
-    assert jobs_config["receivers"]["otlp"]["passthrough"] is True  # everything on to the backend
-    assert "passthrough" not in jobs_config["processors"]["jobs"]
+    assert jobs_config["receivers"]["otlp"]["passthrough"] is False
+    assert jobs_config["processors"]["jobs"]["passthrough"] is False
 
 
 def test_jobs_auth_token_reaches_the_agents_when_they_send_to_the_jobs_instance() -> None:

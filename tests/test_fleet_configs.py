@@ -39,8 +39,31 @@ def test_the_chart_jobs_tier_runs_the_shipped_jobs_pipeline() -> None:
     shipped = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())
     rendered = yaml.safe_load(one(fleet_objects(), "ConfigMap", "jobs")["data"]["config.yaml"])
     assert rendered["receivers"]["otlp"]["decode"] == shipped["receivers"]["otlp"]["decode"]
-    assert rendered["receivers"]["otlp"]["passthrough"] is shipped["receivers"]["otlp"]["passthrough"] is True
+    # Each series has one source: the jobs tier takes what it reads and passes on only what it makes.
+    for config in (rendered, shipped):
+        assert config["receivers"]["otlp"]["passthrough"] is False
+        assert config["processors"]["jobs"]["passthrough"] is False
     assert rendered["service"]["pipelines"]["metrics"]["processors"] == ["jobs"]
     # Both keep the jobs' state on the instance's own volume, next to the sending queue.
     assert Path(rendered["processors"]["jobs"]["storage"]).parent == Path("/var/lib/otel-ofu")
     assert shipped["processors"]["jobs"]["storage"].endswith("/jobs")
+
+
+def test_the_gateway_forwards_exactly_what_the_jobs_tier_decodes() -> None:
+    """filter/jobs_inputs drops every metric but the names the jobs tier's otlp receiver decodes."""
+    decode = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())["receivers"]["otlp"]["decode"]
+    for relay in (yaml.safe_load((CONFIGS / "otelcol-gateway.yaml").read_text()),
+                  yaml.safe_load(one(fleet_objects(), "ConfigMap", "gateway")["data"]["relay.yaml"])):
+        (condition,) = relay["processors"]["filter/jobs_inputs"]["metrics"]["metric"]
+        assert condition == "not (" + " or ".join(f'name == "{name}"' for name in decode) + ")"
+
+
+def test_the_node_tier_sends_its_gpus_to_the_backend_and_the_gateway() -> None:
+    """The GPUs' series leave the node agents for the backend; the gateway lane carries the jobs' inputs."""
+    node = yaml.safe_load((CONFIGS / "fleet-node.yaml").read_text())
+    pipelines = node["service"]["pipelines"]
+    assert pipelines["metrics"]["exporters"] == ["otlp/backend", "otlp/gateway"]
+    assert pipelines["metrics/self"]["exporters"] == ["otlp/backend"]
+    rendered = yaml.safe_load(one(fleet_objects(), "ConfigMap", "agent")["data"]["config.yaml"])["service"]
+    assert rendered["pipelines"]["metrics"]["exporters"] == ["prometheus", "otlp", "otlp/gateway"]
+    assert rendered["pipelines"]["metrics/self"]["exporters"] == ["prometheus", "otlp"]

@@ -3,7 +3,12 @@
 The node tier is the real ``ofu`` processor per simulated node (tools/fleet_sim.py), its points
 encoded as otel-ofu's OTLP exporter sends them; the gateway is the Collector running
 collector-config/otelcol-gateway.yaml; each jobs-tier instance is ``otel-ofu run`` with
-collector-config/fleet-jobs.yaml, exporting to an OTLP/gRPC backend of its own.
+collector-config/fleet-jobs.yaml, exporting to an OTLP/gRPC backend of its own. The last test runs
+collector-config/fleet-node.yaml itself on a dcgm-exporter page.
+
+The jobs tier sends only what it makes (the node agents send the GPUs' series): a request has been
+processed when every job in it has its minute's snapshot at the backends. The simulated windows end
+on whole minutes, so each request (one minute) closes its minute's bin of every job in it.
 """
 
 from __future__ import annotations
@@ -11,17 +16,18 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+import yaml
 
 from otel_ofu.core.model import JOB_ID, MetricPoint
 from otel_ofu.otlp import codec as otlp
 from tests.e2e_util import (
     ROOT,
+    PageServer,
     Process,
     free_ports,
     otel_ofu_command,
@@ -34,6 +40,7 @@ from tools.fleet_sim import NodeTier
 
 CONFIGS = ROOT / "collector-config"
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+BIN_NS = 60 * 10**9  # fleet-jobs.yaml's jobs resolution (checked below)
 # Six 4-GPU nodes: jobs of 6 and 10 GPUs span two and three nodes; 4 GPUs have no job.
 JOBS = [{"id": "llm-pretrain", "scenario": "steady", "gpus": 6, "precision": "bf16"},
         {"id": "moe-sft", "scenario": "moe_inflated", "gpus": 10},
@@ -43,15 +50,27 @@ MINUTES = 40
 WINDOWS_PER_REQUEST = 6  # one minute of 10 s windows from every node per request
 
 
+def bins_closed(points: list[MetricPoint]) -> dict[str, int]:
+    """Per job with GPU windows among ``points``: the end of the last bin they close (its snapshot's time)."""
+    last: dict[str, int] = {}
+    for p in points:
+        job = dict(p.resource).get(JOB_ID)
+        if p.name == "gpu.ofu" and job not in (None, "none", "unknown"):
+            last[job] = max(last.get(job, 0), p.time_unix_nano)
+    return {job: t // BIN_NS * BIN_NS for job, t in last.items()}
+
+
 @pytest.fixture(scope="module")
-def requests() -> list[tuple[bytes, int]]:
-    """Each minute of the fleet as one OTLP request of the node tier's points, and its gpu.ofu count."""
+def requests() -> list[tuple[bytes, dict[str, int]]]:
+    """Each minute of the fleet as one OTLP request of the node tier's points, and the bins it closes."""
+    jobs_config = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())["processors"]["jobs"]
+    assert jobs_config["resolution"] == "1m"
     tier = NodeTier.of(nodes=6, gpus_per_node=4, jobs=JOBS)
     out = []
     for _ in range(MINUTES):
         points: list[MetricPoint] = [p for _ in range(WINDOWS_PER_REQUEST) for ps in tier.window().values()
                                      for p in ps]
-        out.append((otlp.encode_request(points), sum(p.name == "gpu.ofu" for p in points)))
+        out.append((otlp.encode_request(points), bins_closed(points)))
     return out
 
 
@@ -95,18 +114,22 @@ def start_gateway(otelcol: str, tmp_path: Path, instances: list[int], processes:
     return grpc_port
 
 
-def send_in_steps(port: int, requests: list[tuple[bytes, int]], sinks: list[Sink], processes: list[Process]) -> None:
-    """Each request, then wait until its gpu.ofu points reached the backends (one batch per instance each)."""
+def snapshots(sinks: list[Sink]) -> set[tuple[str, int]]:
+    """(job, bin end) of every job.gpus point the backends got: one per job and closed bin."""
+    return {(dict(p.resource)[JOB_ID], p.time_unix_nano) for s in sinks for p in s.collect() if p.name == "job.gpus"}
+
+
+def send_in_steps(port: int, requests: list[tuple[bytes, dict[str, int]]], sinks: list[Sink],
+                  processes: list[Process]) -> None:
+    """Each request, then wait until every job in it has its minute's snapshot at the backends (the job's
+    points of one request reach its instance as one batch, so the snapshot says the batch was processed)."""
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     export = channel.unary_unary(EXPORT)
-    expected = 0
     try:
-        for body, ofu_points in requests:
+        for body, closed in requests:
             export(body, timeout=30)
-            expected += ofu_points
-            wait_for(f"{expected} gpu.ofu points at the backends",
-                     lambda n=expected: require_alive(*processes) or sum(
-                         p.name == "gpu.ofu" for s in sinks for p in s.collect()) >= n,
+            wait_for(f"the snapshots of {sorted(closed)} at the backends",
+                     lambda c=closed: require_alive(*processes) or set(c.items()) <= snapshots(sinks),
                      timeout=60, interval=0.05, diagnostics=lambda: "\n".join(p.tail() for p in processes))
     finally:
         channel.close()
@@ -168,25 +191,19 @@ def test_three_instances_behind_the_gateway_give_the_jobs_of_one(otelcol, reques
         send_in_steps(gateway, requests, sharded, processes)
         send_in_steps(single_port, requests, [single], processes)
 
-        # Every job lives on exactly one instance; GPUs without a job are spread GPU by GPU.
+        # Every job lives on exactly one instance, and they share the jobs out.
         owners = defaultdict(set)
-        idle_gpus = defaultdict(set)
         for i, sink in enumerate(sharded):
             for p in sink.collect():
-                job = dict(p.resource).get(JOB_ID)
-                if p.name == "gpu.ofu":
-                    if job in ("none", "unknown"):
-                        idle_gpus[i].add(dict(p.resource)["hw.id"])
-                    else:
-                        owners[job].add(i)
+                if p.name.startswith("job."):
+                    owners[dict(p.resource)[JOB_ID]].add(i)
         assert set(owners) == {j["id"] for j in JOBS}
         assert all(len(where) == 1 for where in owners.values()), owners
-        assert len(idle_gpus) >= 2 and sum(map(len, idle_gpus.values())) >= 4, idle_gpus
-        # Nothing lost or doubled on the way: every node point arrived once.
-        sent = Counter(p.name for body, _ in requests
-                       for p in otlp.from_request(ExportMetricsServiceRequest.FromString(body)))
-        got = Counter(p.name for s in sharded for p in s.collect() if not p.name.startswith(("job.", "otel_ofu.")))
-        assert got == sent
+        assert len(set().union(*owners.values())) >= 2, owners
+        # The jobs tier sends only what it makes: the GPUs' series reach the backend from the node
+        # agents (each series has one source), never through here.
+        made = {p.name.split(".")[0] for s in [*sharded, single] for p in s.collect()}
+        assert "job" in made and made <= {"job", "otel_ofu"}, made
 
         one, three = job_view([single]), job_view(sharded)
         assert one["ofu"] and one["findings"] and one["ends"]
@@ -237,7 +254,8 @@ def test_a_jobs_instance_killed_and_restarted_resumes_its_jobs(requests, tmp_pat
 
 
 def test_the_backend_collector_keeps_job_identity_as_prometheus_labels(otelcol, tmp_path, processes):
-    """jobs tier -> otelcol-backend-prometheus.yaml (remote write) -> a real Prometheus: PromQL by job."""
+    """node tier and jobs tier -> otelcol-backend-prometheus.yaml (remote write) -> a real Prometheus: PromQL
+    by job, the GPUs' series from the nodes and the jobs' from the jobs tier."""
     from tests.e2e_util import prometheus_binary
     from tests.test_prometheus_e2e import promql
 
@@ -262,13 +280,17 @@ def test_the_backend_collector_keeps_job_identity_as_prometheus_labels(otelcol, 
                               "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{collector_port}",
                               "OFU_STATE_DIR": str(tmp_path / "state")}))
     wait_for("the jobs instance", lambda: require_alive(*processes) or port_open(port))
-    # Fifteen minutes of the fleet ending now (Prometheus takes recent samples only).
+    # Fifteen minutes of the fleet ending now (Prometheus takes recent samples only): the node agents'
+    # points to the backend (fleet-node.yaml's otlp/backend) and to the jobs tier (through the gateway).
     tier = NodeTier(NodeTier.of(nodes=2, gpus_per_node=4, jobs=JOBS[:1]).sim, start_unix_s=time.time() - 900)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    export = channel.unary_unary(EXPORT)
+    channels = [grpc.insecure_channel(f"127.0.0.1:{p}") for p in (collector_port, port)]
+    exports = [channel.unary_unary(EXPORT) for channel in channels]
     for _ in range(15):
-        export(otlp.encode_request([p for _ in range(6) for ps in tier.window().values() for p in ps]), timeout=30)
-    channel.close()
+        body = otlp.encode_request([p for _ in range(6) for ps in tier.window().values() for p in ps])
+        for export in exports:
+            export(body, timeout=30)
+    for channel in channels:
+        channel.close()
     job = wait_for("job_ofu in Prometheus", lambda: promql(prom_port, 'job_ofu{ofu_job_id="llm-pretrain"}'),
                    timeout=60, interval=0.5, diagnostics=lambda: "\n".join(p.tail() for p in processes))
     assert {s["metric"]["ofu_window"] for s in job} >= {"5m", "life"}
@@ -276,3 +298,42 @@ def test_the_backend_collector_keeps_job_identity_as_prometheus_labels(otelcol, 
     assert len(gpus) == 6 and all(s["metric"]["hw_id"] and s["metric"]["host_name"] for s in gpus)
     # With its unit suffix and _total, as the Job dashboard reads it (and the clock panels gpu_..._hertz).
     assert promql(prom_port, 'job_gpu_seconds_total{ofu_job_id="llm-pretrain"}')
+
+
+def test_the_shipped_node_tier_sends_each_gpu_window_to_the_backend_once(otelcol, tmp_path, processes):
+    """fleet-node.yaml on a dcgm-exporter page -> the backend and the gateway -> fleet-jobs.yaml -> the same
+    backend: each GPU window's gpu.ofu arrives once (from the node), the job's events from the jobs tier."""
+    from tests.test_mfu_audit_e2e import dcgm_page, pod_labels
+
+    page = dcgm_page("gpu-node-7", [("GPU-77777777-0000-4000-8000-000000000000", pod_labels("llama-worker-0")),
+                                    ("GPU-77777777-0000-4000-8000-000000000001", pod_labels("llama-worker-0")),
+                                    ("GPU-77777777-0000-4000-8000-000000000002", {})])
+    backend = Sink().start()
+    try:
+        with PageServer({"/metrics": page}) as exporter:
+            jobs_port, _ = start_jobs_instance("jobs", tmp_path, backend, processes)
+            gateway = start_gateway(otelcol, tmp_path, [jobs_port], processes)
+            processes.append(Process("node", otel_ofu_command(CONFIGS / "fleet-node.yaml"), tmp_path / "node.log",
+                                     {"OFU_DCGM_EXPORTER_ENDPOINT": f"{exporter.url}/metrics",
+                                      "OFU_GATEWAY_ENDPOINT": f"127.0.0.1:{gateway}",
+                                      "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{backend.port}",
+                                      "OFU_QUEUE_DIR": str(tmp_path / "node-queue")}))
+
+            def windows() -> set[int]:
+                return {p.time_unix_nano for p in backend.collect() if p.name == "gpu.ofu"}
+
+            wait_for("two windows of the node's GPUs and the job's start event at the backend", lambda: (
+                require_alive(*processes) or (len(windows()) >= 2
+                                              and any(e.name == "ofu.job.start" for e in backend.events()))),
+                timeout=90, interval=0.2, diagnostics=lambda: "\n".join(p.tail() for p in processes))
+            settle([backend])
+    finally:
+        backend.stop()
+    per_window = defaultdict(int)
+    for p in backend.collect():
+        if p.name == "gpu.ofu":
+            per_window[(dict(p.resource)["hw.id"], p.time_unix_nano)] += 1
+    assert len({gpu for gpu, _ in per_window}) == 3 and set(per_window.values()) == {1}, dict(per_window)
+    (start,) = {dict(e.attributes)[JOB_ID] for e in backend.events() if e.name == "ofu.job.start"}
+    job_gpus = {dict(p.resource)[JOB_ID] for p in backend.collect() if p.name == "gpu.ofu"}
+    assert start in job_gpus and "none" in job_gpus  # the idle GPU's series too, from the node

@@ -1,9 +1,10 @@
 """GPU-hours are conserved by the jobs tier, however it is sharded and in whatever order points arrive.
 
 A fleet of GPUs changes jobs (including none, and a GPU two jobs share) every interval. Its
-samples go through the real ``ofu`` processor; the points are routed as the fleet gateway
-routes them (collector-config/otelcol-gateway.yaml: a point whose resource names a job by its
-ofu.job.id, any other by its whole resource) to N jobs-tier instances, each a JobBook that gets
+samples go through the real ``ofu`` processor; the points are routed to N jobs-tier instances as
+the fleet gateway routes them (collector-config/otelcol-gateway.yaml: a point whose resource names
+a job by its ofu.job.id; the gateway drops the others, which the chart's direct install sends to its
+one instance: here they are spread by their whole resource, so they are counted too), each a JobBook that gets
 its points in any order, cut into any batches. Over all instances, each job's GPU time is the
 time its GPUs held it (a shared GPU's split between its jobs with include_shared, else no
 job's), and all GPU time together is the GPUs' own: nothing lost, nothing counted twice.
@@ -50,7 +51,7 @@ def fleet_points(holders: list[list[list[str]]]) -> list[MetricPoint]:
 
 
 def routing_key(point: MetricPoint) -> object:
-    """The fleet gateway's: ofu.job.id when the resource names a job, else the whole resource."""
+    """The fleet gateway's: ofu.job.id when the resource names a job (else the whole resource: see above)."""
     job = job_id_of(point)
     return ("job", job) if job not in NO_JOB and job is not None else ("resource", point.resource)
 

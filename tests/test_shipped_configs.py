@@ -43,7 +43,7 @@ def test_self_telemetry_goes_wherever_the_data_goes(where: str, config: dict[str
     assert own, f"{where}: no pipeline with the selftelemetry receiver"
     reported = {e for p in own for e in p["exporters"]}
     data = {e for p in pipelines.values() if p not in own for e in p["exporters"]}
-    # The console draws GPUs and jobs for a person; a jobs instance's extra OTLP lane to its
-    # peers (the chart's agents -> jobs instance) carries only what the jobs processor reads.
-    expected = {e for e in data if e.split("/")[0] != "console" and e != "otlp/jobs"}
+    # The console draws GPUs and jobs for a person; the agents' lane to the jobs tier (straight to
+    # the chart's jobs instance, or through the fleet's gateway) carries only what the jobs processor reads.
+    expected = {e for e in data if e.split("/")[0] != "console" and e not in ("otlp/jobs", "otlp/gateway")}
     assert expected <= reported, f"{where}: self-telemetry does not reach {sorted(expected - reported)}"

@@ -6,19 +6,23 @@ result goes through `tpl`, so values may use templates.
 */}}
 
 {{- define "otel-ofu.agentDefaultConfig" -}}
+{{- /* Each series has one source (docs/fleet.md): the agents serve and send their GPUs' series (and the
+reports their node's training jobs send them, and their own self-telemetry) to Prometheus and the OTLP
+backend themselves; the jobs tier, directly or through the gateway, gets only what its jobs processor
+reads and serves only the job series. */}}
 {{- $kubelet := include "otel-ofu.kubeletEnabled" . }}
 {{- $exporters := list }}
 {{- if .Values.prometheus.enabled }}{{ $exporters = append $exporters "prometheus" }}{{ end }}
 {{- $otlpType := include "otel-ofu.otlpExporterType" . }}
-{{- if .Values.gateway.enabled }}{{ $exporters = append $exporters "otlp/gateway" }}
-{{- else if .Values.otlp.endpoint }}{{ $exporters = append $exporters $otlpType }}{{ end }}
+{{- if .Values.otlp.endpoint }}{{ $exporters = append $exporters $otlpType }}{{ end }}
 {{- if not $exporters }}
-{{- fail "the agent has nowhere to send OFU: enable prometheus, set otlp.endpoint, or enable the gateway" }}
+{{- fail "the agent has nowhere to send its GPUs' OFU: enable prometheus or set otlp.endpoint" }}
 {{- end }}
-{{- /* metrics/self goes where the agent's own output goes; the jobs instance reads OFU and reports only. */}}
+{{- /* metrics/self goes where the agent's own output goes; the jobs tier reads OFU and reports only. */}}
 {{- $selfExporters := $exporters }}
 {{- $toJobs := include "otel-ofu.agentsToJobs" . }}
-{{- if $toJobs }}{{ $exporters = append $exporters "otlp/jobs" }}{{ end }}
+{{- if .Values.gateway.enabled }}{{ $exporters = append $exporters "otlp/gateway" }}
+{{- else if $toJobs }}{{ $exporters = append $exporters "otlp/jobs" }}{{ end }}
 {{- $receivers := list .Values.source }}
 {{- $otlpPorts := include "otel-ofu.agentOtlpPorts" . | fromYamlArray }}
 {{- if .Values.agent.otlpReceiver.enabled }}
@@ -106,7 +110,12 @@ exporters:
     endpoint: 0.0.0.0:{{ .Values.prometheus.port }}
     metric_expiration: 5m
   {{- end }}
+  {{- if .Values.otlp.endpoint }}
+  {{ $otlpType }}:
+    {{- include "otel-ofu.otlpExporter" (dict "root" . "storage" (ternary "/var/lib/otel-ofu/queue" "" (not (empty .Values.otlp.sendingQueue.hostPath)))) | nindent 4 }}
+  {{- end }}
   {{- if .Values.gateway.enabled }}
+  # The gateway routes every point of one job to the jobs instance that owns it (docs/fleet.md).
   otlp/gateway:
     endpoint: {{ include "otel-ofu.gatewayEndpoint" . | quote }}
     tls:
@@ -121,11 +130,7 @@ exporters:
       {{- if .Values.otlp.sendingQueue.hostPath }}
       storage: /var/lib/otel-ofu/queue
       {{- end }}
-  {{- else if .Values.otlp.endpoint }}
-  {{ $otlpType }}:
-    {{- include "otel-ofu.otlpExporter" (dict "root" . "storage" (ternary "/var/lib/otel-ofu/queue" "" (not (empty .Values.otlp.sendingQueue.hostPath)))) | nindent 4 }}
-  {{- end }}
-  {{- if $toJobs }}
+  {{- else if $toJobs }}
   # The one jobs instance: every agent's GPUs and reports meet there, so a job on many nodes is one job.
   otlp/jobs:
     endpoint: {{ include "otel-ofu.jobsEndpoint" . | quote }}
@@ -174,14 +179,10 @@ receivers:
     auth:
       bearer_token_file: /etc/otel-ofu/jobs-auth/token
     {{- end }}
-    {{- if .Values.gateway.enabled }}
-    passthrough: true
-    # As collector-config/fleet-jobs.yaml: what the jobs processor reads is decoded, the rest passes as bytes.
-    {{- else }}
-    # The agents serve and send their GPUs' metrics themselves: only what the jobs processor reads is taken.
+    # The agents serve and send their GPUs' metrics themselves: only what the jobs processor reads is
+    # taken (the gateway forwards only these), as in collector-config/fleet-jobs.yaml.
     passthrough: false
-    {{- end }}
-    decode: [gpu.ofu, gpu.flops.achieved, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
+    decode: {{ include "otel-ofu.jobsInputs" . }}
     # Refuse retryably (the gateway keeps and resends) before the container's memory limit; the
     # per-GPU caches are emptied first (docs/reliability.md).
     memory_limiter:
@@ -197,10 +198,8 @@ processors:
     # Jobs resume after a restart (docs/fleet.md); the volume holds the sending queue too.
     storage: /var/lib/otel-ofu/jobs
     {{- end }}
-    {{- if not .Values.gateway.enabled }}
     # Only the job metrics and events leave: the agents serve the per-GPU ones (no series twice).
     passthrough: false
-    {{- end }}
 exporters:
   {{- if .Values.prometheus.enabled }}
   prometheus:
@@ -257,29 +256,23 @@ processors:
     spike_limit_percentage: 25
   batch:
     timeout: 1s
-  # Points whose resource names a job go to the job's instance; GPUs without a job are spread by GPU
-  # (a single "ofu.job.id=|" key would put them all on one instance).
+  # The jobs tier takes only what its jobs processor reads (the agents serve the GPUs' series), of
+  # GPUs and reports that name a job: the rest is dropped here, not carried to it.
   filter/keep_jobs:
     error_mode: ignore
     metrics:
       resource:
         - resource.attributes["ofu.job.id"] == nil or resource.attributes["ofu.job.id"] == "" or resource.attributes["ofu.job.id"] == "none" or resource.attributes["ofu.job.id"] == "unknown"
-  filter/keep_no_job:
+  filter/jobs_inputs:
     error_mode: ignore
     metrics:
-      resource:
-        - resource.attributes["ofu.job.id"] != nil and resource.attributes["ofu.job.id"] != "" and resource.attributes["ofu.job.id"] != "none" and resource.attributes["ofu.job.id"] != "unknown"
+      metric:
+        - {{ include "otel-ofu.notJobsInputs" . | quote }}
 exporters:
   load_balancing/jobs:
     # The exporter reads ofu.job.id from the resource, scope and data point attributes (contrib v0.161.0).
     routing_key: attributes
     routing_attributes: [ofu.job.id]
-    protocol:
-      {{- toYaml $protocol | nindent 6 }}
-    resolver:
-      {{- toYaml $resolver | nindent 6 }}
-  load_balancing/gpus:
-    routing_key: resource
     protocol:
       {{- toYaml $protocol | nindent 6 }}
     resolver:
@@ -298,12 +291,21 @@ service:
   pipelines:
     metrics/jobs:
       receivers: [otlp]
-      processors: [memory_limiter, filter/keep_jobs, batch]
+      processors: [memory_limiter, filter/keep_jobs, filter/jobs_inputs, batch]
       exporters: [load_balancing/jobs]
-    metrics/gpus:
-      receivers: [otlp]
-      processors: [memory_limiter, filter/keep_no_job, batch]
-      exporters: [load_balancing/gpus]
+{{- end }}
+
+{{/* What the jobs processor reads: the jobs tier's otlp receiver decodes these, the gateway forwards only
+these (collector-config/fleet-jobs.yaml and otelcol-gateway.yaml name the same). */}}
+{{- define "otel-ofu.jobsInputs" -}}
+[gpu.ofu, gpu.flops.achieved, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
+{{- end }}
+
+{{/* The gateway's filter condition: a metric the jobs tier does not read (dropped). */}}
+{{- define "otel-ofu.notJobsInputs" -}}
+{{- $names := list }}
+{{- range (include "otel-ofu.jobsInputs" . | fromYamlArray) }}{{ $names = append $names (printf "name == %q" .) }}{{ end }}
+{{- printf "not (%s)" (join " or " $names) }}
 {{- end }}
 
 {{/* A part's final config: its default, then .config over it, then tpl. */}}
