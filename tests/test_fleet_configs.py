@@ -58,6 +58,22 @@ def test_the_gateway_forwards_exactly_what_the_jobs_tier_decodes() -> None:
         assert condition == "not (" + " or ".join(f'name == "{name}"' for name in decode) + ")"
 
 
+def test_the_jobs_tier_decodes_all_its_jobs_processor_reads() -> None:
+    """Nothing else reaches it (the gateway forwards these names only, the receiver passes nothing through):
+    a metric the jobs processor reads but the lists lack would silently never be counted."""
+    from otel_ofu.jobs.config import JobsConfig
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.processors.jobs import JobsProcessor
+
+    shipped = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())
+    rendered = yaml.safe_load(one(fleet_objects(), "ConfigMap", "jobs")["data"]["config.yaml"])
+    for config in (shipped, rendered):
+        settings = {k: v for k, v in config["processors"]["jobs"].items() if k != "storage"}
+        processor = JobsProcessor(build_config(JobsConfig, settings), Context("jobs"))
+        assert set(config["receivers"]["otlp"]["decode"]) == processor.inputs
+
+
 def test_the_node_tier_sends_its_gpus_to_the_backend_and_the_gateway() -> None:
     """The GPUs' series leave the node agents for the backend; the gateway lane carries the jobs' inputs."""
     node = yaml.safe_load((CONFIGS / "fleet-node.yaml").read_text())

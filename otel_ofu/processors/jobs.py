@@ -231,6 +231,12 @@ class JobsProcessor(Processor):
         if self.state is not None:
             self.state.close()
 
+    @property
+    def inputs(self) -> frozenset[str]:
+        """The metrics this processor reads: what a jobs tier's otlp receiver decodes and the fleet gateway
+        forwards to it (collector-config/fleet-jobs.yaml, otelcol-gateway.yaml), all it needs."""
+        return self._journal_names
+
     def _render(self, update: Update) -> tuple[list[MetricPoint], list[Event]]:
         for reason, count in update.skipped.items():
             self.context.telemetry.add("otel_ofu.jobs.skipped", count, reason=reason)
