@@ -3,12 +3,20 @@
 Why: the fleet topology (docs/fleet.md) scales the per-job work out over N jobs-tier instances
 behind the OpenTelemetry Collector's load balancer. This measures, in one run on this machine:
 
-- the gateway Collector forwarding the requests to sinks (collector-config/otelcol-gateway.yaml,
-  both load-balancing lanes): its CPU per point, ``collector_passthrough_points_per_s_per_core``;
+- the gateway Collector forwarding the requests to sinks (collector-config/otelcol-gateway.yaml:
+  it keeps what the jobs tier reads, of GPUs with a job, and routes it by job): its CPU per
+  node-tier point, ``collector_passthrough_points_per_s_per_core``;
 - the same requests through the same gateway into 1 and then 2 otel-ofu jobs-tier instances
   (``otel-ofu run`` with collector-config/fleet-jobs.yaml: decode, jobs processor with its
-  on-disk state, OTLP export to a sink): their CPU per point (``ofu_points_per_s_per_core``),
-  and the end-to-end rate (``points_per_s``, first request sent to last point at the sinks).
+  on-disk state, the job series exported to a sink): their CPU per node-tier point
+  (``ofu_points_per_s_per_core``), and the end-to-end rate (``points_per_s``, first request sent
+  until the instances have decoded every point the gateway forwards).
+
+The jobs tier sends only what it makes (the node agents send the GPUs' series themselves), so the
+sinks cannot count its intake: each instance reports what it decoded (``otel_ofu.receiver.decoded``,
+its self-telemetry every second instead of fleet-jobs.yaml's 30 s, nothing else changed), and a
+run is complete when that adds up to what the gateway forwards. The end-to-end time is therefore
+known to about a second.
 
 The input is what node agents send: per node and 10 s window one request of its 8 GPUs'
 points as the ``ofu`` processor makes them (job identity on the resource; a job spans 16
@@ -41,21 +49,32 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from otel_ofu.core.model import GpuSample  # noqa: E402
+from otel_ofu.attribution.config import UNSET_JOBS  # noqa: E402
+from otel_ofu.core.model import GpuSample, job_id_of  # noqa: E402
 from otel_ofu.otlp import codec  # noqa: E402
 from otel_ofu.pipeline.component import Context  # noqa: E402
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+DECODED = "otel_ofu.receiver.decoded"  # a jobs instance's self-telemetry: points its otlp receiver decoded
 GPUS_PER_NODE = 8
 NODES_PER_JOB = 16
 INTERVAL_S = 10
 T0 = 1_767_225_600
 
 
-def node_requests(gpus: int, windows: int) -> list[list[tuple[bytes, int]]]:
-    """Per window, one (request, data points) per node: what each node agent sends."""
+def jobs_inputs() -> frozenset[str]:
+    """The metrics the jobs tier decodes, which are all the gateway forwards (fleet-jobs.yaml)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "collector-config" / "fleet-jobs.yaml").read_text())
+    return frozenset(doc["receivers"]["otlp"]["decode"])
+
+
+def node_requests(gpus: int, windows: int) -> list[list[tuple[bytes, int, int]]]:
+    """Per window, one (request, data points, points the gateway forwards) per node: what each node agent sends."""
     ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    inputs = jobs_inputs()
     out = []
     for w in range(windows):
         requests = []
@@ -70,17 +89,21 @@ def node_requests(gpus: int, windows: int) -> list[list[tuple[bytes, int]]]:
                     precision=None if idle else "bf16",
                     resource={"k8s.namespace.name": "llm", "k8s.pod.name": f"train-{node // NODES_PER_JOB}-{node}"})
                 points += ofu.sample_points(sample)
-            requests.append((codec.encode_request(points), len(points)))
+            # The gateway's filter/keep_jobs drops a resource without a job (no ofu.job.id, "none", "unknown", "").
+            forwarded = sum(1 for p in points if p.name in inputs and job_id_of(p) not in (None, *UNSET_JOBS))
+            requests.append((codec.encode_request(points), len(points), forwarded))
         out.append(requests)
     return out
 
 
 class Sink:
-    """An OTLP/gRPC server that counts the data points it receives (the backend, or the gateway's targets)."""
+    """An OTLP/gRPC server that counts the data points it receives (the backend, or the gateway's targets),
+    and keeps the latest otel_ofu.receiver.decoded of each jobs instance that reports to it."""
 
     def __init__(self) -> None:
         self.points = 0
         self.last = 0.0
+        self.decoded: dict[str, float] = {}  # service.instance.id -> points its otlp receiver decoded
         self._lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                                   options=[("grpc.max_receive_message_length", 64 << 20)])
@@ -94,9 +117,16 @@ class Sink:
     def _export(self, body: bytes, context: object) -> bytes:
         request = ExportMetricsServiceRequest.FromString(body)
         n = sum(codec.count_data_points(rm) for rm in request.resource_metrics)
+        decoded = {}
+        for rm in request.resource_metrics:
+            for metric in (m for sm in rm.scope_metrics for m in sm.metrics if m.name == DECODED):
+                instance = next((a.value.string_value for a in rm.resource.attributes
+                                 if a.key == "service.instance.id"), "")
+                decoded[instance] = sum(dp.as_double or dp.as_int for dp in metric.sum.data_points)
         with self._lock:
             self.points += n
             self.last = time.monotonic()
+            self.decoded.update(decoded)
         return b""
 
     def stop(self) -> None:
@@ -135,7 +165,7 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
                             cwd=ROOT)
 
 
-def send(port: int, windows: list[list[tuple[bytes, int]]], in_flight: int = 64) -> int:
+def send(port: int, windows: list[list[tuple[bytes, int, int]]], in_flight: int = 64) -> int:
     """Every request, ``in_flight`` at a time; a refused one (queue full) is sent again."""
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
     export = channel.unary_unary(EXPORT)
@@ -153,7 +183,7 @@ def send(port: int, windows: list[list[tuple[bytes, int]]], in_flight: int = 64)
                     time.sleep(0.05)
                     future = export.future(body, timeout=60)
     for requests in windows:
-        for body, n in requests:
+        for body, n, _ in requests:
             pending.append((export.future(body, timeout=60), body))
             sent += n
             drain(in_flight)
@@ -162,7 +192,18 @@ def send(port: int, windows: list[list[tuple[bytes, int]]], in_flight: int = 64)
     return sent
 
 
-def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: int | None, work: Path) -> dict:
+def jobs_tier_config(work: Path) -> Path:
+    """collector-config/fleet-jobs.yaml with its self-telemetry every second (how the run knows it is done)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "collector-config" / "fleet-jobs.yaml").read_text())
+    doc["receivers"]["selftelemetry"]["collection_interval"] = "1s"
+    path = work / "fleet-jobs-1s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_phase(otelcol: str, windows: list[list[tuple[bytes, int, int]]], instances: int | None, work: Path) -> dict:
     """instances None: the gateway into two sinks; else into that many otel-ofu jobs instances."""
     procs: list[subprocess.Popen] = []
     sinks: list[Sink] = []
@@ -174,10 +215,10 @@ def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: i
             targets = [s.port for s in sinks]
         else:
             sinks = [Sink()]
+            config = jobs_tier_config(work)
             for i in range(instances):
                 port = free_port()
-                proc = start([sys.executable, "-m", "otel_ofu", "run", "--config",
-                              str(ROOT / "collector-config" / "fleet-jobs.yaml")],
+                proc = start([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)],
                              {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{port}",
                               "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{sinks[0].port}",
                               "OFU_STATE_DIR": str(work / f"jobs-{instances}-{i}")}, work / f"jobs-{instances}-{i}.log")
@@ -197,14 +238,20 @@ def run_phase(otelcol: str, windows: list[list[tuple[bytes, int]]], instances: i
         cpu0 = {p.pid: cpu_seconds(p.pid) for p in procs}
         t0 = time.monotonic()
         sent = send(gateway_port, windows)
+        forwarded = sum(f for requests in windows for _, _, f in requests)
+
+        def arrived() -> float:  # at the sinks, or decoded by the jobs instances
+            return sum(s.points for s in sinks) if instances is None else sum(sinks[0].decoded.values())
+
         deadline = time.monotonic() + 600
-        while sum(s.points for s in sinks) < sent and time.monotonic() < deadline:
+        while arrived() < forwarded and time.monotonic() < deadline:
             time.sleep(0.05)
-        received = sum(s.points for s in sinks)
+        received = arrived()
         wall = max(max(s.last for s in sinks) - t0, 1e-3)
         tick = 1 / os.sysconf("SC_CLK_TCK")  # a tiny run may not use one tick: no division by zero
         cpu = {p.pid: max(cpu_seconds(p.pid) - cpu0[p.pid], tick) for p in procs}
-        return {"instances": instances or 0, "points": sent, "received": received, "wall_s": wall,
+        return {"instances": instances or 0, "points": sent, "forwarded": forwarded, "received": received,
+                "wall_s": wall,
                 "points_per_s": sent / wall, "gateway_cpu_s": cpu[gateway.pid],
                 "ofu_cpu_s": sum(cpu[p.pid] for p in ofu)}
     finally:
@@ -238,7 +285,7 @@ def chart_jobs_config(port: int, metrics_port: int, work: Path) -> Path:
     return path
 
 
-def run_direct(windows: list[list[tuple[bytes, int]]], work: Path) -> dict:
+def run_direct(windows: list[list[tuple[bytes, int, int]]], work: Path) -> dict:
     """The chart's default: every node agent's request straight to the one jobs instance (no gateway).
 
     Each request is one node's window (8 GPUs), as agents send them; the instance acknowledges a
@@ -311,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_gpus_per_core_at_10s": args.gpus * args.windows * INTERVAL_S / one["gateway_cpu_s"],
         "phases": {"collector_to_sinks": collector, "one_instance": one, "two_instances": two},
         "generate_s": generate_s,
-        "complete": all(p["received"] >= p["points"] for p in (collector, one, two)),
+        "forwarded": collector["forwarded"],
+        "complete": all(p["received"] >= p["forwarded"] for p in (collector, one, two)),
     }
     if args.json:
         json.dump(out, sys.stdout)
