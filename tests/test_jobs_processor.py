@@ -34,14 +34,15 @@ def run_fleet(sim_overrides=None, minutes=60):
     sim_doc, jobs_doc = demo_sections()
     sim_cfg = build_config(SimReceiverConfig, {**sim_doc, **(sim_overrides or {})})
     fleet = build_fleet(sim_cfg, START)
-    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    ofu = OfuProcessor(build_config(OfuProcessorConfig, yaml.safe_load(DEMO.read_text())["processors"]["ofu"]),
+                       Context("ofu"))
     # The processor's clock is the simulation's, as when the demo runs (the sim starts at the wall clock).
     jobs = JobsProcessor(build_config(registry.factories()["processors"]["jobs"].config_type, jobs_doc),
                          Context("jobs"), clock=lambda: START + fleet.t)
     points, events = [], []
     for _ in range(int(minutes * 60 / float(sim_cfg.collection_interval))):
         out = jobs.process(ofu.process(window_batch(fleet.step_window(), True)))
-        points += [p for p in out.points if p.name.startswith("job.")]
+        points += [p for p in out.points if p.name.startswith(("job.", "fleet."))]
         events += out.events
     final = jobs.flush()
     return points, events, final
@@ -181,7 +182,69 @@ def test_without_passthrough_only_what_the_processor_makes_leaves_it():
             made[flag].append(out)
     names = {flag: {p.name for out in outs for p in out.points} for flag, outs in made.items()}
     assert "gpu.ofu" in names[True] and "job.ofu" in names[True]
-    assert names[False] and all(name.startswith("job.") for name in names[False])
-    assert names[False] == {n for n in names[True] if n.startswith("job.")}
+    made_here = ("job.", "fleet.")  # per job, and the fleet's GPU-hours by part
+    assert names[False] and all(name.startswith(made_here) for name in names[False])
+    assert names[False] == {n for n in names[True] if n.startswith(made_here)}
     assert not any(out.samples or out.passthrough for out in made[False])
     assert [e.name for out in made[False] for e in out.events] == [e.name for out in made[True] for e in out.events]
+
+
+# The demo's jobs with one loss built in each (collector-config/demo.yaml), and that loss.
+BUILT_LOSS = {"input-starved-vit": ("engine_idle", None), "kv-decode-memory-bound": ("non_tensor", "memory_bound"),
+              "hot-node-gemm": ("clock", "hw_thermal"), "ragged-vocab-lm": ("padding", None)}
+
+
+def test_each_jobs_end_names_the_loss_built_into_it(demo_run):
+    _, _, final = demo_run
+    ends = {dict(e.attributes)[JOB_ID]: (dict(e.attributes), e.body) for e in final.events if e.name == "ofu.job.end"}
+    for job, (part, cause) in BUILT_LOSS.items():
+        attributes, body = ends[job]
+        assert attributes["ofu.job.loss.largest"] == part, job
+        assert 0 < attributes["ofu.job.loss.largest_share"] < 1
+        if cause is not None:
+            assert attributes["ofu.job.loss.largest_cause"] == cause
+        assert "largest loss: " in body
+
+
+def test_job_loss_and_ofu_add_up_to_one_in_every_window(demo_run):
+    points, _, _ = demo_run
+    ofu = {(dict(p.resource)[JOB_ID], p.time_unix_nano, dict(p.attributes)["ofu.window"]): p.value
+           for p in points if p.name == "job.ofu"}
+    lost: dict[tuple, float] = {}
+    for p in points:
+        if p.name == "job.ofu.loss":
+            key = (dict(p.resource)[JOB_ID], p.time_unix_nano, dict(p.attributes)["ofu.window"])
+            lost[key] = lost.get(key, 0.0) + p.value
+    assert set(lost) == set(ofu)
+    assert max(abs(lost[k] + ofu[k] - 1.0) for k in ofu) < 1e-9
+    # the clock part says why, per window: the hot node's thermal slowdown
+    clock = [dict(p.attributes) for p in points if p.name == "job.ofu.loss" and dict(p.resource)[JOB_ID] ==
+             "hot-node-gemm" and dict(p.attributes)["ofu.loss.part"] == "clock"]
+    assert clock and all(a["ofu.loss.cause"] == "hw_thermal" for a in clock)
+
+
+def test_loss_gpu_hours_add_up_to_the_waste_and_the_fleet_to_all_gpu_time(demo_run):
+    points, _, _ = demo_run
+    last: dict[tuple, float] = {}
+    for p in sorted(points, key=lambda p: p.time_unix_nano):
+        if p.name in ("job.ofu.loss.gpu_hours", "job.wasted_gpu_hours", "job.gpu_seconds", "fleet.gpu_hours"):
+            last[(p.name, dict(p.resource).get(JOB_ID), dict(p.attributes).get("ofu.loss.part"))] = p.value
+    jobs = {job for name, job, _ in last if name == "job.wasted_gpu_hours"}
+    for job in jobs:
+        parts = sum(v for (name, j, _), v in last.items() if name == "job.ofu.loss.gpu_hours" and j == job)
+        assert parts == pytest.approx(last[("job.wasted_gpu_hours", job, None)], rel=1e-6), job
+    fleet = {part: v for (name, _, part), v in last.items() if name == "fleet.gpu_hours"}
+    assert {"useful", "unallocated", "engine_idle", "clock", "padding"} <= set(fleet)
+    # 32 GPUs for about an hour; the idle reservation and the hot node's 4 free GPUs have no job
+    assert sum(fleet.values()) == pytest.approx(32.0, rel=0.05)
+    assert fleet["unallocated"] == pytest.approx(5.0, rel=0.05)
+
+
+def test_the_regression_finding_says_which_part_grew(demo_run):
+    _, events, _ = demo_run
+    (opened,) = [e for e in events if e.name == "ofu.finding.open" and dict(e.attributes)[JOB_ID] == "sft-debug-flag"]
+    a = dict(opened.attributes)
+    # the debug flag serializes collectives on the host: the GPU waits between kernels
+    assert a["ofu.finding.grew"] == "engine_idle"
+    assert a["ofu.finding.grew_to"] > a["ofu.finding.grew_from"] + 0.3
+    assert "engine idle grew from" in opened.body and "the input pipeline or the host, not the kernels" in opened.body

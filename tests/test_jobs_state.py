@@ -44,8 +44,10 @@ def outputs(proc: JobsProcessor, batches) -> list[Batch]:
 
 
 def job_results(batches: list[Batch]) -> tuple[list, list]:
-    points = sorted((p.name, dict(p.resource)[JOB_ID], p.time_unix_nano, p.attributes, round(p.value, 9))
-                    for b in batches for p in b.points if p.name.startswith("job."))
+    # the jobs' points, their loss account's among them (job.ofu.loss), and the fleet's GPU-hours by part
+    points = sorted((p.name, str(dict(p.resource).get(JOB_ID)), p.time_unix_nano, p.start_time_unix_nano,
+                     p.attributes, round(p.value, 9))
+                    for b in batches for p in b.points if p.name.startswith(("job.", "fleet.")))
     events = sorted((e.name, e.time_unix_nano, tuple((k, round(v, 9) if isinstance(v, float) else v)
                                                      for k, v in e.attributes)) for b in batches for e in b.events)
     return points, events
@@ -65,6 +67,7 @@ def test_a_killed_instance_resumes_every_job_from_its_state(windows, uninterrupt
     after = outputs(second, windows[crash_at:])
     assert job_results(before + after) == uninterrupted
     assert {e.name for b in before + after for e in b.events} >= {"ofu.finding.open", "ofu.job.end"}
+    assert {name for name, *_ in uninterrupted[0]} >= {"job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours"}
 
 
 def test_a_batch_sent_again_after_a_crash_is_not_counted_twice(windows, uninterrupted, tmp_path):

@@ -31,8 +31,8 @@ GPU_RECEIVERS = ("receivers/dcgm", "receivers/nvml", "receivers/dcgm_exporter", 
                  "receivers/replay", "receivers/sim")
 _LABEL_SOURCES = ("receivers/dcgm_exporter", "receivers/otlp", "receivers/replay", "processors/attribution")
 _OFU_POINTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved")
-_JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved")
-_LOSS_METRICS = ("gpu.ofu.loss",)
+_JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved", "job.ofu.loss")
+_LOSS_METRICS = ("gpu.ofu.loss", "job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours")
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
@@ -131,11 +131,13 @@ _ATTRIBUTES = (
     AttributeInfo("slurm.job.name", RESOURCE, "SLURM_JOB_NAME.", ("processors/attribution", "receivers/prometheus")),
     AttributeInfo("hpc.job.id", RESOURCE, "dcgm-exporter's `hpc_job` label (its HPC job mapping).", _LABEL_SOURCES),
     # --- otel-ofu itself (resource of its self-telemetry) ---
-    AttributeInfo("service.name", RESOURCE, "`otel-ofu` on self-telemetry and receiver status points.",
-                  ("receivers/selftelemetry", "receivers/dcgm", "receivers/nvml")),
+    AttributeInfo("service.name", RESOURCE, "`otel-ofu` on self-telemetry, receiver status points and "
+                  "fleet.gpu_hours.",
+                  ("receivers/selftelemetry", "receivers/dcgm", "receivers/nvml", "processors/jobs")),
     AttributeInfo("service.version", RESOURCE, "otel-ofu's version, on self-telemetry.", ("receivers/selftelemetry",)),
-    AttributeInfo("service.instance.id", RESOURCE, "`<host>:<pid>` of the otel-ofu process, on self-telemetry.",
-                  ("receivers/selftelemetry",)),
+    AttributeInfo("service.instance.id", RESOURCE, "`<host>:<pid>` of the otel-ofu process, on self-telemetry and "
+                  "fleet.gpu_hours (each jobs instance its own series).",
+                  ("receivers/selftelemetry", "processors/jobs")),
     # --- how a value was made (point) ---
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "
                   "processor's reference_clocks) or `max_sm_clock` (an unknown model's reported max clock).",
@@ -143,13 +145,15 @@ _ATTRIBUTES = (
     AttributeInfo("ofu.loss.part", POINT, "A part of the loss account: `engine_idle`, `sm_idle`, `non_tensor`, "
                   "`clock`, `padding`; steps merged where a counter is missing (`sm_idle+non_tensor` without "
                   "SM_ACTIVE, `engine_idle+sm_idle` without GR_ENGINE_ACTIVE, `engine_idle+sm_idle+non_tensor` with "
-                  "neither) (docs/method.md#where-the-flops-go-the-loss-account).",
-                  ("processors/ofu",), _LOSS_METRICS),
+                  "neither) (docs/method.md#where-the-flops-go-the-loss-account). Per job and fleet also `unknown` "
+                  "(OFU that came without its account); the fleet's GPU-hours also `useful` (OFU) and `unallocated` "
+                  "(no job).", ("processors/ofu", "processors/jobs"), _LOSS_METRICS),
     AttributeInfo("ofu.loss.cause", POINT, "Why, for two parts: the clock part's most severe clock event reason "
                   "(`hw_power_brake`, `hw_thermal`, `hw_slowdown`, `sw_thermal`, `sw_power_cap`, `sync_boost`, "
                   "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "
                   "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
-                  "or `unknown`. Absent on the other parts.", ("processors/ofu",), _LOSS_METRICS),
+                  "or `unknown`. Absent on the other parts. Per job: the cause behind most of that part's loss in the "
+                  "window.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",

@@ -47,6 +47,9 @@ PADDING = "padding"
 # Not losses: what a GPU-hours account also holds.
 USEFUL = "useful"  # OFU
 UNALLOCATED = "unallocated"  # GPU time with no job (fleet level)
+# Lost, but where to is not known: GPU time whose OFU came without its account (a source or an
+# agent that sends no gpu.ofu.loss). Jobs and the fleet only; a GPU window's own parts are never it.
+UNACCOUNTED = "unknown"
 
 MERGE = "+"  # joins the names of steps reported as one part (a level between them is missing)
 _STEPS = (ENGINE_IDLE, SM_IDLE, NON_TENSOR)
@@ -63,7 +66,7 @@ def _merged_names() -> tuple[str, ...]:
 #: Every loss part a window can have, in chain order (merged parts beside the steps they hold).
 LOSS_PARTS: tuple[str, ...] = (*_merged_names(), CLOCK, PADDING)
 #: Every part of a GPU-hours account, in display order.
-ACCOUNT_PARTS: tuple[str, ...] = (*LOSS_PARTS, USEFUL, UNALLOCATED)
+ACCOUNT_PARTS: tuple[str, ...] = (*LOSS_PARTS, UNACCOUNTED, USEFUL, UNALLOCATED)
 
 # Causes (attribute ofu.loss.cause).
 UNKNOWN = "unknown"  # the counter that says why was not read
@@ -331,12 +334,13 @@ class LossTotals:
         self.seconds += seconds
         self.part_seconds[UNALLOCATED] = self.part_seconds.get(UNALLOCATED, 0.0) + seconds
 
-    def merge(self, other: LossTotals) -> None:
-        self.seconds += other.seconds
+    def merge(self, other: LossTotals, factor: float = 1.0) -> None:
+        """Add ``other`` (times ``factor``: the share of it that counts, e.g. part of a bin)."""
+        self.seconds += other.seconds * factor
         for part, value in other.part_seconds.items():
-            self.part_seconds[part] = self.part_seconds.get(part, 0.0) + value
+            self.part_seconds[part] = self.part_seconds.get(part, 0.0) + value * factor
         for key, value in other.cause_seconds.items():
-            self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + value
+            self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + value * factor
 
     def shares(self) -> dict[str, float]:
         """Each part's share of the GPU time, in account order."""
@@ -373,6 +377,7 @@ PART_TITLES: dict[str, str] = {
     PADDING: "padding",
     USEFUL: "useful (OFU)",
     UNALLOCATED: "no job",
+    UNACCOUNTED: "unaccounted",
 }
 
 PART_MEANINGS: dict[str, str] = {
@@ -386,6 +391,8 @@ PART_MEANINGS: dict[str, str] = {
     PADDING: "tensor work that 2MNK does not count: padded GEMM tiles",
     USEFUL: "the tensor work the dense peak counts: OFU",
     UNALLOCATED: "GPU time no job held",
+    UNACCOUNTED: "lost, where to is not known: OFU came without its account (a source or agent that sends no "
+                 "gpu.ofu.loss)",
 }
 
 _ADVICE: dict[str, str] = {
@@ -400,6 +407,7 @@ _ADVICE: dict[str, str] = {
     PADDING: "shape alignment: pad the vocabulary to a multiple of 128, pack sequences to multiples of the tile "
              "(128/256 tokens), keep hidden and FFN sizes multiples of 128",
     UNALLOCATED: "schedule work on idle GPUs or give them back",
+    UNACCOUNTED: "upgrade the agents that send OFU without gpu.ofu.loss (or stop dropping that metric on the way)",
 }
 _CAUSE_ADVICE: dict[tuple[str, str], str] = {
     (NON_TENSOR, MEMORY_BOUND): "memory-bound kernels (DRAM busy): fuse them (FlashAttention, fused norms and "

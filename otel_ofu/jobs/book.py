@@ -29,12 +29,14 @@ from typing import Any
 
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.attribution.claims import SHARED_SEPARATOR
-from otel_ofu.core.model import JOB_ID, JOB_RUN, GpuKey, MetricPoint, gpu_label, without_job_identity
+from otel_ofu.core.loss import LossTotals
+from otel_ofu.core.model import JOB_ID, JOB_RUN, Attributes, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClocks
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
+from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
 from otel_ofu.jobs.windows import SeriesWindows, take
@@ -110,6 +112,11 @@ class JobBook:
         self._next_sweep = -math.inf
         self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
         self.unattributed_histogram = WeightedHistogram()
+        # Every GPU window's loss account, jobs' and no job's (unallocated): the fleet's, since this book began
+        self.fleet_loss = LossTotals()
+        # The jobs processor's fleet.gpu_hours: (the last bin it went out for, the bin its series started),
+        # kept with the book so that a restart continues the same cumulative series
+        self.fleet_emitted: tuple[int, int] | None = None
 
     @property
     def history(self) -> bool:
@@ -132,13 +139,14 @@ class JobBook:
         self.clocks.next_batch()
         update = Update()
         flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
+        losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now, behind)
+                self._gpu_point(point, flops, update, touched, now, behind, losses)
         for source, late in behind.items():
-            self._late_or_stepped_back(source, late, flops, update, touched, now)
+            self._late_or_stepped_back(source, late, flops, update, touched, now, losses)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -167,7 +175,8 @@ class JobBook:
         return start
 
     def _late_or_stepped_back(self, source: Any, late: list[MetricPoint], flops: dict, update: Update,
-                              touched: dict[str, JobTracker], now: float | None) -> None:
+                              touched: dict[str, JobTracker], now: float | None,
+                              losses: dict[tuple[Attributes, int], Parts] | None = None) -> None:
         """A host's points of this batch that are far behind its newest data: late (not counted, as
         any point out of order), or its clock was stepped back (HostClocks.stepped_back).
 
@@ -193,7 +202,7 @@ class JobBook:
         if now is None:  # a recording's clock: the newest data of its hosts as they are now
             self.newest = max(c.data for c in self.clocks.hosts.values())
         for point in late:
-            self._gpu_point(point, flops, update, touched, now)
+            self._gpu_point(point, flops, update, touched, now, losses=losses)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
@@ -214,7 +223,8 @@ class JobBook:
         return tracker
 
     def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
-                   now: float | None, behind: dict[Any, list[MetricPoint]] | None = None) -> None:
+                   now: float | None, behind: dict[Any, list[MetricPoint]] | None = None,
+                   losses: dict[tuple[Attributes, int], Parts] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -250,7 +260,9 @@ class JobBook:
         if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
             self.unattributed.add(end - start, point.value)
             self.unattributed_histogram.add(point.value, end - start)
+            self.fleet_loss.add_unallocated(end - start)
             return
+        loss = losses.get((point.resource, point.time_unix_nano)) if losses else None
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None:
             rate = facts.flops(point.value)
@@ -260,9 +272,12 @@ class JobBook:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)
                 self.unattributed_histogram.add(point.value, (end - start) * weight)
+                self.fleet_loss.add_unallocated((end - start) * weight)
                 continue
             tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
-            tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight)
+            tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
+                                   loss)
+            add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
             tracker.peak_flops_per_gpu = facts.flops(1.0)
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:

@@ -41,6 +41,7 @@ STATE_VERSION = 3  # 3: GPUs are keyed by core.model.gpu_key (before: their reso
 _FRAME = struct.Struct("<II")  # payload length, crc32
 _MAGIC = b"OFUJOBS1"
 _SNAPSHOT_MODULES = ("otel_ofu.jobs.", "otel_ofu.pipeline.config")
+_SNAPSHOT_CLASSES = frozenset({("otel_ofu.core.loss", "LossTotals")})  # a job's loss account (core.loss)
 _BUILTINS = frozenset({"set", "frozenset", "dict", "list", "tuple", "float", "int", "str", "bool", "complex"})
 
 
@@ -50,7 +51,8 @@ class StateError(Exception):
 
 class _SnapshotUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_SNAPSHOT_MODULES) or (module == "builtins" and name in _BUILTINS) or (
+        if module.startswith(_SNAPSHOT_MODULES) or (module, name) in _SNAPSHOT_CLASSES or (
+                module == "builtins" and name in _BUILTINS) or (
                 module == "collections" and name == "deque") or (module == "copyreg" and name == "_reconstructor"):
             return super().find_class(module, name)
         raise StateError(f"state file refers to {module}.{name}, which a jobs state never holds")

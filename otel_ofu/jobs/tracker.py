@@ -11,12 +11,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_ofu.core import specs
+from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import Attributes, GpuKey
 from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, window_label
 from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, job_key
-from otel_ofu.jobs.findings import CLOSE, OPEN, Finding, Transition
+from otel_ofu.jobs.findings import CLOSE, OPEN, REGRESSION, Finding, Transition
+from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part
 from otel_ofu.jobs.regression import RegressionDetector
 
 LIFE = "life"
@@ -37,6 +39,8 @@ class Snapshot:
     totals: JobTotals
     baseline: float | None
     open_findings: list[Finding]
+    # window label (and "life") -> the job's loss account over it (core.loss; its shares add up to 1 with OFU)
+    loss: dict[str, LossTotals] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class JobSummary:
     findings: list[Finding]
     resource: Attributes
     histogram: WeightedHistogram = field(default_factory=WeightedHistogram)  # OFU weighted by GPU-seconds
+    loss: LossTotals = field(default_factory=LossTotals)  # its loss account over its life (core.loss)
 
 
 class JobTracker:
@@ -77,6 +82,8 @@ class JobTracker:
         self.mfu_seconds = 0.0
         self.mfu_weighted = 0.0
         self.histogram = WeightedHistogram()
+        self.loss = LossTotals()  # the loss account over its life
+        self.loss_bins = LossBins(float(config.resolution), retention)  # ... and by bin, for windows and findings
         self.precisions: dict[str, float] = {}
         self.gpus: set[GpuKey] = set()  # distinct GPUs over its life (core.model.gpu_key)
         self.sources: dict[Any, float] = {}  # host -> the end of the job's last window there (that host's clock)
@@ -94,10 +101,14 @@ class JobTracker:
         self.findings: list[Finding] = []
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
-                       precision: str | None = None, source: Any = None, weight: float = 1.0) -> None:
+                       precision: str | None = None, source: Any = None, weight: float = 1.0,
+                       loss: Parts | None = None) -> None:
         """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
-        ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way."""
+        ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
+        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
         seconds = (end - start) * weight
+        add_window(self.loss, loss, ofu, seconds)
+        self.loss_bins.add(start, end, loss, ofu, weight)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
         self.ofu.add(start, end, ofu, weight)
@@ -163,6 +174,8 @@ class JobTracker:
                 if transition.action == OPEN:
                     self.findings.append(transition.finding)
                     transition.finding.id = f"{self.job_id}/{transition.finding.kind}/{len(self.findings)}"
+                    if transition.finding.kind == REGRESSION:
+                        self._what_grew(transition.finding, bin_end)
             transitions += found
             snapshots.append(self._snapshot(bin_end, len(gpus), bin_ofu))
         return snapshots, transitions
@@ -170,6 +183,20 @@ class JobTracker:
     def closed_through(self) -> float | None:
         """The end of the last bin :meth:`advance` closed (its snapshot, if any, is out)."""
         return None if self._next_bin is None else self._next_bin * self._res
+
+    def _what_grew(self, finding: Finding, bin_end: float) -> None:
+        """Which loss part grew from the baseline's time to the slow bins: the regression's likely place."""
+        baseline = float(self.config.regression.baseline_window)
+        before = self.loss_bins.between(finding.since - baseline, finding.since)
+        during = self.loss_bins.between(finding.since, bin_end)
+        grown = grown_part(before, during) if before.seconds > 0 and during.seconds > 0 else None
+        if grown is None:
+            return
+        part, old, new = grown
+        finding.numbers.update({"grew": part, "grew_from": old, "grew_to": new})
+        cause = during.dominant_cause(part)
+        if cause is not None:
+            finding.numbers["grew_cause"] = cause
 
     def _audit_means(self, bin_end: float) -> tuple[float | None, float | None]:
         start = bin_end - float(self.config.audit.window)
@@ -196,8 +223,12 @@ class JobTracker:
             ofu[LIFE] = self.totals.ofu_mean
         if self.mfu_life is not None:
             mfu[LIFE] = self.mfu_life
+        loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
+        life = LossTotals()
+        life.merge(self.loss)
+        loss[LIFE] = life
         return Snapshot(self.job_id, bin_end, gpus, bin_ofu, self.mfu.mean(bin_end - self._res, bin_end), ofu, mfu,
-                        rate, replace(self.totals), self.regression.baseline, self.open_findings())
+                        rate, replace(self.totals), self.regression.baseline, self.open_findings(), loss)
 
     def end(self, reason: str) -> tuple[JobSummary, list[Transition]]:
         """The job's summary; findings still open close with it."""
@@ -214,5 +245,5 @@ class JobTracker:
             peak_gpus=max([self.peak_gpus, *(len(g) for g in self._bin_gpus.values())]), totals=self.totals,
             ofu_p10=self.histogram.quantile(0.1), ofu_p50=self.histogram.quantile(0.5),
             ofu_p90=self.histogram.quantile(0.9), mfu_reported=self.mfu_life, precisions=dict(self.precisions),
-            findings=list(self.findings), resource=self.resource, histogram=self.histogram)
+            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss)
         return summary, transitions

@@ -16,11 +16,14 @@ only says when a host went silent and which points are stamped too far in the fu
 from __future__ import annotations
 
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 
+from otel_ofu.core.loss import USEFUL, LossTotals, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
-from otel_ofu.core.model import JOB_ID, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
@@ -40,8 +43,9 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     Finding,
     Transition,
 )
+from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.state import JobState, layout_fingerprint
-from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
+from otel_ofu.jobs.tracker import LIFE, JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 for _info in (
@@ -57,6 +61,15 @@ for _info in (
                "the window in ofu.window."),
     MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
                "job held but did not use."),
+    MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
+               "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
+               "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
+               "`unknown`: OFU that came without its account."),
+    MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
+               "started: share x GPU time; the parts add up to job.wasted_gpu_hours."),
+    MetricInfo("fleet.gpu_hours", "h", "sum", "Every GPU-hour this jobs processor has seen since it started, by "
+               "where it went (ofu.loss.part): `useful` (OFU), each loss part of the jobs, `unknown`, and "
+               "`unallocated` (GPU time of no job). Summed over instances and parts: the fleet's GPU time."),
     MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
@@ -98,6 +111,8 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
     elif "ofu" in n:
         text = (f"job {job_id}: OFU {float(n['ofu']):.1%} vs its baseline {float(n['baseline']):.1%} "
                 f"({float(n['ratio']):.2f}x slower)")
+        if "grew" in finding.numbers:  # where the regression went (the loss account): said at open and at close
+            text += f": {growth_text(finding.numbers)}"
     else:
         text = f"job {job_id}: {finding.kind}"
     if action == OPEN:
@@ -117,9 +132,23 @@ def summary_attributes(summary: JobSummary) -> Attributes:
         "ofu.job.ofu.p10": summary.ofu_p10, "ofu.job.ofu.p50": summary.ofu_p50, "ofu.job.ofu.p90": summary.ofu_p90,
         "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
         "ofu.job.findings": len(summary.findings),
+        **_largest_loss(summary.loss),
         "ofu.job.precisions": ",".join(p for p, _ in sorted(summary.precisions.items(), key=lambda kv: -kv[1])),
     }
     return attrs(out)
+
+
+def _largest_loss(loss: LossTotals) -> dict[str, object]:
+    """The job end event's largest loss part, its share of the job's GPU time and its dominant cause."""
+    largest = loss.largest_loss()
+    if largest is None:
+        return {}
+    part, share = largest
+    out: dict[str, object] = {"ofu.job.loss.largest": part, "ofu.job.loss.largest_share": share}
+    cause = loss.dominant_cause(part)
+    if cause is not None:
+        out["ofu.job.loss.largest_cause"] = cause
+    return out
 
 
 def state_fingerprint(config: JobsConfig) -> str:
@@ -128,7 +157,7 @@ def state_fingerprint(config: JobsConfig) -> str:
     tracker = JobTracker("fingerprint", config)
     summary, _ = JobTracker("fingerprint", config).end("fingerprint")
     return layout_fingerprint([book, book.clocks, HostClock(0.0, 0.0), tracker, tracker.ofu, tracker.totals,
-                               tracker.histogram, tracker.audit, tracker.regression,
+                               tracker.histogram, tracker.loss, tracker.loss_bins, tracker.audit, tracker.regression,
                                Finding("kind", "cause", 0.0, 0.0), summary], config.state_key())
 
 
@@ -159,8 +188,11 @@ class JobsProcessor(Processor):
         self._warned_future_at = -math.inf
         self._logged: set[tuple[str, str]] = set()  # (problem, job id) already logged
         self.state: JobState | None = None
-        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, config.mfu_metric,
+        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric,
                                          *config.tflops_metrics})
+        # fleet.gpu_hours: this instance's (summed over instances: the fleet's), once per resolution bin
+        host = socket.gethostname()
+        self._fleet_resource = attrs({"service.name": "otel-ofu", "service.instance.id": f"{host}:{os.getpid()}"})
         # The last batch's points and its clock reading, journaled once exported.
         self._pending: tuple[float, list[MetricPoint]] | None = None
         self._last_checkpoint = 0.0
@@ -176,6 +208,7 @@ class JobsProcessor(Processor):
             self.book = book
         for now, points in batches:  # their outputs were exported before they were journaled
             self.book.observe(points, now)
+            self._fleet_points()  # ... fleet.gpu_hours too: the next goes out when it would have
         if book is not None or batches:
             self.log.info("resumed %d job(s) from %s (%d batch(es) replayed from the journal); jobs new to this "
                           "instance start fresh", len(self.book.jobs), self.state.snapshot_path, len(batches))
@@ -257,7 +290,26 @@ class JobsProcessor(Processor):
             events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
                                 self._end_text(summary)))
             self.log.info("%s", self._end_text(summary))
+        points += self._fleet_points()
         return points, events
+
+    def _fleet_points(self) -> list[MetricPoint]:
+        """fleet.gpu_hours by part, once per resolution bin of data time (stamped at the bin's start)."""
+        loss = self.book.fleet_loss
+        if loss.seconds <= 0 or not math.isfinite(self.book.newest):
+            return []
+        resolution = float(self.config.resolution)
+        current = math.floor(self.book.newest / resolution)
+        if self.book.fleet_emitted is None:
+            self.book.fleet_emitted = (current, current)
+            return []
+        last, first = self.book.fleet_emitted
+        if current <= last:
+            return []
+        self.book.fleet_emitted = (current, first)
+        t, start = _ns(current * resolution), _ns(first * resolution)
+        return [MetricPoint("fleet.gpu_hours", hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True,
+                            start) for part, hours in loss.gpu_hours().items()]
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
@@ -308,8 +360,10 @@ class JobsProcessor(Processor):
         t = summary.totals
         ofu = f"{t.ofu_mean:.1%}" if t.ofu_mean is not None else "n/a"
         gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
+        largest = summary.loss.largest_loss()
+        where = f" (largest loss: {part_title(largest[0])}, {largest[1]:.0%})" if largest else ""
         return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
-                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted, {len(summary.findings)} finding(s)")
+                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}, {len(summary.findings)} finding(s)")
 
     @staticmethod
     def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
@@ -325,6 +379,17 @@ class JobsProcessor(Processor):
         out.append(MetricPoint("job.wasted_gpu_hours", s.totals.wasted_gpu_hours, t, resource, (), "h", True, start))
         if s.totals.flops_known:
             out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
+        for window, loss in s.loss.items():
+            for part, share in loss.shares().items():
+                if part == USEFUL:
+                    continue  # job.ofu
+                cause = loss.dominant_cause(part)
+                out.append(MetricPoint("job.ofu.loss", share, t, resource,
+                                       attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO))
+        life = s.loss.get(LIFE)
+        if life is not None:
+            out += [MetricPoint("job.ofu.loss.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
+                                start) for part, hours in life.gpu_hours().items() if part != USEFUL]
         if s.baseline is not None:
             out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
         out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),

@@ -1,0 +1,131 @@
+"""A job's loss account over time: each GPU window's parts, GPU-time weighted, by bin and over its life.
+
+The ``ofu`` processor emits one ``gpu.ofu.loss`` point per part beside each ``gpu.ofu``
+(:mod:`otel_ofu.core.loss`); :func:`window_parts` pairs them up again by GPU and window. A job
+adds each window's parts for the window's GPU time (:class:`LossBins`, split at bin edges like
+its OFU), so over any interval its parts and its OFU still add up to 1. A window whose loss
+points did not come (a source or agent without them) counts as the part ``unknown``
+(core.loss.UNACCOUNTED): lost, where to is not known; never zero. The fleet's account adds the GPU time of no job as
+``unallocated``.
+
+Pure: the jobs processor and the report both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from otel_ofu.core.loss import UNACCOUNTED, USEFUL, LossTotals, advice, part_title
+from otel_ofu.core.model import LOSS_CAUSE, LOSS_PART, Attributes, MetricPoint
+from otel_ofu.pipeline.caches import Cache
+
+LOSS_METRIC = "gpu.ofu.loss"
+
+Parts = tuple[tuple[tuple[str, float], ...], dict[str, str]]  # (part, share) pairs and part -> cause
+
+_PART_OF = Cache("jobs loss attributes", 4096)  # id(attributes) -> (attributes, part, cause)
+
+
+def _part_of(attributes: Attributes) -> tuple[str | None, str | None]:
+    """A gpu.ofu.loss point's part and cause, worked out once per attribute tuple (a GPU's are the same objects)."""
+    found = _PART_OF.get(id(attributes))
+    if found is not None and found[0] is attributes:
+        return found[1], found[2]
+    part = cause = None
+    for key, value in attributes:
+        if key == LOSS_PART:
+            part = str(value)
+        elif key == LOSS_CAUSE:
+            cause = str(value)
+    _PART_OF.put(id(attributes), (attributes, part, cause))
+    return part, cause
+
+
+def window_parts(points: Iterable[MetricPoint]) -> dict[tuple[Attributes, int], Parts]:
+    """The loss parts of each GPU window in a batch, by (resource, time), as its gpu.ofu point has them."""
+    found: dict[tuple[Attributes, int], tuple[list[tuple[str, float]], dict[str, str]]] = {}
+    for point in points:
+        if point.name != LOSS_METRIC or not math.isfinite(point.value):
+            continue
+        part, cause = _part_of(point.attributes)
+        if part is None:
+            continue
+        entry = found.get((point.resource, point.time_unix_nano))
+        if entry is None:
+            entry = found[(point.resource, point.time_unix_nano)] = ([], {})
+        entry[0].append((part, point.value))
+        if cause is not None:
+            entry[1][part] = cause
+    return {key: (tuple(parts), causes) for key, (parts, causes) in found.items()}
+
+
+def add_window(totals: LossTotals, parts: Parts | None, ofu: float, seconds: float) -> None:
+    """One GPU window into an account: its parts, or ``unknown`` (1 - OFU) when it came without them."""
+    if parts is None:
+        totals.add_parts(((UNACCOUNTED, 1.0 - ofu),), ofu, seconds)
+    else:
+        totals.add_parts(parts[0], ofu, seconds, parts[1])
+
+
+class LossBins:
+    """A job's account per bin of ``resolution`` seconds, kept ``retention_s``: windows and rolling means.
+
+    Each GPU window is split at bin edges by its overlap, so the account over an interval made
+    of whole bins is exact; a partial bin at an interval's start counts by its overlapping share.
+    """
+
+    def __init__(self, resolution: float, retention_s: float):
+        self.resolution = resolution
+        self._keep = max(1, math.ceil(retention_s / resolution) + 2)
+        self.bins: dict[int, LossTotals] = {}
+
+    def add(self, start: float, end: float, parts: Parts | None, ofu: float, weight: float = 1.0) -> None:
+        res = self.resolution
+        first, last = math.floor(start / res), math.floor((end - 1e-9) / res)
+        for k in range(first, last + 1):
+            overlap = min(end, (k + 1) * res) - max(start, k * res)
+            if overlap > 0:
+                totals = self.bins.get(k)
+                if totals is None:
+                    totals = self.bins[k] = LossTotals()
+                add_window(totals, parts, ofu, overlap * weight)
+        newest = max(self.bins)
+        if len(self.bins) > self._keep:
+            for k in [k for k in self.bins if k <= newest - self._keep]:
+                del self.bins[k]
+
+    def between(self, a: float, b: float) -> LossTotals:
+        """The account of [a, b] (bins overlapping it; a bin cut by the interval counts by its share)."""
+        out = LossTotals()
+        res = self.resolution
+        for k, totals in self.bins.items():
+            overlap = min(b, (k + 1) * res) - max(a, k * res)
+            if overlap <= 0:
+                continue
+            out.merge(totals, overlap / res if overlap < res - 1e-9 else 1.0)
+        return out
+
+
+def grown_part(before: LossTotals, during: LossTotals) -> tuple[str, float, float] | None:
+    """The loss part whose share grew most from ``before`` to ``during``, with both shares: what a regression did."""
+    old, new = before.shares(), during.shares()
+    growth = {part: share - old.get(part, 0.0) for part, share in new.items() if part != USEFUL}
+    if not growth:
+        return None
+    part = max(growth, key=growth.__getitem__)
+    if growth[part] <= 0:
+        return None
+    return part, old.get(part, 0.0), new[part]
+
+
+def growth_text(numbers: dict[str, Any]) -> str:
+    """From a finding's numbers: ``engine idle grew from 6% to 58%: the input pipeline or the host, ...``."""
+    part = numbers.get("grew")
+    if not isinstance(part, str):
+        return ""
+    cause = numbers.get("grew_cause")
+    why = advice(part, cause if isinstance(cause, str) else None).split(":")[0]
+    return (f"{part_title(part)} grew from {float(numbers['grew_from']):.0%} to {float(numbers['grew_to']):.0%}"
+            f"{f' ({cause})' if isinstance(cause, str) else ''}: {why}")
