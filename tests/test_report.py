@@ -30,9 +30,11 @@ BUILT_LOSS = {"input-starved-vit": "engine_idle", "kv-decode-memory-bound": "non
               "ragged-vocab-lm": "padding"}
 
 
-def record(directory: Path) -> tuple[Path, Path]:
+def record(directory: Path) -> tuple[Path, Path, dict[str, dict[str, float]]]:
     """What `otel-ofu run --config demo.yaml` writes, stepped deterministically: with the jobs
-    processor (as the demo runs) and without it (a recording of per-GPU points only)."""
+    processor (as the demo runs) and without it (a recording of per-GPU points only); and each
+    job's true account, GPU-seconds by part and useful (its true MFU), from the simulator's own truth
+    (WindowTruth.parts)."""
     doc = yaml.safe_load(DEMO.read_text())
     sim_cfg = build_config(SimReceiverConfig, doc["receivers"]["sim"])
     fleet = build_fleet(sim_cfg, START)
@@ -44,14 +46,21 @@ def record(directory: Path) -> tuple[Path, Path]:
     with_jobs, raw = (FileExporter(FileExporterConfig(path=str(p)), Context("file")) for p in paths)
     with_jobs.start()
     raw.start()
+    truth: dict[str, dict[str, float]] = {}
     for _ in range(MINUTES * 6):
-        batch = ofu.process(window_batch(fleet.step_window(), True))
+        window = fleet.step_window()
+        for sample, true in window:
+            if sample.job_id is not None and sample.job_id != "none":
+                job = truth.setdefault(sample.job_id, {})
+                for part, share in (*true.parts.items(), ("useful", true.true_mfu)):
+                    job[part] = job.get(part, 0.0) + share * sample.window_s
+        batch = ofu.process(window_batch(window, True))
         raw.export(batch)
         with_jobs.export(jobs.process(batch))
     with_jobs.export(jobs.flush())
     with_jobs.shutdown()
     raw.shutdown()
-    return paths
+    return (*paths, truth)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +76,11 @@ def recording(recordings):
 @pytest.fixture(scope="module")
 def raw_recording(recordings):
     return recordings[1]
+
+
+@pytest.fixture(scope="module")
+def true_loss(recordings):
+    return recordings[2]
 
 
 def report_json(capsys, *args):
@@ -164,10 +178,10 @@ def test_plots_are_written(recording, tmp_path, capsys):
     assert main(["report", str(recording), "--plots", str(out)]) == 0
     capsys.readouterr()
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["fleet-ofu-distribution.png", "job-capped-finetune.png", "job-gpt-mixed-precision.png",
-                     "job-hot-node-gemm.png", "job-input-starved-vit.png", "job-kv-decode-memory-bound.png",
-                     "job-llama-70b-pretrain.png", "job-moe-236b.png", "job-ragged-vocab-lm.png",
-                     "job-sft-debug-flag.png", "job-vit-ckpt.png"]
+    assert files == ["fleet-loss-waterfall.png", "fleet-ofu-distribution.png", "job-capped-finetune.png",
+                     "job-gpt-mixed-precision.png", "job-hot-node-gemm.png", "job-input-starved-vit.png",
+                     "job-kv-decode-memory-bound.png", "job-llama-70b-pretrain.png", "job-moe-236b.png",
+                     "job-ragged-vocab-lm.png", "job-sft-debug-flag.png", "job-vit-ckpt.png", "loss-breakdown.png"]
     for name in files:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
@@ -315,3 +329,62 @@ def test_every_docs_page_the_code_names_exists():
     assert "docs/audit.md" in named
     missing = {page: str(where) for page, where in named.items() if not (ROOT / page).is_file()}
     assert not missing, missing
+
+
+def test_the_report_names_each_built_loss_as_its_jobs_largest(recording, true_loss, capsys):
+    """The demo's jobs with one loss built in each (sim scenarios): the simulator's truth has it as
+    the job's largest loss, and the report's breakdown, from the counters, finds the same part."""
+    data = report_json(capsys, recording)
+    jobs = {j["job_id"]: j for j in data["jobs"]}
+    true_shares = {job: {part: seconds / sum(parts.values()) for part, seconds in parts.items()}
+                   for job, parts in true_loss.items()}
+    lost = {job: {part: share for part, share in shares.items() if part != "useful"}
+            for job, shares in true_shares.items()}
+    true_largest = {job: max(parts, key=parts.__getitem__) for job, parts in lost.items()}
+    assert {job: true_largest[job] for job in BUILT_LOSS} == BUILT_LOSS  # the sim built what it says
+    for job, part in BUILT_LOSS.items():
+        assert jobs[job]["largest_loss"]["part"] == part, (job, jobs[job]["loss"])
+    for job, shares in true_shares.items():  # each part of each job as the simulator made it, within 2 pp
+        assert jobs[job]["loss"] == pytest.approx(shares, abs=0.02), job
+    assert jobs["kv-decode-memory-bound"]["largest_loss"]["cause"] == "memory_bound"
+    assert jobs["hot-node-gemm"]["largest_loss"]["cause"] == "hw_thermal"
+    for job in data["jobs"]:  # every job's account adds up: its parts and OFU to 1, its losses to its waste
+        assert sum(job["loss"].values()) == pytest.approx(1.0, abs=1e-9)
+        assert job["loss"]["useful"] == pytest.approx(job["ofu_mean"], abs=1e-9)
+        assert sum(job["loss_gpu_hours"].values()) == pytest.approx(job["wasted_gpu_hours"], rel=1e-6)
+    fleet = data["fleet"]
+    assert sum(fleet["loss_gpu_hours"].values()) == pytest.approx(fleet["gpu_hours"], rel=1e-6)
+    assert fleet["loss_gpu_hours"]["unallocated"] == pytest.approx(fleet["unattributed_gpu_hours"], rel=1e-6)
+    tips = data["recommendations"]
+    assert [t["gpu_hours"] for t in tips] == sorted((t["gpu_hours"] for t in tips), reverse=True)
+    assert {(t["job_id"], t["part"]) for t in tips} >= {("input-starved-vit", "engine_idle"),
+                                                        ("kv-decode-memory-bound", "non_tensor")}
+
+
+def test_the_breakdown_table_and_what_to_fix_first(recording, capsys):
+    assert main(["report", str(recording)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Where the GPU-hours went"))
+    header = lines[start + 1]
+    for column in ("lost GPU h", "engine idle", "SMs idle", "non-tensor", "clock", "padding", "no job",
+                   "largest loss"):
+        assert column in header
+    rows = {line.split()[0]: line for line in lines[start + 3:start + 14] if line.strip()}
+    assert "clock 3" in rows["hot-node-gemm"] and "(hw thermal)" in rows["hot-node-gemm"]
+    assert rows["ragged-vocab-lm"].rstrip().endswith(tuple(f"padding {n}%" for n in range(5, 20)))
+    assert any(line.startswith("fleet (every GPU)") for line in lines[start:start + 16])
+    fix = lines.index("What to fix first (by GPU-hours lost):")
+    assert "input-starved-vit" in "".join(lines[fix:fix + 6]) and "input pipeline" in "".join(lines[fix:fix + 6])
+    # the regression finding says which part grew, and what that points at
+    assert "engine idle grew from" in out and "the input pipeline or the host, not the kernels" in out
+
+
+def test_the_csv_names_each_jobs_largest_loss(recording, tmp_path, capsys):
+    path = tmp_path / "jobs.csv"
+    assert main(["report", str(recording), "--csv", str(path)]) == 0
+    capsys.readouterr()
+    rows = {r["job_id"]: r for r in csv.DictReader(path.open())}
+    assert {job: rows[job]["largest_loss"] for job in BUILT_LOSS} == BUILT_LOSS
+    assert float(rows["input-starved-vit"]["lost_gpu_hours_engine_idle"]) > 2
+    assert rows["input-starved-vit"]["lost_gpu_hours_sm_idle+non_tensor"] == ""  # the sim reads SM: no merged part

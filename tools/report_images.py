@@ -2,8 +2,9 @@
 
 Runs the demo (collector-config/demo.yaml) for an hour of fleet time, sped up, into its file
 exporter's recording (tools.demo_prometheus.run_demo), then ``otel-ofu report --plots`` on it,
-and keeps three of the plots: the MoE job's timeline (its reported MFU far above its OFU: the
-MFU audit's finding), the regressed job's timeline and the fleet's OFU distribution.
+and keeps four of the plots: the MoE job's timeline (its reported MFU far above its OFU: the
+MFU audit's finding), the regressed job's timeline, the fleet's OFU distribution and the loss
+breakdown (each job's GPU-hours by part of the loss account, and the fleet's).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tools.demo_prometheus import run_demo
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "docs" / "img"
 KEEP = {"job-moe-236b.png": "report-job-moe.png", "job-sft-debug-flag.png": "report-job-regression.png",
-        "fleet-ofu-distribution.png": "report-fleet.png"}
+        "fleet-ofu-distribution.png": "report-fleet.png", "loss-breakdown.png": "report-loss-breakdown.png"}
 
 log = logging.getLogger("tools.report_images")
 

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, LossTotals
 from otel_ofu.core.model import (
     GPU_INDEX,
     HW_ID,
@@ -52,14 +53,18 @@ from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP, cause_of
+from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
 from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths
+from otel_ofu.report.loss import breakdown_lines, largest_record, lost_gpu_hours, recommendations
 
 log = logging.getLogger("otel_ofu.report")
 
 TRUTH_METRIC = "sim.gpu.mfu.true"
+# The CSV's lost_gpu_hours_<part> columns: every loss part a job can have (empty where it has none)
+CSV_LOSS_PARTS = (*LOSS_PARTS, UNACCOUNTED)
 PROGRESS_MIN_BYTES = 5_000_000  # below this a progress bar is noise
 _FINDING_META = {"id", "kind", "cause", "since_unix_nano", "opened_unix_nano", "duration_s"}
 
@@ -492,7 +497,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, config.mfu_metric, *config.tflops_metrics, TRUTH_METRIC}
+    names = {OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric, *config.tflops_metrics, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
     lines = sum(s.lines for s in sources)
@@ -571,6 +576,9 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "flops_per_gpu_s": t.flop / t.flop_gpu_seconds if t.flops_known else None,
         "wasted_gpu_hours": t.wasted_gpu_hours, "mfu_reported_mean": s.mfu_reported,
         "precisions_gpu_hours": {p: sec / 3600.0 for p, sec in s.precisions.items()},
+        "loss": s.loss.shares(),
+        "loss_gpu_hours": lost_gpu_hours(s.loss),
+        "largest_loss": largest_record(s.loss),
         "findings": job.findings,
     }
 
@@ -609,10 +617,17 @@ def report_json(report: Report) -> dict[str, Any]:
                   "ofu_mean": _ratio(ofu_seconds + book.unattributed.ofu_gpu_seconds,
                                      attributed + book.unattributed.gpu_seconds),
                   "job_ofu_mean": ofu_seconds / attributed if attributed else None,
-                  "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs)},
+                  "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
+                  "loss_gpu_hours": book.fleet_loss.gpu_hours()},
+        "recommendations": recommendations(_job_losses(report), book.fleet_loss),
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
+
+
+def _job_losses(report: Report) -> list[tuple[str, LossTotals]]:
+    """Each job's life account, by job id: what the breakdown and the recommendations read."""
+    return [(j.summary.job_id, j.summary.loss) for j in report.jobs]
 
 
 # The JSON of ``otel-ofu report --json``, field by field: docs/report.md's list is generated from
@@ -650,6 +665,16 @@ REPORT_FIELDS: dict[str, str] = {
                       "at their OFU); what a fleet OFU panel shows, and the figure the table prints first",
     "fleet.job_ofu_mean": "OFU over the GPU time jobs held only: how well the jobs use what they hold",
     "fleet.wasted_gpu_hours": "GPU time x (1 - OFU), jobs together",
+    "fleet.loss_gpu_hours": "mapping: every GPU-hour by where it went: `useful` (OFU), each loss part of the jobs "
+                            "(docs/method.md#where-the-flops-go-the-loss-account), `unknown` (OFU that came "
+                            "without its account), `unallocated` (no job); they add up to `gpu_hours`",
+    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first",
+    "recommendations[].part": "the loss part (`ofu.loss.part`)",
+    "recommendations[].cause": "its dominant cause (the clock's event reason, memory-bound or not); null for the "
+                               "other parts",
+    "recommendations[].gpu_hours": "GPU-hours lost to it",
+    "recommendations[].share": "its share of the job's GPU time",
+    "recommendations[].advice": "what to look at first, worded by part",
     "jobs[].job_id": "the job (`ofu.job.id`); jobs are sorted by wasted GPU hours",
     "jobs[].start": "its first window's start",
     "jobs[].end": "its last window's end",
@@ -668,6 +693,13 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].wasted_gpu_hours": "GPU time x (1 - OFU)",
     "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
     "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
+    "jobs[].loss": "mapping: its loss account, part -> share of its GPU time (`useful` is its OFU; they add up to 1)",
+    "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`)",
+    "jobs[].largest_loss.part": "the part that lost it the most GPU time",
+    "jobs[].largest_loss.share": "that part's share of its GPU time",
+    "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
+    "jobs[].largest_loss.cause": "its dominant cause, when the part has one (clock, non-tensor)",
+    "jobs[].largest_loss.advice": "what to look at first",
     "jobs[].findings[].kind": "`mfu_gap` (the MFU audit) or `regression`",
     "jobs[].findings[].cause": "the likely cause, a code: `flop_formula_overcount`, "
                                "`uncounted_padding_or_recompute`, `sustained_ofu_drop`",
@@ -742,6 +774,8 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
     elif "ofu" in n and "baseline" in n:
         what = f"OFU {_pct(n['ofu'])} vs baseline {_pct(n['baseline'])} ({n['baseline'] / n['ofu']:.2f}x slower)" \
             if n["ofu"] else f"OFU 0 vs baseline {_pct(n['baseline'])}"
+        if "grew" in n:  # where it went (the loss account)
+            what += f": {growth_text(n)}"
     else:
         what = f["cause"]
     if not f.get("closed"):
@@ -876,6 +910,8 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
         out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
         out += flops_hint(report)
         out.append("")
+        out += breakdown_lines(_job_losses(report), report.book.fleet_loss)
+        out.append("")
     else:
         out.append(no_jobs_hint(report, fleet["gpus"]))
         out.append("")
@@ -892,10 +928,13 @@ def write_csv(report: Report, path: str | Path) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
-                         "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details"])
+                         "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
+                         "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS)])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
+            lost = r["loss_gpu_hours"] or {}
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
-                             len(job.findings), details])
+                             len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
+                             *(lost.get(part) for part in CSV_LOSS_PARTS)])

@@ -10,11 +10,20 @@ import re
 from pathlib import Path
 from typing import Any
 
+from otel_ofu.core.loss import ACCOUNT_PARTS, UNALLOCATED, USEFUL, part_order, part_title
 from otel_ofu.report.build import JobReport, Report
+from otel_ofu.report.loss import cause_words, largest_record, lost_gpu_hours
 
 FINDING_STYLE = {"mfu_gap": ("#8e44ad", "MFU audit: reported MFU disagrees with OFU"),
                  "regression": ("#c0392b", "regression: OFU well below the job's baseline")}
 MAX_STACKED_JOBS = 8
+MAX_LOSS_JOBS = 14  # jobs drawn in the loss breakdown (those that lost the most GPU-hours)
+# One colour per part of the loss account, everywhere (merged parts between their steps' colours).
+PART_COLORS = {
+    "engine_idle": "#d62728", "engine_idle+sm_idle": "#e377c2", "engine_idle+sm_idle+non_tensor": "#bc80bd",
+    "sm_idle": "#ff7f0e", "sm_idle+non_tensor": "#ffbb78", "non_tensor": "#9467bd", "clock": "#1f77b4",
+    "padding": "#8c564b", "unknown": "#c7c7c7", "useful": "#2ca02c", "unallocated": "#7f7f7f",
+}
 
 
 def _pyplot():
@@ -176,6 +185,101 @@ def plot_fleet_distribution(report: Report, path: Path, bucket: float = 0.02) ->
     plt.close(fig)
 
 
+def _stack(ax: Any, y: float, hours: dict[str, float], labelled: set[str], height: float = 0.7) -> float:
+    """One horizontal bar of GPU-hours stacked by part (account order); returns its length."""
+    left = 0.0
+    for part in ACCOUNT_PARTS:
+        value = hours.get(part, 0.0)
+        if value <= 0:
+            continue
+        label = None if part in labelled else part_title(part)
+        labelled.add(part)
+        ax.barh(y, value, left=left, height=height, color=PART_COLORS.get(part, "#17becf"), label=label,
+                edgecolor="white", lw=0.4, hatch="//" if part == USEFUL else None)
+        left += value
+    return left
+
+
+def plot_loss_breakdown(report: Report, path: Path) -> None:
+    """Each job's GPU-hours stacked by where they went (useful last), the jobs that lost the most on top;
+    and the fleet's, every GPU with a job or not."""
+    plt = _pyplot()
+
+    jobs = sorted(report.jobs, key=lambda j: (-sum(lost_gpu_hours(j.summary.loss).values()), j.summary.job_id))
+    shown = jobs[:MAX_LOSS_JOBS]
+    fleet = report.book.fleet_loss
+    fig, (ax, fleet_ax) = plt.subplots(2, 1, figsize=(13, 1.6 + 0.42 * max(len(shown), 3)), dpi=110,
+                                       gridspec_kw={"height_ratios": [max(len(shown), 3), 1.4]})
+    labelled: set[str] = set()
+    longest = 0.0
+    for row, job in enumerate(shown):
+        hours = job.summary.loss.gpu_hours()
+        length = _stack(ax, row, hours, labelled)
+        longest = max(longest, length)
+        largest = largest_record(job.summary.loss)
+        if largest is not None:
+            ax.text(length, row, f"  {part_title(largest['part'])} {largest['share']:.0%}"
+                    f"{cause_words(largest['cause'])}", va="center", fontsize=8.5)
+    ax.set_yticks(range(len(shown)), [j.summary.job_id for j in shown], fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, longest * 1.35 if longest else 1)
+    ax.set_xlabel("GPU hours")
+    more = f" ({len(jobs) - len(shown)} more jobs in the table)" if len(jobs) > len(shown) else ""
+    ax.set_title("Where each job's GPU-hours went: the dense peak split into parts that add up to its GPU time\n"
+                 f"(jobs that lost the most on top; the label names each job's largest loss){more}", fontsize=11)
+    ax.grid(axis="x", alpha=0.3)
+    total = _stack(fleet_ax, 0, fleet.gpu_hours(), labelled, height=0.6)
+    useful = fleet.part_seconds.get(USEFUL, 0.0) / 3600.0
+    fleet_ax.set_yticks([0], [f"fleet, every GPU\n({report.gpu_count} GPUs)"], fontsize=9)
+    fleet_ax.set_xlim(0, total * 1.02 if total else 1)
+    fleet_ax.set_xlabel(f"GPU hours: {total:.1f} in all, {useful:.1f} useful ({useful / total:.0%})" if total
+                        else "GPU hours")
+    fleet_ax.grid(axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    more_handles, more_labels = fleet_ax.get_legend_handles_labels()
+    order = {part_title(part): part_order(part) for part in ACCOUNT_PARTS}
+    legend = sorted(zip(handles + more_handles, labels + more_labels), key=lambda hl: order.get(hl[1], 99))
+    ax.legend([h for h, _ in legend], [label for _, label in legend], fontsize=8.5, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="part", title_fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_fleet_waterfall(report: Report, path: Path) -> None:
+    """The fleet's GPU-hours from all of them down to the useful ones: each part a step (a waterfall)."""
+    plt = _pyplot()
+
+    hours = report.book.fleet_loss.gpu_hours()
+    total = sum(hours.values())
+    steps = [(part, hours[part]) for part in ACCOUNT_PARTS if part in hours and part != USEFUL]
+    fig, ax = plt.subplots(figsize=(13, 5.2), dpi=110)
+    ax.bar(0, total, color="#4c4c4c", width=0.7)
+    ax.text(0, total, f"{total:.1f} h", ha="center", va="bottom", fontsize=8.5)
+    level = total
+    for k, (part, value) in enumerate(steps, 1):
+        ax.bar(k, -value, bottom=level, color=PART_COLORS.get(part, "#17becf"), width=0.7)
+        ax.text(k, level, f"-{value:.1f} h\n{value / total:.0%}" if total else "", ha="center", va="bottom",
+                fontsize=8.5)
+        level -= value
+    useful = hours.get(USEFUL, 0.0)
+    ax.bar(len(steps) + 1, useful, color=PART_COLORS[USEFUL], width=0.7, hatch="//", edgecolor="white")
+    ax.text(len(steps) + 1, useful, f"{useful:.1f} h\n{useful / total:.0%}" if total else "", ha="center",
+            va="bottom", fontsize=8.5)
+    names = ["all GPU time", *(part_title(p).replace(" or ", " or\n") for p, _ in steps), "useful (OFU)"]
+    ax.set_xticks(range(len(names)), names, fontsize=8.5)
+    ax.set_ylabel("GPU hours")
+    ax.set_ylim(0, total * 1.12 if total else 1)
+    no_job = hours.get(UNALLOCATED, 0.0)
+    ax.set_title(f"Fleet: where {total:.1f} GPU hours on {report.gpu_count} GPUs went, part by part\n"
+                 f"({no_job:.1f} h had no job; the rest is the jobs' loss account, "
+                 "docs/method.md#where-the-flops-go-the-loss-account)", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_plots(report: Report, directory: str | Path) -> list[Path]:
     """Every plot into ``directory`` (created); returns the files written."""
     out = Path(directory)
@@ -192,4 +296,9 @@ def write_plots(report: Report, directory: str | Path) -> list[Path]:
     path = out / "fleet-ofu-distribution.png"
     plot_fleet_distribution(report, path)
     written.append(path)
+    if report.book.fleet_loss.seconds > 0:
+        for name, plot in (("loss-breakdown.png", plot_loss_breakdown), ("fleet-loss-waterfall.png",
+                                                                          plot_fleet_waterfall)):
+            plot(report, out / name)
+            written.append(out / name)
     return written
