@@ -201,9 +201,10 @@ def test_three_instances_behind_the_gateway_give_the_jobs_of_one(otelcol, reques
         assert all(len(where) == 1 for where in owners.values()), owners
         assert len(set().union(*owners.values())) >= 2, owners
         # The jobs tier sends only what it makes: the GPUs' series reach the backend from the node
-        # agents (each series has one source), never through here.
+        # agents (each series has one source), never through here. (fleet.gpu_hours: each instance's
+        # GPU-hours by part of the loss account, under its own service.instance.id.)
         made = {p.name.split(".")[0] for s in [*sharded, single] for p in s.collect()}
-        assert "job" in made and made <= {"job", "otel_ofu"}, made
+        assert "job" in made and made <= {"job", "fleet", "otel_ofu"}, made
 
         one, three = job_view([single]), job_view(sharded)
         assert one["ofu"] and one["findings"] and one["ends"]
