@@ -574,7 +574,9 @@ def test_sample_config_validates():
         config = load_config(str(ROOT / "collector-config" / "attribution.yaml"))
     except ConfigError as exc:  # pragma: no cover - shows the message
         pytest.fail(str(exc))
-    (spec,) = config.pipelines
+    # The GPUs' pipeline, beside the self-telemetry one every shipped config has.
+    assert sorted(p.name for p in config.pipelines) == ["metrics", "metrics/self"]
+    spec = next(p for p in config.pipelines if p.name == "metrics")
     assert spec.processors == ["attribution", "ofu"]
 
 

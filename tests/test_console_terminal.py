@@ -211,8 +211,8 @@ def test_top_scrape_piped_shows_every_gpu_and_mig_instance(exporter_pages):
     assert rows[("gpu-node-h100-01", "0", "H100")].endswith(expected_ofu(h100)["0"])
     assert rows[("gpu-node-h100-01", "1", "H100")].endswith("- (unsupported)")  # a leaked blank sentinel
     assert rows[("hgx-b200-03", "0", "mig2")].endswith("- (missing)")  # no tensor activity for this instance
-    # The pod label names the job (attribution's sample labels).
-    assert "  job k8s:ml-research/llama-70b-pretrain-0: 1 GPUs, OFU " in proc.stdout
+    # The pod label names the job (attribution's sample labels): a bare pod, as the page alone can say.
+    assert "  job k8s:ml-research/Pod/llama-70b-pretrain-0: 1 GPUs, OFU " in proc.stdout
 
 
 @needs_tmux

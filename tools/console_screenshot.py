@@ -43,7 +43,9 @@ def demo_service(acceleration: float) -> Service:
     doc = yaml.safe_load((ROOT / "collector-config" / "demo.yaml").read_text())
     doc["receivers"]["sim"].update(time_acceleration=acceleration, start_time=START)
     doc["exporters"] = {"console": {"mode": "plain", "refresh_interval": "1h"}}
-    doc["service"]["pipelines"]["metrics"]["exporters"] = ["console"]
+    # The GPUs' pipeline only, drawn by the console (the demo's self-telemetry goes to its file exporter).
+    doc["receivers"] = {"sim": doc["receivers"]["sim"]}
+    doc["service"]["pipelines"] = {"metrics": {**doc["service"]["pipelines"]["metrics"], "exporters": ["console"]}}
     return Service(parse_service_config(doc, "demo (screenshot)", registry.factories()))
 
 
