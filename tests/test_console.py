@@ -274,3 +274,36 @@ def test_jobs_without_an_end_event_are_forgotten_with_their_gpus():
     clock.now += 3601
     state.update(Batch(points=ofu_points(gpu_resource(index="0", uuid="GPU-0"), T0 + 3 * 3600 * S, 0.4, job="now")))
     assert [j.job_id for j in state.view().jobs] == ["now"] and list(state.jobs) == ["now"]
+
+
+def loss_points(resource, t, job, parts):
+    """The ofu processor's gpu.ofu.loss points of a window: one per part, on the GPU's job resource."""
+    resource = attrs({**dict(resource), "ofu.job.id": job, "ofu.precision": "bf16"})
+    return [MetricPoint("gpu.ofu.loss", share, t, resource,
+                        attrs({"ofu.loss.part": part, **({"ofu.loss.cause": cause} if cause else {})}))
+            for part, share, cause in parts]
+
+
+def test_the_jobs_panel_names_each_jobs_largest_loss(monkeypatch):
+    state = FleetState(clock=Clock())
+    a, b, c = (gpu_resource(index=str(i), uuid=f"GPU-{i}") for i in range(3))
+    for k in range(4):
+        t = T0 + k * 10 * S
+        state.update(Batch(points=[
+            *ofu_points(a, t, 0.2, job="starved"),
+            *loss_points(a, t, "starved", [("engine_idle", 0.6, None), ("non_tensor", 0.15, "not_memory_bound"),
+                                           ("clock", 0.05, "sw_power_cap")]),
+            *ofu_points(b, t, 0.45, job="hot"),
+            *loss_points(b, t, "hot", [("engine_idle", 0.05, None), ("non_tensor", 0.1, "not_memory_bound"),
+                                       ("clock", 0.4, "hw_thermal")]),
+            *ofu_points(c, t, 0.5, job="old-agent"),  # OFU without its account: unknown, never a made-up part
+        ]))
+    view = state.view()
+    largest = {job.job_id: job.largest_loss for job in view.jobs}
+    assert largest["starved"] == ("engine_idle", pytest.approx(0.6), None)
+    assert largest["hot"] == ("clock", pytest.approx(0.4), "hw_thermal")
+    assert largest["old-agent"] == ("unknown", pytest.approx(0.5), None)
+    text = "\n".join(render.plain_lines(view, gpus=False))
+    assert "largest loss engine idle 60%" in text and "largest loss clock 40% (hw thermal)" in text
+    assert "largest loss" in _rich_text(view, monkeypatch, no_color=True) and "clock 40% (hw thermal)" in \
+        _rich_text(view, monkeypatch, no_color=True)

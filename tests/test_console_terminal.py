@@ -32,7 +32,7 @@ ANSI = re.compile(r"\x1b\[")
 HEADER = re.compile(r"╭─ otel-ofu · data time \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ ─")
 MOE_LOG = re.compile(r"WARNING\s+otel_ofu\.jobs@metrics: finding \(mfu_gap\): job moe-236b: reported MFU "
                      r"\d+\.\d% vs OFU \d+\.\d% over 5m \(gap \+\d+\.\d pp\): likely flop_formula_overcount$")
-RUNNING_LOG = re.compile(r"INFO\s+otel_ofu\.service: otel-ofu running: 1 pipeline\(s\), receivers sim$")
+RUNNING_LOG = re.compile(r"INFO\s+otel_ofu\.service: otel-ofu running: 2 pipeline\(s\), receivers sim, selftelemetry$")
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None and not os.environ.get("CI"),
                                 reason="tmux not installed (apt-get install tmux; .ci/run installs it)")
@@ -121,7 +121,7 @@ def test_demo_in_a_terminal_shows_the_fleet_the_findings_and_keeps_log_lines_int
         assert len(headers) == 1, "\n".join(lines)
         header = headers[0]
         # demo.yaml profiles one GPU from 25 to 40 minutes in: blank TPA, shown as such, never as 0.
-        assert re.match(r"^│ GPUs 16 on 2 hosts, (16 with OFU|15 with OFU, — 1 without \(1 blank\))", lines[header + 1])
+        assert re.match(r"^│ GPUs 32 on 4 hosts, (32 with OFU|31 with OFU, — 1 without \(1 blank\))", lines[header + 1])
         assert re.match(r"^│ OFU now \d+\.\d%, mean OFU \d+\.\d% over \d+\.\d\d GPU h, wasted \d+\.\d\d GPU h, "
                         r"⚠ findings open: 2", lines[header + 2])
         # The jobs panel: the two findings with both numbers; jobs with findings first.
@@ -159,17 +159,21 @@ def test_demo_piped_prints_plain_lines_with_the_findings(tmp_path):
     assert len(frames) >= 3
     for frame in frames:
         # demo.yaml profiles one GPU from 25 to 40 minutes in: blank TPA, counted as such, never as 0.
-        assert re.match(r"otel-ofu \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  GPUs 16 on 2 hosts, "
-                        r"(16 with OFU|15 with OFU, 1 without \(1 blank\)); "
+        assert re.match(r"otel-ofu \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  GPUs 32 on 4 hosts, "
+                        r"(32 with OFU|31 with OFU, 1 without \(1 blank\)); "
                         r"OFU now \d+\.\d%, mean OFU \d+\.\d% over", frame)
     text = proc.stdout
-    assert re.search(r"^  job moe-236b: 2 GPUs, OFU 2\d\.\d% now, 2\d\.\d% over the job, reported MFU 5\d\.\d%\n"
+    assert re.search(r"^  job moe-236b: 2 GPUs, OFU 2\d\.\d% now, 2\d\.\d% over the job, reported MFU 5\d\.\d%, "
+                     r"largest loss [a-z -]+ \d+%.*\n"
                      r"    FINDING mfu_gap: reported MFU 5\d\.\d% vs OFU 2\d\.\d% \(5m\)", text, re.M)
     assert re.search(r"^    FINDING regression: OFU 1\d\.\d% vs baseline 4\d\.\d% \(2\.\d\dx slower\)", text, re.M)
     # The per-GPU table: first and last frame (plain_gpu_table is 60 s), one row per GPU.
     last = frames[-1].splitlines()
-    assert last[-17].split() == ["host", "gpu", "model", "job", "precision", "tpa", "sm/ref_mhz", "ofu_raw", "ofu"]
-    assert len([line for line in last if line.startswith("  sim-node-")]) == 16
+    assert last[-33].split() == ["host", "gpu", "model", "job", "precision", "tpa", "sm/ref_mhz", "ofu_raw", "ofu"]
+    assert len([line for line in last if line.startswith("  sim-node-")]) == 32
+    # each job's largest loss: the jobs with one built in name theirs
+    assert re.search(r"^  job input-starved-vit: 4 GPUs, .*largest loss engine idle \d+%$", text, re.M)
+    assert re.search(r"^  job hot-node-gemm: 4 GPUs, .*largest loss clock \d+% \(hw thermal\)$", text, re.M)
     assert "sim-node-" not in frames[1]
     # The findings were logged on stderr too, once each.
     assert proc.stderr.count("finding (mfu_gap): job moe-236b") == 1

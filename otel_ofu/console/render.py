@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
+from otel_ofu.core.loss import part_title
 from otel_ofu.jobs.findings import MFU_GAP, REGRESSION
 
 MISSING = "—"
@@ -170,6 +171,7 @@ def jobs_table(view: FleetView, limit: int) -> Table:
     table.add_column("OFU now", justify="right")
     table.add_column("OFU job", justify="right")
     table.add_column("MFU rep.", justify="right")
+    table.add_column("largest loss", no_wrap=True, overflow="ellipsis", max_width=30)
     scale = trend_scale(view.jobs[:limit])
     table.add_column(f"OFU trend (0-{scale:.0%})", no_wrap=True)
     table.add_column("findings", ratio=1, overflow="fold")
@@ -195,7 +197,16 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
     for finding in job.closed_findings:
         findings.append(("\n" if findings else "") + "✓ " + finding_text(finding, data_ns, is_open=False), "dim")
     return [name, str(job.gpus), pct(job.ofu_now), pct(job.ofu_life), pct(job.mfu_reported),
-            sparkline(job.trend, scale), findings]
+            largest_loss_text(job), sparkline(job.trend, scale), findings]
+
+
+def largest_loss_text(job: JobRow) -> str:
+    """``non-tensor 63% (memory bound)``: where the job's GPU time went most, after useful work."""
+    if job.largest_loss is None:
+        return MISSING
+    part, share, cause = job.largest_loss
+    why = f" ({cause.replace('_', ' ')})" if cause not in (None, "unknown", "none") else ""
+    return f"{part_title(part)} {share:.0%}{why}"
 
 
 def gpu_table(view: FleetView, limit: int) -> Table:
@@ -245,8 +256,9 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
     for job in view.jobs:
         mfu = f", reported MFU {pct(job.mfu_reported)}" if job.mfu_reported is not None else ""
         state = " (ended)" if job.ended else ""
+        loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
-                     f"{pct(job.ofu_life)} over the job{mfu}")
+                     f"{pct(job.ofu_life)} over the job{mfu}{loss}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]
         lines += [f"    {finding_text(f, view.data_ns, is_open=False)}" for f in job.closed_findings]
     if gpus and view.gpus:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import (
     DROP_REASON,
     GPU_INDEX,
@@ -49,6 +50,7 @@ from otel_ofu.jobs.findings import (
     JOB_END_REASON,
     WINDOW,
 )
+from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
 
 STALE = "stale"
 NO_JOB_IDS = frozenset({NO_JOB, "unknown", ""})  # the jobs processor's default ignore_jobs
@@ -113,6 +115,7 @@ class JobState:
     life_ofu: float | None = None  # job.ofu{ofu.window=life} from the jobs processor
     mfu: dict[str, float] = field(default_factory=dict)  # job.mfu.reported by window
     reported_gpus: int | None = None  # job.gpus
+    loss: LossTotals = field(default_factory=LossTotals)  # its GPUs' loss account, over what the console saw
     findings: dict[str, FindingState] = field(default_factory=dict)  # open, by id
     closed: dict[str, FindingState] = field(default_factory=dict)  # the newest closed, by kind
     ended: bool = False
@@ -138,6 +141,7 @@ class JobRow:
     open_findings: list[FindingState]
     closed_findings: list[FindingState]
     ended: bool
+    largest_loss: tuple[str, float, str | None] | None = None  # its largest loss part, share, dominant cause
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class FleetState:
         self.gpus: dict[GpuKey, GpuState] = {}
         self.jobs: dict[str, JobState] = {}
         self.totals = JobTotals()
+        self._losses: dict[tuple, Parts] = {}  # the batch being read: each GPU window's loss parts
         self.data_ns = 0
         self._last_window: dict[GpuKey, tuple[int, float | None]] = {}  # GPU -> (last gpu.ofu ns, its window s)
 
@@ -189,6 +194,8 @@ class FleetState:
         now = self.clock()
         changed = False
         arrived: set[GpuKey] = set()
+        # each GPU window's loss parts (the ofu processor's gpu.ofu.loss), for its job's account
+        self._losses = window_parts(batch.points) if any(p.name == LOSS_METRIC for p in batch.points) else {}
         for point in batch.points:
             if point.name in _GPU_METRICS:
                 self._gpu_point(point, now, arrived)
@@ -231,7 +238,7 @@ class FleetState:
         if name == OFU:
             if t >= gpu.ofu_ns:
                 gpu.ofu, gpu.ofu_ns = value, t
-            self._account(key, gpu.job, t, value)
+            self._account(key, gpu.job, t, value, self._losses.get((point.resource, t)))
         elif name == OFU_RAW:
             gpu.ofu_raw = value
         elif name == FREF:
@@ -241,7 +248,7 @@ class FleetState:
         elif name == SM_CLOCK:
             gpu.sm_mhz = value / 1e6
 
-    def _account(self, key: GpuKey, job_id: str, t: int, ofu: float) -> None:
+    def _account(self, key: GpuKey, job_id: str, t: int, ofu: float, loss: Parts | None = None) -> None:
         """GPU time: each gpu.ofu covers the time since the GPU's previous one (a gap: its last interval)."""
         previous = self._last_window.get(key)
         seconds: float = 0.0  # the first window of a GPU only starts its series: its length is unknown
@@ -258,6 +265,8 @@ class FleetState:
             return
         job = self._job(job_id)
         job.totals.add(seconds, ofu)
+        if seconds > 0:
+            add_window(job.loss, loss, ofu, seconds)
         job.last_ns = max(job.last_ns, t)
         bucket = job.buckets.setdefault(int(t / 1e9 // self.sparkline_bucket_s), [0.0, 0.0])
         weight = seconds or 1.0
@@ -381,10 +390,12 @@ class FleetState:
             trend.pop(0)
         mfu = job.mfu.get(LIFE) if not job.mfu else job.mfu[min(job.mfu, key=_window_order)]
         closed = [f for f in job.closed.values() if f.kind not in {o.kind for o in job.findings.values()}]
+        largest = job.loss.largest_loss()
         return JobRow(job.job_id, len(rows) or job.reported_gpus or 0,
                       sum(values) / len(values) if values and not job.ended else None,
                       job.life_ofu if job.life_ofu is not None else job.totals.ofu_mean, mfu, trend,
-                      sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended)
+                      sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
+                      (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None)
 
 
 def _window_order(label: str) -> float:
