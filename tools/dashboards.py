@@ -47,6 +47,29 @@ WITHOUT_OFU = "cluster_namespace_model_reason:gpus_without_ofu:count"
 JOB_OFU_5M = "cluster_namespace_job:gpu_ofu:avg5m"
 JOB_WASTED = "cluster_namespace_job:gpus_wasted:avg5m"
 JOB_GPUS = "cluster_namespace_job:gpus:avg5m"
+FLEET_PARTS = "cluster_namespace_model_part:gpus:avg5m"
+JOB_PARTS = "cluster_namespace_job_part:gpu_ofu_loss:avg5m"
+
+# The loss account's parts (docs/method.md#where-the-flops-go-the-loss-account), coloured as in
+# `otel-ofu report`'s breakdown plot (otel_ofu/report/plots.py), so a part looks alike everywhere.
+PART_COLORS = {
+    "engine_idle": "#d62728", "engine_idle+sm_idle": "#e377c2", "engine_idle+sm_idle+non_tensor": "#bc80bd",
+    "sm_idle": "#ff7f0e", "sm_idle+non_tensor": "#ffbb78", "non_tensor": "#9467bd", "clock": "#1f77b4",
+    "padding": "#8c564b", "unknown": "#c7c7c7", "useful": "#2ca02c", "useful (OFU)": "#2ca02c",
+    "unallocated": "#7f7f7f",
+}
+PART_HELP = ("engine_idle: no kernel ran (input pipeline, host, waiting for other ranks); sm_idle: kernels on few "
+             "SMs (launch gaps, small grids); non_tensor: SMs busy without tensor work (elementwise, softmax, "
+             "communication, memory-bound kernels); clock: SMs below the reference clock (power cap, cooling); "
+             "padding: tensor work 2MNK does not count (GEMM shapes). A name with + is two steps a missing counter "
+             "keeps together (sm_idle+non_tensor without SM_ACTIVE).")
+
+
+def part_colors() -> list[dict[str, Any]]:
+    """Overrides that give each part of the loss account its colour."""
+    return [{"matcher": {"id": "byName", "options": name},
+             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+            for name, color in PART_COLORS.items()]
 
 # OFU colours: below 20 % of peak is poor for training, 35 %+ is good (the paper's fleet: 25-55 %).
 OFU_STEPS = [{"color": "red", "value": None}, {"color": "orange", "value": 0.2}, {"color": "green", "value": 0.35}]
@@ -315,6 +338,29 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
                                      "{{ofu_drop_reason}}")],
                        width=12, bars=True, fill=60, stack=True),
         ]),
+        ("Where the GPU time went", [
+            timeseries("GPUs by part of the loss account",
+                       "Where the selected GPUs' time goes, in GPUs, stacked: for the jobs' GPUs each part of the "
+                       "loss account (the dense peak split into parts that add up with OFU to 1, "
+                       "docs/method.md#where-the-flops-go-the-loss-account) and their OFU (useful); GPUs with no "
+                       f"job whole as unallocated. Recording rule {FLEET_PARTS} (5-minute means). " + PART_HELP,
+                       GPUS, [target(f"sum by (ofu_loss_part) ({FLEET_PARTS}{{{FLEET_NO_PRECISION}}})",
+                                     "{{ofu_loss_part}}")],
+                       width=16, height=9, fill=70, stack=True, minimum=None, overrides=part_colors()),
+            Panel("bargauge", "GPU hours by part over the range",
+                  "The selected GPUs' GPU hours over the dashboard's range by where they went, the biggest first: "
+                  f"each part of the jobs' loss account, useful (OFU) and unallocated (no job); {FLEET_PARTS} per "
+                  "minute, summed and divided by 60. What to fix first is the biggest part that is not useful.",
+                  GPU_HOURS, [target(f"sort_desc(sum by (ofu_loss_part) (sum_over_time({FLEET_PARTS}"
+                                     f"{{{FLEET_NO_PRECISION}}}[$__range:1m])) / 60)", "{{ofu_loss_part}}",
+                                     instant=True)],
+                  8, 9, thresholds=[{"color": "orange", "value": None}],
+                  options={"orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+                           "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                           "maxVizHeight": 300, "minVizWidth": 8,
+                           "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+                  defaults={"decimals": 1, "min": 0}, overrides=part_colors()),
+        ]),
         ("Jobs", [table]),
     ]
     return dashboard("otel-ofu-fleet", "otel-ofu / Fleet",
@@ -417,6 +463,28 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                        "GPUs together. Empty where the precision is unknown: OFU alone cannot say how many FLOPs.",
                        FLOPS, [target(f"sum by (ofu_precision) (gpu_flops_achieved_per_second{{{JOB_SEL}}})",
                                       "{{ofu_precision}}")], width=8, height=9, stack=True),
+            timeseries("Where the job's GPU time went (loss account, stacked)",
+                       "The job's GPU time by part of its loss account over the last 5 minutes at each point, "
+                       "stacked with its OFU (useful) so the stack is 100 %: the dense peak split into parts, each "
+                       "GPU-time weighted over its GPUs (recording rules "
+                       f"{JOB_PARTS} and {JOB_OFU_5M}; docs/method.md#where-the-flops-go-the-loss-account). The "
+                       "part that grows when OFU falls says where to look. " + PART_HELP, PERCENT,
+                       [target(f"sum by (ofu_loss_part) ({JOB_PARTS}{{{JOB_NS}}})", "{{ofu_loss_part}}"),
+                        target(f"max({JOB_OFU_5M}{{{JOB_NS}}})", "useful (OFU)")],
+                       width=16, height=9, fill=70, stack=True, minimum=None, overrides=part_colors()),
+            Panel("table", "Largest losses since the job started",
+                  "Each part of the job's loss account in GPU hours since it started, the biggest first, from "
+                  "otel-ofu's jobs processor (job_ofu_loss_gpu_hours_total; the parts add up to its wasted GPU "
+                  "hours). unknown: GPU time whose OFU came without its loss points. " + PART_HELP, GPU_HOURS,
+                  [target(f"sort_desc(max by (ofu_loss_part) (job_ofu_loss_gpu_hours_total{{{JOB_ONLY}}}))",
+                          instant=True, fmt="table")], width=8, height=9,
+                  options={"showHeader": True, "cellHeight": "sm",
+                           "footer": {"show": True, "reducer": ["sum"], "fields": ""}},
+                  defaults={"decimals": 2, "noValue": "no loss account (the jobs processor sends it)",
+                            "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False}},
+                  extra={"transformations": [{"id": "organize", "options": {
+                      "excludeByName": {"Time": True},
+                      "renameByName": {"ofu_loss_part": "Part", "Value": "GPU hours lost"}}}]}),
             timeseries("GPU hours and waste since the job started",
                        "otel-ofu's jobs processor's running totals for the job: GPU hours it has held and wasted GPU "
                        "hours (GPU time x (1 - OFU)) since it started (job_gpu_seconds_total, "
