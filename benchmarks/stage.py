@@ -510,7 +510,7 @@ def stage_in_process(protocol: str) -> tuple[object, list]:
     payloads: list = []
 
     def consume(batch: Batch) -> None:
-        payload = metrics_payload(ofu.process(batch).points, batch.passthrough)
+        payload = metrics_payload(ofu.process(batch).points_and_rows(), batch.passthrough)  # as the exporter does
         if payload is not None and protocol == "http":
             payload = (gzip.compress(payload[0], compresslevel=GZIP_LEVEL, mtime=0), payload[1])
         payloads.append(payload)

@@ -221,7 +221,7 @@ class Pipeline:
         t3 = time.perf_counter()
         batch = self.ofu.process(batch)  # type: ignore[attr-defined]
         t4 = time.perf_counter()
-        payload = metrics_payload(batch.points, batch.passthrough)
+        payload = metrics_payload(batch.points_and_rows(), batch.passthrough)  # as the otlp exporters do
         t5 = time.perf_counter()
         for stage, dt in zip(self.stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             self.stages[stage] += dt

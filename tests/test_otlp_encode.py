@@ -180,3 +180,52 @@ def test_a_template_follows_a_change_of_the_metric_registry(monkeypatch):
     assert encoded == reference(points).SerializeToString()
     assert ExportMetricsServiceRequest.FromString(encoded).resource_metrics[0].scope_metrics[0].metrics[0] \
         .description == "changed"
+
+
+# --- PointRows (a GPU window's points as a layout and values): written as their points would be ---------
+
+
+def _row(resource, t: int, values: list[float], names=("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.loss", "gpu.ofu.loss")):
+    from otel_ofu.core.model import PointLayout, PointRow
+
+    parts = [attrs({"ofu.loss.part": part}) for part in ("engine_idle", "clock")]
+    layout = PointLayout(tuple((name, "1", parts.pop(0) if name == "gpu.ofu.loss" else ()) for name in names))
+    return PointRow(layout, resource, t, values)
+
+
+def test_rows_are_written_as_their_points_beside_plain_points_of_any_resource():
+    """A row alone on its resource comes from its template; a row whose resource other points (or another
+    row) share, one of time 0 and one whose metric's points lie apart are written through its points:
+    every request equals protobuf's from the points the rows stand for, in their order."""
+    from otel_ofu.core.model import Batch
+
+    gpu_a = attrs({"host.name": "n", "hw.id": "GPU-A"})
+    gpu_b = attrs({"host.name": "n", "hw.id": "GPU-B"})
+    gpu_c = attrs({"host.name": "n", "hw.id": "GPU-C", "gpu.index": 2})
+    for t in (T0, T0 + 10, T0 + 20):  # again: from the kept templates
+        items = [
+            MetricPoint("gpu.ofu", 0.1, t, gpu_b, (), "1"),
+            _row(gpu_a, t, [0.4, 0.5, 0.3, 0.2]),
+            _row(gpu_b, t, [0.6, 0.7, 0.1, 0.2]),  # shares gpu_b with the point before it
+            _row(gpu_c, t, [0.1, 0.2, 0.3, 0.4]),
+            _row(gpu_c, t + 1, [0.5, 0.6, 0.7, 0.8]),  # gpu_c again
+            _row(attrs({"hw.id": "GPU-D"}), 0, [1.0, 2.0, 3.0, 4.0]),  # no time: not a plain gauge point
+            _row(attrs({"hw.id": "GPU-E"}), t, [1.0, 2.0, 3.0], ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu")),  # apart
+            _row(attrs({"hw.id": "GPU-F"}), t, [0.25, 0.5, 0.75, 1]),  # an int value, as float() makes it
+        ]
+        batch = Batch.with_rows([], list(items), [], [])
+        expected_points = [p for item in items for p in (item.points() if hasattr(item, "layout") else [item])]
+        assert batch.point_count() == len(expected_points) == len(batch)
+        body = otlp.encode_request(batch.points_and_rows())
+        assert ExportMetricsServiceRequest.FromString(body) == reference(expected_points)
+        assert batch.points == expected_points  # made when first read, in order
+        assert otlp.encode_request(batch.points) == body
+
+
+def test_a_batchs_points_set_replace_its_rows():
+    from otel_ofu.core.model import Batch
+
+    batch = Batch.with_rows([], [_row(attrs({"hw.id": "GPU-A"}), T0, [0.4, 0.5, 0.3, 0.2])], [], [])
+    point = MetricPoint("gpu.ofu", 0.1, T0, (), (), "1")
+    batch.points = [point]
+    assert batch.points == [point] and batch.points_and_rows() == [point] and len(batch) == 1

@@ -415,9 +415,10 @@ def _ofu_processor():
 def _stage_requests(bodies: list[bytes], shapes: bool) -> tuple[list[ExportMetricsServiceRequest], int]:
     """Each request through the processing stage, as the request its otlp exporter sends (parsed), and how
     many requests were parsed. ``shapes``: as the stage runs (the receiver's split_wire with scrape shapes
-    learned as it goes, the ofu processor, the encoder's templates); else the protobuf walk: each request
-    parsed and split through protobuf objects, its points built message by message with protobuf
-    (tests/test_otlp_encode.py's reference encoder), the pass-through appended as protobuf parses it."""
+    learned as it goes, the ofu processor, the encoder's templates of its PointRows); else the protobuf walk:
+    each request parsed and split through protobuf objects, its points (the rows' made) built message by
+    message with protobuf (tests/test_otlp_encode.py's reference encoder), the pass-through appended as
+    protobuf parses it."""
     from otel_ofu.core.model import Batch
     from otel_ofu.otlp.codec import passthrough_messages
     from otel_ofu.otlp.payload import metrics_payload
@@ -442,8 +443,8 @@ def _stage_requests(bodies: list[bytes], shapes: bool) -> tuple[list[ExportMetri
         for body in bodies:
             found = _split(body, receiver=shapes)
             batch = ofu.process(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
-            if shapes:
-                payload = metrics_payload(batch.points, batch.passthrough)
+            if shapes:  # as the otlp exporter sends it: the ofu processor's rows written from their templates
+                payload = metrics_payload(batch.points_and_rows(), batch.passthrough)
                 out.append(ExportMetricsServiceRequest.FromString(payload[0]) if payload else None)
             else:
                 request = reference(batch.points)

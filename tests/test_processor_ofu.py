@@ -304,3 +304,26 @@ def test_a_gpus_calibration_follows_its_max_clock_reading_exactly(readings):
         fresh = [repr(replace(p, value=0, start_time_unix_nano=0) if p.name == "gpu.ofu.dropped" else p)
                  for p in processor().process(Batch(samples=[s])).points]
         assert got == fresh, max_clock
+
+
+@settings(max_examples=150, deadline=None)
+@given(gpu_windows(), st.sampled_from([{}, {"reference_clocks": {"*": 1600}}, {"emit_inputs": False},
+                                       {"loss": {"enabled": False}}]),
+       st.lists(st.sampled_from([None, 0.2, 0.7, 1.0, float("nan")]), min_size=3, max_size=3))
+def test_what_the_otlp_exporter_writes_of_the_gpus_rows_is_their_points(samples, cfg, ratios):
+    """The processor hands on each GPU window as a PointRow (its points where gpu.ofu has a start time, and
+    for a drop): the request the otlp exporters write from the rows equals protobuf's of the points they
+    stand for, batch after batch (the templates kept), whatever the window's layout (MIG share, FLOP/s,
+    loss parts, inputs present or not, drops, job changes)."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_ofu.otlp.payload import metrics_payload
+    from tests.test_otlp_encode import reference
+
+    gr, sm, dram = ratios
+    proc = processor(**cfg)
+    for _ in range(2):
+        batch = proc.process(Batch(samples=[replace(s, gr_active=gr, sm_active=sm, dram_active=dram) for s in samples]))
+        body, count = metrics_payload(batch.points_and_rows())
+        assert count == len(batch.points)
+        assert ExportMetricsServiceRequest.FromString(body) == reference(batch.points)

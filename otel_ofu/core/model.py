@@ -158,16 +158,105 @@ class Event:
 
 
 @dataclass(slots=True)
-class Batch:
-    """What one receiver hands to a pipeline in one call."""
+class PointLayout:
+    """What a resource's points of one time share but their values: each point's metric name, unit and
+    attribute set, in order. Made once per kind of GPU window (the ofu processor keeps them) and shared."""
 
-    samples: list[GpuSample] = field(default_factory=list)
-    points: list[MetricPoint] = field(default_factory=list)
-    passthrough: list[Any] = field(default_factory=list)  # opaque, e.g. OTLP ResourceMetrics
-    events: list[Event] = field(default_factory=list)
+    points: tuple[tuple[str, str, Attributes], ...]  # (name, unit, attributes) per point
+
+
+@dataclass(slots=True)
+class PointRow:
+    """One resource's gauge points of one time (no start time) as a layout and the values in its order.
+
+    Why: a GPU's window is a dozen points that differ from the previous window's only in their
+    time and values. Made as one object instead of a dozen, and written by the OTLP encoder
+    straight from a template of its layout; :meth:`points` makes the MetricPoints for every
+    consumer that reads points (``Batch.points`` does, when first read).
+    """
+
+    layout: PointLayout
+    resource: Attributes
+    time_unix_nano: int
+    values: list[float]
+
+    def points(self) -> list[MetricPoint]:
+        t, resource = self.time_unix_nano, self.resource
+        return [MetricPoint(name, value, t, resource, attributes, unit)
+                for (name, unit, attributes), value in zip(self.layout.points, self.values)]
 
     def __len__(self) -> int:
-        return len(self.samples) + len(self.points) + len(self.passthrough) + len(self.events)
+        return len(self.values)
+
+
+class Batch:
+    """What one receiver hands to a pipeline in one call.
+
+    ``points`` is a list of MetricPoints. A processor may hand on points in rows
+    (:meth:`with_rows`: MetricPoints and :class:`PointRow`s mixed, in order): they become
+    MetricPoints, in the same order, when ``points`` is first read, so a consumer that only
+    serializes them (the OTLP exporters, :meth:`points_and_rows`) never builds them.
+    """
+
+    __slots__ = ("samples", "_points", "passthrough", "events", "_rows")
+
+    def __init__(self, samples: list[GpuSample] | None = None, points: list[MetricPoint] | None = None,
+                 passthrough: list[Any] | None = None, events: list[Event] | None = None):
+        self.samples = [] if samples is None else samples
+        self._points: list = [] if points is None else points
+        self.passthrough = [] if passthrough is None else passthrough  # opaque, e.g. OTLP ResourceMetrics
+        self.events = [] if events is None else events
+        self._rows = False  # whether _points holds PointRows
+
+    @classmethod
+    def with_rows(cls, samples: list[GpuSample], points_and_rows: list[MetricPoint | PointRow],
+                  passthrough: list[Any], events: list[Event]) -> Batch:
+        batch = cls(samples, points_and_rows, passthrough, events)
+        batch._rows = True
+        return batch
+
+    @property
+    def points(self) -> list[MetricPoint]:
+        if self._rows:
+            expanded: list[MetricPoint] = []
+            for item in self._points:
+                if type(item) is PointRow:
+                    expanded += item.points()
+                else:
+                    expanded.append(item)
+            self._points = expanded
+            self._rows = False
+        return self._points
+
+    @points.setter
+    def points(self, points: list[MetricPoint]) -> None:
+        self._points = points
+        self._rows = False
+
+    def points_and_rows(self) -> list[MetricPoint | PointRow]:
+        """The points as held: MetricPoints and PointRows, in order (nothing is made)."""
+        return self._points
+
+    def point_count(self) -> int:
+        """How many points ``points`` holds, without making them."""
+        if not self._rows:
+            return len(self._points)
+        return sum(len(item) if type(item) is PointRow else 1 for item in self._points)
+
+    def __len__(self) -> int:
+        return len(self.samples) + self.point_count() + len(self.passthrough) + len(self.events)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Batch):
+            return NotImplemented
+        return (self.samples, self.points, self.passthrough, self.events) == (
+            other.samples, other.points, other.passthrough, other.events)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it was
+
+    def __repr__(self) -> str:
+        return (f"Batch(samples={self.samples!r}, points={self.points!r}, passthrough={self.passthrough!r}, "
+                f"events={self.events!r})")
 
 
 def attribute_of(point: MetricPoint | Event, key: str) -> Any:

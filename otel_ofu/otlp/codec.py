@@ -26,7 +26,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import __version__
 from otel_ofu.core.metrics import METRICS, MetricInfo
-from otel_ofu.core.model import Attributes, Event, MetricPoint
+from otel_ofu.core.model import Attributes, Event, MetricPoint, PointRow
 from otel_ofu.pipeline.caches import Cache, on_release
 
 SCOPE_NAME = "otel-ofu"
@@ -76,6 +76,7 @@ def attributes_of(key_values: Iterable[KeyValue]) -> Attributes:
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _TIME_VALUE = struct.Struct("<BQBd")  # NumberDataPoint time_unix_nano and as_double, with their tags
+_TIME_TAGGED = struct.Struct("<QB")  # a time and the next field's tag (as_double's)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PAIR_CACHE_SIZE = 16384  # distinct (key, value) attribute pairs kept encoded
 
@@ -340,23 +341,91 @@ def _packer(fmt: str) -> struct.Struct:
     return found if found is not None else _packers.put(fmt, struct.Struct(fmt))
 
 
-def encode_request(points: Iterable[MetricPoint]) -> bytes:
-    """:func:`to_request`'s message, serialized: one ResourceMetrics per resource, a Metric per name."""
-    by_resource: dict[Attributes, list[MetricPoint]] = {}
+# --- A PointRow (a GPU's points of one window), written from a template of its layout --------------
+#
+# The same bytes as its points through _plain_resource_metrics (the template is built from them),
+# without making them: kept per resource object and layout object (each held by the template, so
+# neither id is reused while it lives); the row's time and values go into a copy of the template's
+# argument list by two slice assignments and one struct call.
+
+_row_templates: Cache = Cache("otlp row templates", _TEMPLATE_CACHE_SIZE)  # (id, id) -> _RowTemplate
+
+
+class _RowTemplate:
+    __slots__ = ("resource", "layout", "revision", "packer", "args", "times")
+
+    def __init__(self, resource: Attributes, layout: object, template: _PlainTemplate):
+        self.resource = resource
+        self.layout = layout
+        self.revision = template.revision
+        tails = template.tails
+        # The plain template's format with each point's time and the value's tag as one 9-byte
+        # piece: the row's points share their time, so it is packed once.
+        self.packer = _packer("<" + f"{len(template.head)}s" + "".join(f"9sd{len(tail)}s" for tail in tails))
+        args: list[Any] = [template.head]
+        for tail in tails:
+            args += (b"", 0.0, tail)
+        self.args = args  # the packer's arguments with each point's time and value left to fill in
+        self.times = len(tails)
+
+
+def _row_resource_metrics(row: PointRow, scope: bytes) -> bytes | None:
+    """The ResourceMetrics field of a row alone on its resource; None: its points are not plain (no time)."""
+    resource, layout = row.resource, row.layout
+    key = (id(resource), id(layout))
+    template = _row_templates.get(key)
+    if template is None or template.resource is not resource or template.layout is not layout \
+            or template.revision != METRICS.revision:
+        points = row.points()
+        metrics: dict[str, list[MetricPoint]] = {}
+        last = None
+        for point in points:
+            if point.name != last:
+                if point.name in metrics:
+                    return None  # a metric's points apart
+                last = point.name
+                metrics[last] = []
+            metrics[last].append(point)
+        plain = _plain_template(resource, metrics, scope)
+        if plain is None:
+            return None
+        template = _row_templates.put(key, _RowTemplate(resource, layout, plain))
+    args = template.args.copy()
+    args[1::3] = [_TIME_TAGGED.pack(row.time_unix_nano, 0x21)] * template.times
+    args[2::3] = row.values
+    return template.packer.pack(*args)
+
+
+def encode_request(points: Iterable[MetricPoint | PointRow]) -> bytes:
+    """:func:`to_request`'s message, serialized: one ResourceMetrics per resource, a Metric per name.
+
+    ``points`` may hold :class:`PointRow`s (``Batch.points_and_rows``): each is its points, in place.
+    """
+    by_resource: dict[Attributes, list] = {}
     last_resource: Attributes | None = None
-    group: list[MetricPoint] = []
+    group: list = []
+    rows = False
     for point in points:
         resource = point.resource
         if resource is not last_resource:  # a sample's points are adjacent and share one tuple: hash it once
             group = by_resource.setdefault(resource, [])
             last_resource = resource
         group.append(point)
+        if type(point) is PointRow:
+            rows = True
     scope = _scope_bytes(__version__)
     point_attributes: dict[int, tuple[Attributes, bytes]] = {}  # id(attributes) -> encoded, for this call
     prefixes: dict[tuple[str, str, int], bytes] = {}  # _gauge_prefix, for this call
     pack = _TIME_VALUE.pack
     out = []
     for resource, resource_points in by_resource.items():
+        if rows:
+            if len(resource_points) == 1 and type(resource_points[0]) is PointRow:
+                plain = _row_resource_metrics(resource_points[0], scope)
+                if plain is not None:
+                    out.append(plain)
+                    continue
+            resource_points = _expanded(resource_points)
         plain = _plain_resource_metrics(resource, resource_points, scope)
         if plain is not None:
             out.append(plain)
@@ -391,6 +460,17 @@ def encode_request(points: Iterable[MetricPoint]) -> bytes:
         rm = _resource_field(resource) + _len_field(b"\x12", b"".join(parts))
         out.append(_len_field(b"\x0a", rm))
     return b"".join(out)
+
+
+def _expanded(items: list[MetricPoint | PointRow]) -> list[MetricPoint]:
+    """Points and rows as points, in order."""
+    out: list[MetricPoint] = []
+    for item in items:
+        if type(item) is PointRow:
+            out += item.points()
+        else:
+            out.append(item)  # type: ignore[arg-type]
+    return out
 
 
 def to_request(points: Iterable[MetricPoint]) -> ExportMetricsServiceRequest:

@@ -73,7 +73,7 @@ class OtlpExporter(Exporter):
 
         if self.delivery is None:
             raise RuntimeError(f"{self.context.component_id} used before start() or after shutdown()")
-        metrics = metrics_payload(batch.points, batch.passthrough)
+        metrics = metrics_payload(batch.points_and_rows(), batch.passthrough)  # rows unmade
         if metrics is not None:
             self.delivery.submit("metrics", *metrics)
         if self._send_logs:

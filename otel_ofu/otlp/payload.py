@@ -15,13 +15,15 @@ from typing import Any
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics as PbResourceMetrics
 
-from otel_ofu.core.model import Event, MetricPoint
+from otel_ofu.core.model import Event, MetricPoint, PointRow
 from otel_ofu.otlp import codec as otlp
 
 
-def metrics_payload(points: Sequence[MetricPoint], passthrough: Iterable[object] = ()) -> tuple[bytes, int] | None:
+def metrics_payload(points: Sequence[MetricPoint | PointRow], passthrough: Iterable[object] = ()
+                    ) -> tuple[bytes, int] | None:
     """A serialized ExportMetricsServiceRequest and its data point count; None when empty.
 
+    ``points`` may hold PointRows (``Batch.points_and_rows()``), written without making their points.
     Pass-through ResourceMetrics are appended as they are (after the points' own).
     """
     forwarded = otlp.forwarded_resource_metrics(passthrough)
@@ -30,7 +32,8 @@ def metrics_payload(points: Sequence[MetricPoint], passthrough: Iterable[object]
     body = otlp.encode_request(points)
     if forwarded:
         body = b"".join([body, *(wire for wire, _ in forwarded)])
-    return body, len(points) + sum(count for _, count in forwarded)
+    count = sum([len(item.values) if type(item) is PointRow else 1 for item in points])  # type: ignore[union-attr]
+    return body, count + sum(count for _, count in forwarded)
 
 
 def logs_payload(events: Sequence[Event]) -> tuple[bytes, int] | None:

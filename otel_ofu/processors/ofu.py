@@ -45,6 +45,8 @@ from otel_ofu.core.model import (
     GpuKey,
     GpuSample,
     MetricPoint,
+    PointLayout,
+    PointRow,
     attrs,
     gpu_key,
 )
@@ -101,6 +103,11 @@ _INPUT_FIELDS: dict[str, tuple[str, float]] = {
     "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
     "gpu.graphics_engine.activity": ("gr_active", 1.0), "gpu.dram.activity": ("dram_active", 1.0),
 }
+# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them.
+_INPUT_POINTS: tuple[tuple[str, str], ...] = (
+    ("gpu.tensor.activity", RATIO), ("gpu.sm.clock.frequency", "Hz"), ("gpu.sm.clock.max", "Hz"),
+    ("gpu.power.usage", "W"), ("gpu.clock.event_reasons", "{bitmask}"), ("gpu.sm.activity", RATIO),
+    ("gpu.graphics_engine.activity", RATIO), ("gpu.dram.activity", RATIO))
 _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
 
@@ -220,8 +227,13 @@ class OfuProcessor(Processor):
             elif samples:
                 samples = self._not_computed_elsewhere(points, samples)
         for sample in samples:
-            points += self.sample_points(sample)
-        return Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
+            out = self._sample_output(sample)
+            if type(out) is PointRow:
+                points.append(out)  # type: ignore[arg-type]
+            else:
+                points += out  # type: ignore[arg-type]
+        # A GPU's window as one PointRow: made into points only for a consumer that reads them (core/model.py).
+        return Batch.with_rows(batch.samples, points, batch.passthrough, batch.events)
 
     # --- OFU that arrives computed -----------------------------------------------------------
 
@@ -290,6 +302,13 @@ class OfuProcessor(Processor):
                          resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra)
 
     def sample_points(self, sample: GpuSample) -> list[MetricPoint]:
+        """The points of one GPU sample: its OFU (or its drop counter), loss account and inputs."""
+        out = self._sample_output(sample)
+        return out.points() if type(out) is PointRow else out  # type: ignore[union-attr,return-value]
+
+    def _sample_output(self, sample: GpuSample) -> PointRow | list[MetricPoint]:
+        """The sample's points: a PointRow (nearly always), or MetricPoints (a drop counter, or a gpu.ofu with
+        a start time: neither is a plain gauge point)."""
         cfg = self.config
         precision = specs.normalize_precision(sample.precision)
         job = sample.job_id or UNKNOWN_JOB
@@ -311,53 +330,79 @@ class OfuProcessor(Processor):
             gpu.max_clock = max_clock
         cal: Calibration | None = gpu.calibration  # type: ignore[assignment]
         result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, cfg.tpa_tolerance, share)
-        point_attrs, ofu_attrs_by_fref, loss_attrs = self._point_attributes(sample.attributes)
-        out: list[MetricPoint]
-        if isinstance(result, OfuResult):
-            if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
-                if len(self._warned_models) >= _WARNED_MODELS_SIZE:
-                    self._warned_models.clear()  # model strings come from senders: bounded, at worst warned again
-                self._warned_models.add(sample.model)
-                self.log.warning("GPU model %r is not in the spec table: using its reported max SM clock (%.0f MHz) "
-                                 "as f_ref; points carry %s=%s. Add it under reference_clocks to fix.",
-                                 sample.model, result.fref_mhz, FREF_SOURCE, FREF_MAX_CLOCK)
-            ofu_attrs = ofu_attrs_by_fref.get(result.fref_source)
-            if ofu_attrs is None:
-                ofu_attrs = ofu_attrs_by_fref[result.fref_source] = attrs(
-                    {**sample.attributes, FREF_SOURCE: result.fref_source})
-            # Positional arguments: keywords cost as much again per point (a GPU has a dozen per window).
-            out = [
-                MetricPoint("gpu.ofu", result.corrected, t, resource, ofu_attrs, RATIO, False,
-                            self._window_start(sample, gpu, resource)),
-                MetricPoint("gpu.ofu.raw", result.raw, t, resource, ofu_attrs, RATIO),
-                MetricPoint("gpu.ofu.reference_clock", result.fref_mhz * 1e6, t, resource, ofu_attrs, "Hz"),
-            ]
-            if result.achieved_flops is not None:
-                out.append(MetricPoint("gpu.flops.achieved", result.achieved_flops, t, resource, ofu_attrs,
-                                       "{flop}/s"))
-            if gpu.mig:
-                # What the recording rules weigh the instance by: its fraction of the physical GPU.
-                out.append(MetricPoint("gpu.mig.share", share, t, resource, ofu_attrs, RATIO))
-            if cfg.loss.enabled:
-                names, shares, memory, clock = loss_shares(
-                    result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
-                    sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
-                key = (names, memory, clock)
-                part_attrs = loss_attrs.get(key)
-                if part_attrs is None:
-                    part_attrs = loss_attrs[key] = tuple(
-                        attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
-                        for part, cause in zip(names, causes_of(names, memory, clock)))
-                out += [MetricPoint("gpu.ofu.loss", part, t, resource, part_attributes, RATIO)
-                        for part, part_attributes in zip(shares, part_attrs)]
-        else:
+        point_attrs, ofu_attrs_by_fref, loss_attrs, layouts = self._point_attributes(sample.attributes)
+        if not isinstance(result, OfuResult):
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
             out = [self._drop(sample, result, resource, t)]
+            if cfg.emit_inputs:
+                inputs: list[float] = []
+                present = self._input_values(sample, result, inputs)
+                out += [MetricPoint(name, value, t, resource, point_attrs, unit) for (name, unit), value
+                        in zip([item for k, item in enumerate(_INPUT_POINTS) if present >> k & 1], inputs)]
+            return out
 
-        if cfg.emit_inputs:
-            out += self._input_points(sample, resource, point_attrs, t, result)
-        return out
+        if result.fref_source == FREF_MAX_CLOCK and sample.model not in self._warned_models:
+            if len(self._warned_models) >= _WARNED_MODELS_SIZE:
+                self._warned_models.clear()  # model strings come from senders: bounded, at worst warned again
+            self._warned_models.add(sample.model)
+            self.log.warning("GPU model %r is not in the spec table: using its reported max SM clock (%.0f MHz) "
+                             "as f_ref; points carry %s=%s. Add it under reference_clocks to fix.",
+                             sample.model, result.fref_mhz, FREF_SOURCE, FREF_MAX_CLOCK)
+        # The values in the layout's order: gpu.ofu, gpu.ofu.raw, the reference clock, FLOP/s (when
+        # known), the MIG share (an instance), the loss account's parts, the inputs present.
+        values = [result.corrected, result.raw, result.fref_mhz * 1e6]
+        flops = result.achieved_flops
+        if flops is not None:
+            values.append(flops)
+        if gpu.mig:
+            values.append(share)  # type: ignore[arg-type]
+        loss = None
+        if cfg.loss.enabled:
+            names, shares, memory, clock = loss_shares(
+                result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
+                sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
+            loss = (names, memory, clock)
+            values += shares
+        present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
+        layout_key = (result.fref_source, flops is not None, gpu.mig, loss, present)
+        layout = layouts.get(layout_key)
+        if layout is None:
+            layout = layouts[layout_key] = self._layout(sample, layout_key, ofu_attrs_by_fref, loss_attrs,
+                                                        point_attrs)
+        row = PointRow(layout, resource, t, values)
+        start = self._window_start(sample, gpu, resource)
+        if not start:
+            return row
+        points = row.points()
+        points[0].start_time_unix_nano = start  # gpu.ofu's window start (see _window_start)
+        return points
+
+    @staticmethod
+    def _layout(sample: GpuSample, key: tuple, ofu_attrs_by_fref: dict[str, Attributes],
+                loss_attrs: dict[tuple, tuple[Attributes, ...]], point_attrs: Attributes) -> PointLayout:
+        """The names, units and attributes of a GPU window's points (see :meth:`_sample_output`), for its key."""
+        fref_source, flops, mig, loss, present = key
+        ofu_attrs = ofu_attrs_by_fref.get(fref_source)
+        if ofu_attrs is None:
+            ofu_attrs = ofu_attrs_by_fref[fref_source] = attrs({**sample.attributes, FREF_SOURCE: fref_source})
+        points = [("gpu.ofu", RATIO, ofu_attrs), ("gpu.ofu.raw", RATIO, ofu_attrs),
+                  ("gpu.ofu.reference_clock", "Hz", ofu_attrs)]
+        if flops:
+            points.append(("gpu.flops.achieved", "{flop}/s", ofu_attrs))
+        if mig:
+            # What the recording rules weigh the instance by: its fraction of the physical GPU.
+            points.append(("gpu.mig.share", RATIO, ofu_attrs))
+        if loss is not None:
+            part_attrs = loss_attrs.get(loss)
+            if part_attrs is None:
+                names, memory, clock = loss
+                part_attrs = loss_attrs[loss] = tuple(
+                    attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
+                    for part, cause in zip(names, causes_of(names, memory, clock)))
+            points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
+        points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
+        return PointLayout(tuple(points))
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
         """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
@@ -431,9 +476,9 @@ class OfuProcessor(Processor):
         return found[0]
 
     def _point_attributes(self, extra: dict) -> tuple[Attributes, dict[str, Attributes],
-                                                      dict[tuple, tuple[Attributes, ...]]]:
-        """The inputs' point attributes, the OFU points' (by f_ref source) and the loss points' (by layout
-        and causes: one per part), shared by many GPUs.
+                                                      dict[tuple, tuple[Attributes, ...]], dict[tuple, PointLayout]]:
+        """The inputs' point attributes, the OFU points' (by f_ref source), the loss points' (by layout
+        and causes: one per part) and the layouts of the GPU windows' points, shared by many GPUs.
 
         Why: GPUs with the same extra attributes (usually none) carry the same attribute sets;
         one tuple object for all of them is sorted once and lets the exporter encode it once per
@@ -455,7 +500,8 @@ class OfuProcessor(Processor):
             cached = self._attributes_cache.get(key)
             if cached is not None:
                 return cached
-        entry: tuple[Attributes, dict[str, Attributes], dict[tuple, tuple[Attributes, ...]]] = (attrs(extra), {}, {})
+        entry: tuple[Attributes, dict[str, Attributes], dict[tuple, tuple[Attributes, ...]],
+                     dict[tuple, PointLayout]] = (attrs(extra), {}, {}, {})
         if key is not None:
             self._attributes_cache.put(key, entry)
         return entry
@@ -488,46 +534,55 @@ class OfuProcessor(Processor):
             del self._dropped[key]
         self._next_sweep = now + _SWEEP_INTERVAL_S
 
-    def _input_points(self, sample: GpuSample, resource: Attributes, point_attrs: Attributes, t: int,
-                      result: OfuResult | NoValue) -> list[MetricPoint]:
-        out = []
+    def _input_values(self, sample: GpuSample, result: OfuResult | NoValue, values: list[float]) -> int:
+        """The inputs re-emitted, cleaned, appended to ``values`` in :data:`_INPUT_POINTS`' order when they
+        have a value; returns which did (bit k: ``_INPUT_POINTS[k]``)."""
         tolerance = self.config.tpa_tolerance
         if isinstance(result, OfuResult):  # TPA and clock already cleaned by compute_ofu, the same way
             tpa, clock = result.tpa, result.sm_clock_mhz
         else:
             tpa, clock = clean_ratio(sample.tensor_active, tolerance)[0], clean_clock(sample.sm_clock_mhz)[0]
+        present = 0
         if tpa is not None:
-            out.append(MetricPoint("gpu.tensor.activity", tpa * 1.0, t, resource, point_attrs, RATIO))
+            values.append(tpa * 1.0)
+            present = 1
         if clock is not None:
-            out.append(MetricPoint("gpu.sm.clock.frequency", clock * 1e6, t, resource, point_attrs, "Hz"))
+            values.append(clock * 1e6)
+            present |= 2
         # The other inputs are often absent (None, which cleans to no value): skip them early.
         if sample.max_sm_clock_mhz is not None:
             value = clean_clock(sample.max_sm_clock_mhz)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.sm.clock.max", value * 1e6, t, resource, point_attrs, "Hz"))
+                values.append(value * 1e6)
+                present |= 4
         if sample.power_w is not None:
             value = clean(sample.power_w)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.power.usage", value * 1.0, t, resource, point_attrs, "W"))
+                values.append(value * 1.0)
+                present |= 8
         if sample.clock_event_reasons is not None:
             value = clean(sample.clock_event_reasons)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.clock.event_reasons", value * 1.0, t, resource, point_attrs, "{bitmask}"))
+                values.append(value * 1.0)
+                present |= 16
         if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
-            return out
+            return present
         if sample.sm_active is not None:
             value = clean_ratio(sample.sm_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.sm.activity", value * 1.0, t, resource, point_attrs, RATIO))
+                values.append(value * 1.0)
+                present |= 32
         if sample.gr_active is not None:
             value = clean_ratio(sample.gr_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.graphics_engine.activity", value * 1.0, t, resource, point_attrs, RATIO))
+                values.append(value * 1.0)
+                present |= 64
         if sample.dram_active is not None:
             value = clean_ratio(sample.dram_active, tolerance)[0]
             if value is not None:
-                out.append(MetricPoint("gpu.dram.activity", value * 1.0, t, resource, point_attrs, RATIO))
-        return out
+                values.append(value * 1.0)
+                present |= 128
+        return present
 
 
 FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples",
