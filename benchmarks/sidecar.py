@@ -11,6 +11,7 @@ run (start-up is reported apart); peak RSS is VmHWM.
     python benchmarks/sidecar.py                 # 60 s
     python benchmarks/sidecar.py --seconds 300 --json
     python benchmarks/sidecar.py --profile       # also a cProfile of the daemon (top functions)
+    python benchmarks/sidecar.py --no-loss       # without the loss account (gpu.ofu.loss): what it costs
 """
 
 from __future__ import annotations
@@ -98,13 +99,15 @@ def otlp_exporter_registered() -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def daemon_config(gpus: int, port: int | None, consumers: int | None = None) -> str:
-    """The node daemon's YAML: sim at real rates -> ofu -> otlp (or file to /dev/null)."""
+def daemon_config(gpus: int, port: int | None, consumers: int | None = None, loss: bool = True) -> str:
+    """The node daemon's YAML: sim at real rates -> ofu -> otlp (or file to /dev/null); ``loss=False``:
+    the ofu processor without its loss account (``loss.enabled: false``), to measure what it costs."""
     exporter = (f"  otlp:\n    endpoint: http://127.0.0.1:{port}\n" if port is not None
                 else "  file:\n    path: /dev/null\n")
     if port is not None and consumers is not None:
         exporter += f"    sending_queue:\n      num_consumers: {consumers}\n"
     name = "otlp" if port is not None else "file"
+    ofu = "{}" if loss else "{loss: {enabled: false}}"
     return f"""receivers:
   sim:
     nodes: 1
@@ -113,7 +116,7 @@ def daemon_config(gpus: int, port: int | None, consumers: int | None = None) -> 
     collection_interval: 10s
     clock_sample_interval: 1s
 processors:
-  ofu: {{}}
+  ofu: {ofu}
 exporters:
 {exporter}service:
   pipelines:
@@ -125,13 +128,13 @@ exporters:
 
 
 def measure(seconds: float, warmup: float, gpus: int, use_otlp: bool, profile: str | None,
-            consumers: int | None = None) -> dict:
+            consumers: int | None = None, loss: bool = True) -> dict:
     sink = Sink() if use_otlp else None
     if sink:
         sink.start()
     with tempfile.TemporaryDirectory(prefix="otel-ofu-sidecar-") as tmp:
         config = Path(tmp) / "sidecar.yaml"
-        config.write_text(daemon_config(gpus, sink.port if sink else None, consumers))
+        config.write_text(daemon_config(gpus, sink.port if sink else None, consumers, loss))
         log_path = Path(tmp) / "daemon.log"
         cmd = [sys.executable, "-m", "otel_ofu", "run", "--config", str(config)]
         if profile:
@@ -168,7 +171,7 @@ def measure(seconds: float, warmup: float, gpus: int, use_otlp: bool, profile: s
     wall = t1 - t0
     per_hour = 3600.0 / wall
     return {
-        "seconds": wall, "gpus": gpus, "exporter": "otlp" if use_otlp else "file:/dev/null",
+        "seconds": wall, "gpus": gpus, "exporter": "otlp" if use_otlp else "file:/dev/null", "loss_account": loss,
         "otlp_queue_consumers": consumers if use_otlp else None,
         "cpu_s_per_hour": (d1 - d0) * per_hour, "peak_rss_mb": d_hwm / 1024,
         "floor_cpu_s_per_hour": (f1 - f0) * per_hour, "floor_peak_rss_mb": f_hwm / 1024,
@@ -191,13 +194,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="otlp sending_queue.num_consumers (default: the exporter's default)")
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile; print top functions")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-loss", action="store_true",
+                        help="the ofu processor without its loss account (loss.enabled: false): what it costs")
     args = parser.parse_args(argv)
     registered, why = otlp_exporter_registered()
     use_otlp = args.exporter == "otlp" or (args.exporter == "auto" and registered)
     profile = None
     if args.profile:
         profile = tempfile.NamedTemporaryFile(prefix="sidecar-", suffix=".prof", delete=False).name
-    out = measure(args.seconds, args.warmup, args.gpus, use_otlp, profile, args.queue_consumers)
+    out = measure(args.seconds, args.warmup, args.gpus, use_otlp, profile, args.queue_consumers, not args.no_loss)
     if args.exporter == "auto" and not use_otlp:
         out["note"] = "otlp exporter not registered in this tree; exported with file to /dev/null" + (
             f" ({why})" if why else "")

@@ -19,6 +19,8 @@ region, so N = 100,000 needs no gigabytes.
     python benchmarks/throughput.py                  # N = 1,000 and 100,000, 2 intervals each (a few minutes)
     python benchmarks/throughput.py --quick --json   # N = 1,000 only, 1 repetition
     python benchmarks/throughput.py --profile        # cProfile the pipeline's last interval on N = 1,000
+    python benchmarks/throughput.py --gpus 1000 --loss-cost   # also without the loss account, alternating
+    python benchmarks/throughput.py --gpus 100000 --no-loss   # without it only (compare with a run with it)
 
 Each size runs ``--intervals`` intervals of the same fleet (the same GPUs and labels, new
 readings, the metrics in a new order each scrape as the Collector's receiver makes them); the
@@ -175,11 +177,14 @@ class Pipeline:
     points_out: int = 0
 
     @classmethod
-    def build(cls) -> Pipeline:
-        """The processors as collector-config/processor-stage.yaml sets them (OFU_SETTINGS), plus attribution."""
+    def build(cls, loss: bool = True) -> Pipeline:
+        """The processors as collector-config/processor-stage.yaml sets them (OFU_SETTINGS), plus attribution;
+        ``loss=False``: without the loss account (the ofu processor's ``loss.enabled: false``)."""
         attribution = ATTRIBUTION.create(build_config(ATTRIBUTION.config_type, {"max_jobs": 100_000}),
                                          Context("attribution"))
-        ofu = OFU.create(build_config(OFU.config_type, OFU_SETTINGS), Context("ofu"))
+        settings = OFU_SETTINGS if loss else {**OFU_SETTINGS, "loss": {**OFU_SETTINGS.get("loss", {}),
+                                                                         "enabled": False}}
+        ofu = OFU.create(build_config(OFU.config_type, settings), Context("ofu"))
         return cls(attribution, ofu)
 
     @staticmethod
@@ -237,13 +242,18 @@ def floor(body: bytes) -> float:
     return time.perf_counter() - t0
 
 
-def measure(gpus: int, reps: int, seed: int, intervals: int = 2) -> dict:
+def measure(gpus: int, reps: int, seed: int, intervals: int = 2, loss_cost: bool = False, loss: bool = True) -> dict:
     """``intervals`` intervals of the fleet through one pipeline; per request ``reps`` alternating
     floor/pipeline runs, the median of each. The headline figures are the last interval's: one
     core keeping up is about the steady state, when the pipeline has seen the fleet before; the
     first interval (everything new: labels, identities, resources) is reported beside them.
+    ``loss_cost``: a second pipeline without the loss account runs in the same alternation, on the
+    same requests, so the two rates are measured back to back on the same machine state. The two
+    share the encoder's caches (by resource and point count), which hold one 100,000-GPU fleet: at
+    that size compare two runs, one with ``loss=False``, instead.
     """
-    pipeline = Pipeline.build()
+    pipeline = Pipeline.build(loss)
+    plain = Pipeline.build(loss=False) if loss_cost else None
     problems: list[str] = []
     generate = 0.0
     runs = []
@@ -251,17 +261,22 @@ def measure(gpus: int, reps: int, seed: int, intervals: int = 2) -> dict:
         points = requests_n = samples = points_out = 0
         ofu_times: list[float] = []
         floor_times: list[float] = []
+        plain_times: list[float] = []
         stages = dict(pipeline.stages)
         t_gen = time.perf_counter()
         for body, n in requests_for(gpus, seed, interval):
             generate += time.perf_counter() - t_gen
             if interval == 0 and requests_n == 0:
                 problems = Pipeline.build().check(body)
-            f, o = [], []
+            f, o, w = [], [], []
             before = pipeline.samples, pipeline.points_out
             for _ in range(reps):
                 f.append(floor(body))
                 o.append(pipeline.run(body))
+                if plain is not None:
+                    w.append(plain.run(body))
+            if w:
+                plain_times.append(statistics.median(w))
             samples += (pipeline.samples - before[0]) // reps
             points_out += (pipeline.points_out - before[1]) // reps
             floor_times.append(statistics.median(f))
@@ -270,14 +285,15 @@ def measure(gpus: int, reps: int, seed: int, intervals: int = 2) -> dict:
             requests_n += 1
             t_gen = time.perf_counter()
         ofu_total, floor_total = sum(ofu_times), sum(floor_times)
-        runs.append({"ofu_s": ofu_total, "floor_s": floor_total, "points": points, "requests": requests_n,
+        runs.append({"ofu_s": ofu_total, "floor_s": floor_total, "plain_s": sum(plain_times), "points": points,
+                     "requests": requests_n,
                      "samples": samples, "points_out": points_out,
                      "stage_share": {k: (v - stages[k]) / reps / ofu_total for k, v in pipeline.stages.items()}})
     last, first = runs[-1], runs[0]
     ofu_total, floor_total, points = last["ofu_s"], last["floor_s"], last["points"]
     ofu_rate, floor_rate = points / ofu_total, points / floor_total
     return {
-        "gpus": gpus, "intervals": intervals, "requests": last["requests"], "points_in": points,
+        "gpus": gpus, "loss_account": loss, "intervals": intervals, "requests": last["requests"], "points_in": points,
         "points_per_request": points / last["requests"], "reps": reps, "ofu_points_per_s": ofu_rate,
         "floor_points_per_s": floor_rate, "ratio": ofu_rate / floor_rate,
         "ofu_s_per_interval": ofu_total, "floor_s_per_interval": floor_total,
@@ -286,6 +302,8 @@ def measure(gpus: int, reps: int, seed: int, intervals: int = 2) -> dict:
         "first_interval_s": first["ofu_s"], "first_interval_ratio": first["floor_s"] / first["ofu_s"],
         "samples_joined": last["samples"], "points_out": last["points_out"],
         "stage_share": last["stage_share"], "generate_s": generate, "output_problems": problems,
+        **({"without_loss_points_per_s": points / last["plain_s"],
+            "loss_cost": 1.0 - last["plain_s"] / ofu_total} if plain is not None else {}),
     }
 
 
@@ -316,13 +334,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="intervals of the same fleet; figures are the last one's (default 2: first sight, steady)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--loss-cost", action="store_true",
+                        help="also run the pipeline without the loss account, alternating on the same requests "
+                             "(up to about 50,000 GPUs: two pipelines fill the encoder's caches twice)")
+    parser.add_argument("--no-loss", action="store_true",
+                        help="the ofu processor without its loss account (loss.enabled: false) only")
     args = parser.parse_args(argv)
     tune_garbage_collection()  # as `otel-ofu run` does
     sizes = args.gpus or ([1000] if args.quick else [1000, 100_000])
     runs = []
     for n in sizes:
         reps = args.reps or (1 if args.quick or n > 10_000 else 5)
-        runs.append(measure(n, reps, args.seed, max(1, args.intervals)))
+        runs.append(measure(n, reps, args.seed, max(1, args.intervals), args.loss_cost, not args.no_loss))
     headline = runs[-1]
     out = {"ofu_points_per_s": headline["ofu_points_per_s"], "floor_points_per_s": headline["floor_points_per_s"],
            "ratio": headline["ratio"], "gpus": headline["gpus"], "ratio_target_met": headline["ratio"] >= 0.5,
@@ -349,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({'keeps up' if r['keeps_up_at_10s'] else 'does NOT keep up'} with N)")
         print("  stages   : " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["stage_share"].items()))
         print(f"  joined {r['samples_joined']:,} GPU samples, {r['points_out']:,} points out")
+        if "loss_cost" in r:
+            print(f"  without the loss account: {r['without_loss_points_per_s']:,.0f} points/s; the loss account "
+                  f"costs {100 * r['loss_cost']:.1f} % of the stage's time")
         for problem in r["output_problems"]:
             print(f"  OUTPUT PROBLEM: {problem}")
     print(f"\ntarget ratio >= 0.5: {'met' if out['ratio_target_met'] else 'MISSED'} ({out['ratio']:.3f})")

@@ -67,6 +67,13 @@ def test_sidecar_short():
     assert out["floor_peak_rss_mb"] > 1
 
 
+def test_sidecar_without_the_loss_account():
+    """--no-loss: the same daemon with the ofu processor's loss account off (what it costs)."""
+    out = run_json("sidecar.py", "--seconds", "2", "--warmup", "2", "--no-loss", timeout=60)
+    assert out["loss_account"] is False and is_number(out["cpu_s_per_hour"])
+    assert run_json("sidecar.py", "--seconds", "1", "--warmup", "1", timeout=60)["loss_account"] is True
+
+
 def test_throughput_tiny():
     out = run_json("throughput.py", "--gpus", "64", "--reps", "1")
     for key in ("ofu_points_per_s", "floor_points_per_s", "ratio"):
@@ -75,6 +82,13 @@ def test_throughput_tiny():
     assert run["gpus"] == 64 and run["samples_joined"] == 64 and run["points_in"] > 64 * 20
     assert run["intervals"] == 2 and is_number(run["first_interval_s"]) and is_number(run["headroom_at_10s"])
     assert out["output_ok"], run["output_problems"]  # the encoded output holds every point produced
+
+
+def test_throughput_measures_what_the_loss_account_costs():
+    out = run_json("throughput.py", "--gpus", "64", "--reps", "1", "--intervals", "1", "--loss-cost")
+    run = out["runs"][0]
+    assert is_number(run["without_loss_points_per_s"]) and run["without_loss_points_per_s"] > 0
+    assert is_number(run["loss_cost"]) and -1 < run["loss_cost"] < 1
 
 
 def test_fleet_tiny(monkeypatch):

@@ -169,6 +169,11 @@ def test_the_parts_and_ofu_add_up_to_one(tpa, clock, fref, correction, gr, sm, d
             assert value >= 0, (name, value)
     assert account.cause(CLOCK) in loss.CLOCK_CAUSES
     assert account.causes == tuple(account.cause(name) for name in names)
+    # the ofu processor's lean path (its shortcut for plain ratios in order included) gives the same account
+    layout, shares, memory, clock_cause = loss.loss_shares(tpa, raw, ofu, gr, sm, dram, reasons)
+    assert layout == tuple(names) and shares == tuple(v for _, v in account.parts)
+    assert clock_cause == account.cause(CLOCK)
+    assert memory == account.cause(next(name for name in names if NON_TENSOR in name.split(MERGE)))
     # a counter with a clean, consistent value is used as a level; one without a value never is
     for counter, value, step_above in (("gr_engine_active", gr, ENGINE_IDLE), ("sm_active", sm, SM_IDLE)):
         used = counter not in dict(account.unused)

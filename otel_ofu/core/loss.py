@@ -259,12 +259,19 @@ def loss_shares(tpa: float, raw: float, ofu: float, gr: object = None, sm: objec
     What :func:`loss_account` returns, without the object and the diagnostics: the ofu processor
     calls this once per GPU window. ``layout`` is one of the module's four tuples of part names.
     """
-    gr_level, sm_level, _, _, _ = _levels(tpa, gr, sm, tolerance)
+    if type(gr) is float and type(sm) is float and 1.0 >= gr >= sm >= tpa and sm >= 0.0:
+        gr_level: float | None = gr  # the usual reading: plain ratios in order, taken as they are
+        sm_level: float | None = sm
+    else:
+        gr_level, sm_level, _, _, _ = _levels(tpa, gr, sm, tolerance)
     if type(reasons) is int and 0 <= reasons < 0x200:
         clock = _CLOCK_CAUSE_TABLE[reasons]
     else:
         clock = UNKNOWN if reasons is None else clock_cause(reasons)
-    memory = memory_cause(dram, tolerance, memory_bound_dram)
+    if type(dram) is float and 0.0 <= dram <= 1.0:
+        memory = MEMORY_BOUND if dram >= memory_bound_dram else NOT_MEMORY_BOUND
+    else:
+        memory = memory_cause(dram, tolerance, memory_bound_dram)
     if gr_level is not None:
         if sm_level is not None:
             return FULL, (1.0 - gr_level, gr_level - sm_level, sm_level - tpa, tpa - raw, raw - ofu), memory, clock
