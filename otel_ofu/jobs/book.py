@@ -21,6 +21,7 @@ per-key structure is bounded or expires (docs/jobs.md, "State").
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -110,6 +111,15 @@ class JobBook:
         self._gpus_seen: set[GpuKey] | None = set() if history else None
         self._ignored = set(config.ignore_jobs)
         self._next_sweep = -math.inf
+        # Which jobs expire() looks at (see there): each host's jobs, the hosts whose clock moved
+        # since, each job's next time to look, and whether every job must be looked at next.
+        self._host_jobs: dict[Any, set[str]] = {}
+        self._hosts_moved: set[Any] = set()
+        self._recheck: list[tuple[float, str]] = []  # a heap of (reference time, job); stale entries skipped
+        self._recheck_at: dict[str, float] = {}
+        self._check_all = True
+        self._job_seq: dict[str, int] = {}  # job -> when it began, in self.jobs' order
+        self._jobs_begun = 0
         self.unattributed = JobTotals()  # GPU windows of no job (idle, shared, ignored)
         self.unattributed_histogram = WeightedHistogram()
         # Every GPU window's loss account, jobs' and no job's (unallocated): the fleet's, since this book began
@@ -191,6 +201,7 @@ class JobBook:
             update.skip("out_of_order", len(late))
             return
         clock = self.clocks.rebase(source, newest, now is not None)
+        self._hosts_moved.add(source)
         for key in clock.gpus:
             series = self._gpu_last.get(key)
             if series is not None:
@@ -215,6 +226,8 @@ class JobBook:
             identity = {JOB_ID: job_id, JOB_RUN: run or None}
             job_resource = tuple(sorted((k, v) for k, v in {**extra, **identity}.items() if v is not None))
             tracker = self.jobs[job] = JobTracker(job_id, self.config, job_resource, run)
+            self._job_seq[job] = self._jobs_begun
+            self._jobs_begun += 1
             if str(attributes.get(HPC_JOB_ID, "")) == job:
                 tracker.aliases = (slurm_job_id(job),)
                 self._aliases[tracker.aliases[0]] = job
@@ -255,6 +268,7 @@ class JobBook:
         start, end = window
         self.newest = max(self.newest, t)
         self.clocks.accepted(source, t, arrival).gpus.add((gpu, job))
+        self._hosts_moved.add(source)
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
         if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
@@ -275,6 +289,10 @@ class JobBook:
                 self.fleet_loss.add_unallocated((end - start) * weight)
                 continue
             tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
+            jobs_of_host = self._host_jobs.get(source)
+            if jobs_of_host is None:
+                jobs_of_host = self._host_jobs[source] = set()
+            jobs_of_host.add(name)
             tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
                                    loss)
             add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
@@ -359,36 +377,82 @@ class JobBook:
         return self._pending_count
 
     def expire(self, update: Update, now: float | None = None) -> None:
-        """End jobs that have ended by their hosts' clocks, or whose hosts all went silent; forget old keys."""
+        """End jobs that have ended by their hosts' clocks, or whose hosts all went silent; forget old keys.
+
+        A job's end depends only on its hosts' clocks, the times its hosts last sent for it and the
+        reference time. So only these jobs are looked at, with the answer of looking at all of them:
+        the jobs of a host whose clock moved since (a batch from it: its data, arrival, a step back),
+        and each job whose next time to look has come (the reference passing one of its hosts'
+        ``arrived + job_timeout`` or ``arrived + silence_timeout``); the jobs of a host the sweep
+        forgot; every job the first time. A batch from one node of a large fleet looks at that node's jobs, not at
+        every job (tests/test_jobs_expire.py compares the two on random fleets).
+        """
         reference = self.newest if now is None else now
-        for job, tracker in list(self.jobs.items()):
-            reason = self._end_reason(tracker, reference)
+        if self._check_all:
+            self._check_all = False
+            self._hosts_moved.clear()
+            self._recheck.clear()
+            self._recheck_at.clear()
+            self._host_jobs = {}
+            for job, tracker in self.jobs.items():
+                for source in tracker.sources:
+                    self._host_jobs.setdefault(source, set()).add(job)
+            candidates: set[str] = set(self.jobs)
+        else:
+            candidates = set()
+            for source in self._hosts_moved:
+                candidates.update(self._host_jobs.get(source, ()))
+            self._hosts_moved.clear()
+            recheck, recheck_at = self._recheck, self._recheck_at
+            while recheck and recheck[0][0] < reference:
+                at, job = heapq.heappop(recheck)
+                if recheck_at.get(job) == at:
+                    candidates.add(job)
+        # In the order the jobs began, as a walk of self.jobs ends them.
+        for job in sorted(candidates, key=self._job_seq.__getitem__) if len(candidates) > 1 else candidates:
+            tracker = self.jobs.get(job)
+            if tracker is None:
+                continue
+            reason, at = self._end_reason(tracker, reference)
             if reason is not None:
                 self._end(job, reason, update)
+            elif self._recheck_at.get(job) != at:  # popped only once the reference is past it
+                self._recheck_at[job] = at
+                if at < math.inf:
+                    heapq.heappush(self._recheck, (at, job))
         if reference >= self._next_sweep:
             self._sweep(reference)
             self._next_sweep = reference + float(self.config.resolution)
 
-    def _end_reason(self, tracker: JobTracker, reference: float) -> str | None:
-        """``timeout`` when a host moved on past the job and none still runs it; ``silent``; else None."""
-        timeout = float(self.config.job_timeout)
+    def _end_reason(self, tracker: JobTracker, reference: float) -> tuple[str | None, float]:
+        """``timeout`` when a host moved on past the job and none still runs it; ``silent``; else None,
+        with the reference time past which the answer may change if no clock moves (inf: never)."""
+        timeout, silence = float(self.config.job_timeout), float(self.config.silence_timeout)
         moved_on = False
         quiet = math.inf  # the shortest silence among its hosts
+        alive = False
+        change = math.inf
         for source, last in tracker.sources.items():
             clock = self.clocks.hosts.get(source)
             if clock is None:  # forgotten: silent for longer than silence_timeout
                 continue
             if clock.data - last > timeout:
                 moved_on = True
-            elif reference - clock.arrived > timeout:
+                continue
+            if reference - clock.arrived > timeout:
                 quiet = min(quiet, reference - clock.arrived)
             else:
-                return None  # this host still runs the job (or its data is still within the timeout)
+                alive = True  # this host still runs the job (or its data is still within the timeout)
+                change = min(change, clock.arrived + timeout)
+            if clock.arrived + silence >= reference:  # a silence not yet long enough
+                change = min(change, clock.arrived + silence)
+        if alive:
+            return None, change
         if moved_on:
-            return "timeout"
-        if quiet > float(self.config.silence_timeout):
-            return "silent"
-        return None
+            return "timeout", change
+        if quiet > silence:
+            return "silent", change
+        return None, change
 
     def _sweep(self, reference: float) -> None:
         """Forget hosts silent past silence_timeout, and GPUs their host's clock has left behind.
@@ -401,6 +465,7 @@ class JobBook:
         for key, clock in list(self.clocks.hosts.items()):
             if reference - clock.arrived > silence:
                 del self.clocks.hosts[key]
+                self._hosts_moved.add(key)  # forgotten: its jobs' answers change (expire looks at them)
                 for gpu in clock.gpus:
                     self._gpu_last.pop(gpu, None)
                 continue
@@ -419,6 +484,14 @@ class JobBook:
 
     def _end(self, job: str, reason: str, update: Update) -> None:
         tracker = self.jobs.pop(job)
+        self._job_seq.pop(job, None)
+        self._recheck_at.pop(job, None)
+        for source in tracker.sources:
+            jobs_of_host = self._host_jobs.get(source)
+            if jobs_of_host is not None:
+                jobs_of_host.discard(job)
+                if not jobs_of_host:
+                    del self._host_jobs[source]
         self._mfu_last.pop(job, None)
         for alias in tracker.aliases:
             self._aliases.pop(alias, None)
