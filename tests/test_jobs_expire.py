@@ -94,3 +94,12 @@ def test_a_batch_looks_at_its_hosts_jobs_not_at_every_job():
     book._end_reason = lambda tracker, reference: (looked.append(tracker.job_id), original(tracker, reference))[1]
     book.observe([point(7, 0, "job-7", T0 + 10)], T0 + 10)
     assert looked == ["job-7"]
+
+
+def test_the_looks_scheduled_stay_about_one_per_job():
+    """A host sending every 10 s moves its jobs' next time to look each time: one entry each, not one per batch."""
+    book = JobBook(build_config(JobsConfig, CONFIG))
+    for k in range(50):
+        book.observe([point(h, 0, f"job-{h}", T0 + 10 * k) for h in range(20)], T0 + 10 * k)
+    assert len(book.jobs) == 20
+    assert len(book._recheck) <= 2 * len(book.jobs)

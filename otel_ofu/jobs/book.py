@@ -384,8 +384,8 @@ class JobBook:
         the jobs of a host whose clock moved since (a batch from it: its data, arrival, a step back),
         and each job whose next time to look has come (the reference passing one of its hosts'
         ``arrived + job_timeout`` or ``arrived + silence_timeout``); the jobs of a host the sweep
-        forgot; every job the first time. A batch from one node of a large fleet looks at that node's jobs, not at
-        every job (tests/test_jobs_expire.py compares the two on random fleets).
+        forgot; every job the first time. A batch from one node of a large fleet looks at that
+        node's jobs, not at every job (tests/test_jobs_expire.py compares the two on random fleets).
         """
         reference = self.newest if now is None else now
         if self._check_all:
@@ -407,6 +407,7 @@ class JobBook:
             while recheck and recheck[0][0] < reference:
                 at, job = heapq.heappop(recheck)
                 if recheck_at.get(job) == at:
+                    del recheck_at[job]
                     candidates.add(job)
         # In the order the jobs began, as a walk of self.jobs ends them.
         for job in sorted(candidates, key=self._job_seq.__getitem__) if len(candidates) > 1 else candidates:
@@ -416,10 +417,11 @@ class JobBook:
             reason, at = self._end_reason(tracker, reference)
             if reason is not None:
                 self._end(job, reason, update)
-            elif self._recheck_at.get(job) != at:  # popped only once the reference is past it
+            elif at < self._recheck_at.get(job, math.inf):
+                # One look scheduled per job, the earliest (popped once the reference is past it): a
+                # look sooner than needed schedules the next, so the heap holds about one entry per job.
                 self._recheck_at[job] = at
-                if at < math.inf:
-                    heapq.heappush(self._recheck, (at, job))
+                heapq.heappush(self._recheck, (at, job))
         if reference >= self._next_sweep:
             self._sweep(reference)
             self._next_sweep = reference + float(self.config.resolution)
