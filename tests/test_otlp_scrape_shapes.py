@@ -11,9 +11,11 @@ the real Collector makes of every dcgm-exporter page of the corpus (tests/data/r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -71,16 +73,15 @@ def _outcome(found: otlp_join.Split) -> tuple:
             [(r.field, r.points) for r in found.passthrough], sorted(found.undecodable))
 
 
-def run(bodies: list[bytes], shapes: bool) -> tuple[list[tuple], int]:
-    """Each request's outcome, in order: as the receiver splits it with scrape shapes learned as it goes (or
-    with none: the message path); and how many of the requests the receiver had to parse."""
-    parsed = 0
+@contextlib.contextmanager
+def _fresh_split(shapes: bool) -> Iterator[list[int]]:
+    """No scrape shapes learned yet (or none used: the message path); yields [requests parsed with protobuf]."""
+    parsed = [0]
 
     class Counted:
         @staticmethod
         def FromString(body: bytes) -> ExportMetricsServiceRequest:  # noqa: N802 (protobuf's name)
-            nonlocal parsed
-            parsed += 1
+            parsed[0] += 1
             return ExportMetricsServiceRequest.FromString(body)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -88,7 +89,14 @@ def run(bodies: list[bytes], shapes: bool) -> tuple[list[tuple], int]:
         patch.setattr(otlp_join, "ExportMetricsServiceRequest", Counted)
         if not shapes:
             patch.setattr(ScrapeShapes, "read", lambda self, *args: None)
-        return [_outcome(_split(body, receiver=shapes)) for body in bodies], parsed
+        yield parsed
+
+
+def run(bodies: list[bytes], shapes: bool) -> tuple[list[tuple], int]:
+    """Each request's outcome, in order: as the receiver splits it with scrape shapes learned as it goes (or
+    with none: the message path); and how many of the requests the receiver had to parse."""
+    with _fresh_split(shapes) as parsed:
+        return [_outcome(_split(body, receiver=shapes)) for body in bodies], parsed[0]
 
 
 def assert_same(bodies: list[bytes]) -> int:
@@ -426,20 +434,7 @@ def _stage_requests(bodies: list[bytes], shapes: bool) -> tuple[list[ExportMetri
 
     ofu = _ofu_processor()
     out = []
-    parsed = 0
-
-    class Counted:
-        @staticmethod
-        def FromString(body: bytes) -> ExportMetricsServiceRequest:  # noqa: N802 (protobuf's name)
-            nonlocal parsed
-            parsed += 1
-            return ExportMetricsServiceRequest.FromString(body)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(otlp_join, "_scrape_stores", {})
-        patch.setattr(otlp_join, "ExportMetricsServiceRequest", Counted)
-        if not shapes:
-            patch.setattr(ScrapeShapes, "read", lambda self, *args: None)
+    with _fresh_split(shapes) as parsed:
         for body in bodies:
             found = _split(body, receiver=shapes)
             batch = ofu.process(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
@@ -450,7 +445,7 @@ def _stage_requests(bodies: list[bytes], shapes: bool) -> tuple[list[ExportMetri
                 request = reference(batch.points)
                 request.resource_metrics.extend(passthrough_messages(batch.passthrough))
                 out.append(request if request.resource_metrics else None)
-    return out, parsed
+    return out, parsed[0]
 
 
 def assert_stage_exact(bodies: list[bytes]) -> int:

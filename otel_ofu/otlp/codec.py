@@ -246,6 +246,20 @@ class _PlainTemplate:
         self.tails = tails  # per point: the bytes after its value, up to the next point's time
 
 
+
+def _by_metric(points: list[MetricPoint]) -> dict[str, list[MetricPoint]] | None:
+    """A resource's points by metric, in order; None when a metric's points are not next to each other."""
+    metrics: dict[str, list[MetricPoint]] = {}
+    last = None
+    for point in points:
+        if point.name != last:
+            if point.name in metrics:
+                return None
+            last = point.name
+            metrics[last] = []
+        metrics[last].append(point)
+    return metrics
+
 def _plain(point: MetricPoint) -> bool:
     """A plain gauge point: a time, no start time."""
     return bool(point.time_unix_nano) and not point.start_time_unix_nano and not point.monotonic
@@ -265,15 +279,9 @@ def _plain_resource_metrics(resource: Attributes, points: list[MetricPoint], sco
             args += (point.time_unix_nano, 0x21, float(point.value), tail)
         else:
             return template.packer.pack(*args)
-    metrics: dict[str, list[MetricPoint]] = {}
-    last = None
-    for point in points:
-        if point.name != last:
-            if point.name in metrics:
-                return None  # a metric's points apart: not this template's
-            last = point.name
-            metrics[last] = []
-        metrics[last].append(point)
+    metrics = _by_metric(points)
+    if metrics is None:
+        return None  # a metric's points apart: not this template's
     template = _plain_template(resource, metrics, scope)
     if template is None:
         return None
@@ -377,15 +385,9 @@ def _row_resource_metrics(row: PointRow, scope: bytes) -> bytes | None:
     if template is None or template.resource is not resource or template.layout is not layout \
             or template.revision != METRICS.revision:
         points = row.points()
-        metrics: dict[str, list[MetricPoint]] = {}
-        last = None
-        for point in points:
-            if point.name != last:
-                if point.name in metrics:
-                    return None  # a metric's points apart
-                last = point.name
-                metrics[last] = []
-            metrics[last].append(point)
+        metrics = _by_metric(points)
+        if metrics is None:
+            return None  # a metric's points apart
         plain = _plain_template(resource, metrics, scope)
         if plain is None:
             return None
