@@ -246,6 +246,21 @@ def _windows_read_back(path: Path) -> tuple[list[int], list[str]]:
     return times, warnings
 
 
+def _sim_to_file(out: Path, compression: str) -> str:
+    """A config that runs one simulated node of 8 GPUs, fast, into a file exporter at ``out``."""
+    return f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
+processors:
+  ofu: {{}}
+exporters:
+  file: {{path: {out}, compression: "{compression}"}}
+service:
+  pipelines:
+    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
+"""
+
+
 @pytest.mark.parametrize("compression", ["", "zstd", "gzip"])
 def test_a_full_file_system_leaves_the_file_readable_and_loses_no_batch(tmp_path, compression):
     """A real `otel-ofu run` writes through a file size limit (RLIMIT_FSIZE: every write past it
@@ -256,17 +271,7 @@ def test_a_full_file_system_leaves_the_file_readable_and_loses_no_batch(tmp_path
     out = tmp_path / "out.jsonl"
     log = tmp_path / "run.log"
     config = tmp_path / "c.yaml"
-    config.write_text(f"""
-receivers:
-  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
-processors:
-  ofu: {{}}
-exporters:
-  file: {{path: {out}, compression: "{compression}"}}
-service:
-  pipelines:
-    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
-""")
+    config.write_text(_sim_to_file(out, compression))
     limit = 40_000  # a few batches (about 1 kB a batch compressed, 12 kB plain)
 
     def limit_file_size():  # Python ignores SIGXFSZ, so a write past the limit fails with EFBIG
@@ -486,17 +491,7 @@ def test_a_full_tmpfs_leaves_the_file_readable_and_loses_no_batch(tmp_path, comp
     disk = tmp_path / "disk"
     disk.mkdir()
     out, copied, log, config = disk / "out.jsonl", tmp_path / "out.jsonl", tmp_path / "run.log", tmp_path / "c.yaml"
-    config.write_text(f"""
-receivers:
-  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
-processors:
-  ofu: {{}}
-exporters:
-  file: {{path: {out}, compression: "{compression}"}}
-service:
-  pipelines:
-    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
-""")
+    config.write_text(_sim_to_file(out, compression))
     script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && head -c {filler} /dev/zero > {disk}/filler && "
               f"{sys.executable} -m otel_ofu run --config {config} 2> {log}; rc=$?; cp {out} {copied}; exit $rc")
     shell = subprocess.Popen(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL)

@@ -24,13 +24,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, ResourceMetrics
 
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.otlp.join.scrapes import ScrapeShapes
 from otel_ofu.receivers.otlp import DEFAULT_DECODE
 from tests.e2e_util import PageServer, Process, require_alive, wait_for
+from tests.otlp_shapes import _kv
 from tools.collector_layout import as_collector_writes
 
 DECODE = frozenset(DEFAULT_DECODE)
@@ -46,14 +46,6 @@ INPUTS = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DE
 PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_DRAM_ACTIVE",
           "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE")  # the last three: the loss account's ratios
 OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency")
-
-
-def _kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, str):
-        return KeyValue(key=key, value=AnyValue(string_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(double_value=float(value)))
 
 
 # --- the comparison ---------------------------------------------------------------------------------
