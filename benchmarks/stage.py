@@ -528,10 +528,10 @@ def profile(protocol: str, nodes: list[Node], windows: int, per_request: int, se
     import io
     import pstats
 
-    from otel_ofu.cli.run import tune_garbage_collection
+    from otel_ofu.cli.run import tune_runtime
     from otel_ofu.receivers.otlp import _decompress
 
-    tune_garbage_collection()  # as `otel-ofu run` does
+    tune_runtime()  # as `otel-ofu run` does
     receiver, _ = stage_in_process(protocol)
 
     def one(body: bytes) -> None:

@@ -47,7 +47,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, ResourceMetrics
 
-from otel_ofu.cli.run import tune_garbage_collection
+from otel_ofu.cli.run import tune_runtime
 from otel_ofu.core.model import Batch
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import join as otlp_join
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-loss", action="store_true",
                         help="the ofu processor without its loss account (loss.enabled: false) only")
     args = parser.parse_args(argv)
-    tune_garbage_collection()  # as `otel-ofu run` does
+    tune_runtime()  # as `otel-ofu run` does
     sizes = args.gpus or ([1000] if args.quick else [1000, 100_000])
     runs = []
     for n in sizes:

@@ -7,16 +7,28 @@ above the live region (:mod:`otel_ofu.console.logs`); the usual handlers come ba
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 
 from otel_ofu.console.logs import route_logging
 from otel_ofu.exporters.console import live_console
 from otel_ofu.pipeline.component import StartError
 from otel_ofu.pipeline.config import ConfigError
+from otel_ofu.pipeline.memory import tune_allocator
 from otel_ofu.pipeline.service import Service
 
 # The garbage collector's thresholds for a running service (CPython's default: 700, 10, 10).
 GC_THRESHOLDS = (50_000, 20, 100)
+
+log = logging.getLogger(__name__)
+
+
+def tune_runtime() -> None:
+    """The interpreter and allocator settings of a running service: :func:`tune_garbage_collection` and
+    :func:`otel_ofu.pipeline.memory.tune_allocator`."""
+    tune_garbage_collection()
+    if not tune_allocator():
+        log.debug("glibc malloc left as it is (not glibc, or MALLOC_*/GLIBC_TUNABLES set)")
 
 
 def tune_garbage_collection() -> None:
@@ -39,7 +51,7 @@ def run_service(service: Service, duration: float | None) -> int:
     found when a component starts (e.g. an environment variable it needs is unset) or for a
     finite receiver that sent nothing (a replay that refused its file) or a component that could not
     start (:class:`StartError`)."""
-    tune_garbage_collection()
+    tune_runtime()
     with route_logging(live_console(service)):
         try:
             service.run(duration=duration)

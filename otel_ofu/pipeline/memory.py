@@ -23,7 +23,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from otel_ofu.pipeline import caches
@@ -32,6 +32,7 @@ from otel_ofu.pipeline.config import require
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TRIM_INTERVAL_S = 1.0  # at most one gc + malloc_trim per second while over the soft limit
 MIB = 1024 * 1024
+_NOT_GIVEN = object()
 
 
 def process_rss_bytes() -> int:
@@ -56,15 +57,52 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * _PAGE
 
 
-def _malloc_trim() -> Callable[[], None]:
-    name = ctypes.util.find_library("c")
+def _libc_function(name: str) -> Callable[..., int] | None:
+    """A function of the C library (glibc's malloc_trim, mallopt); None where it has none (musl, macOS)."""
+    library = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(library), name) if library else None
     except (OSError, AttributeError):
-        trim = None
+        return None
+
+
+def _malloc_trim() -> Callable[[], None]:
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return lambda: None
     return lambda: trim(0)
+
+
+# glibc's mallopt parameters (malloc.h) and the values a running service sets (tune_allocator).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+ALLOCATOR_SETTINGS = {
+    M_ARENA_MAX: 2,  # Python runs one thread at a time: the 8 per core that glibc allows only spread memory
+    M_MMAP_THRESHOLD: 32 * MIB,  # a request's buffers (its body, the payload made from it) from the heap ...
+    M_TRIM_THRESHOLD: 64 * MIB,  # ... kept there for the next request; MemoryLimiter trims when memory is short
+}
+# The operator's own malloc settings (glibc reads them at start-up): tune_allocator leaves them be.
+ALLOCATOR_ENVIRONMENT = ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                         "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+
+def tune_allocator(environ: Mapping[str, str] = os.environ,
+                   mallopt: Callable[[int, int], int] | None | object = _NOT_GIVEN) -> bool:
+    """Set glibc malloc for a service that takes megabyte requests from several threads; False when it
+    was left as it is (not glibc, or the operator set malloc's own variables).
+
+    Why: with glibc's defaults each request thread's megabyte buffers come from fresh memory maps
+    or arenas that are trimmed after every request, so the next request faults its pages in again:
+    a processing stage behind a Collector spent about a tenth of its CPU in the kernel so
+    (BENCHMARKS.md, section 11). Kept memory is still given back: the memory limiter calls
+    malloc_trim when the process goes over its soft limit.
+    """
+    if any(name in environ for name in ALLOCATOR_ENVIRONMENT):
+        return False
+    if mallopt is _NOT_GIVEN:
+        mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    return all([mallopt(parameter, value) == 1 for parameter, value in ALLOCATOR_SETTINGS.items()])  # type: ignore[operator]
 
 
 @dataclass
