@@ -403,6 +403,12 @@ def encode_request(points: Iterable[MetricPoint | PointRow]) -> bytes:
 
     ``points`` may hold :class:`PointRow`s (``Batch.points_and_rows``): each is its points, in place.
     """
+    return b"".join(request_fields(points))
+
+
+def request_fields(points: Iterable[MetricPoint | PointRow]) -> list[bytes]:
+    """:func:`encode_request`'s message as its ResourceMetrics fields (tag, length, message), in order:
+    joined with other such fields (a pass-through's) they make one request, copied once."""
     by_resource: dict[Attributes, list] = {}
     last_resource: Attributes | None = None
     group: list = []
@@ -461,7 +467,7 @@ def encode_request(points: Iterable[MetricPoint | PointRow]) -> bytes:
             parts.append(_len_field(b"\x12", _metric_head(name, first.unit) + data))
         rm = _resource_field(resource) + _len_field(b"\x12", b"".join(parts))
         out.append(_len_field(b"\x0a", rm))
-    return b"".join(out)
+    return out
 
 
 def _expanded(items: list[MetricPoint | PointRow]) -> list[MetricPoint]:

@@ -1,6 +1,6 @@
 """What the otlp/otlphttp exporters send: points and pass-through metrics as one serialized request.
 
-Points are encoded by :func:`otel_ofu.otlp.encode_request`, the project's one points -> OTLP
+Points are encoded by :func:`otel_ofu.otlp.codec.request_fields`, the project's one points -> OTLP
 encoder (all metrics of one resource in ONE ResourceMetrics: the SDK encoder's trap of
 REFERENCE.md section 8 cannot happen). Pass-through ResourceMetrics (OTLP a receiver forwards
 untouched) are appended as serialized bytes: ``resource_metrics`` is a repeated field, and
@@ -29,9 +29,9 @@ def metrics_payload(points: Sequence[MetricPoint | PointRow], passthrough: Itera
     forwarded = otlp.forwarded_resource_metrics(passthrough)
     if not points and not forwarded:
         return None
-    body = otlp.encode_request(points)
-    if forwarded:
-        body = b"".join([body, *(wire for wire, _ in forwarded)])
+    fields = otlp.request_fields(points)
+    fields += [wire for wire, _ in forwarded]
+    body = b"".join(fields)  # one copy of every part
     count = sum([len(item.values) if type(item) is PointRow else 1 for item in points])  # type: ignore[union-attr]
     return body, count + sum(count for _, count in forwarded)
 
