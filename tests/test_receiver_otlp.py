@@ -375,3 +375,50 @@ def test_config_defaults_and_errors(tmp_path):
         doc = {"receivers": {"otlp": {"protocols": {"grpc": {"endpont": "x:1"}}}}, "exporters": {"console": {}},
                "service": {"pipelines": {"metrics": {"receivers": ["otlp"], "exporters": ["console"]}}}}
         parse_service_config(doc, "f.yaml", registry.factories())
+
+
+def test_requests_are_worked_one_at_a_time_while_more_are_taken_in():
+    """A request arriving over gRPC while one from HTTP is in the pipeline waits for it (see
+    OtlpReceiver.accept); both are then worked and answered."""
+    import threading
+
+    inside, most, order = [0], [0], []
+    first_in, release = threading.Event(), threading.Event()
+    lock = threading.Lock()
+
+    def consumer(batch: Batch) -> None:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            order.append(len(order))
+        if len(order) == 1:
+            first_in.set()
+            release.wait(20)
+        with lock:
+            inside[0] -= 1
+
+    config = {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}}
+    receiver = OtlpReceiver(build_config(OtlpReceiverConfig, config), Context("otlp", Telemetry()), consumer)
+    receiver.start()
+    try:
+        answers: dict[str, object] = {}
+        http_thread = threading.Thread(target=lambda: answers.setdefault(
+            "http", http_post(receiver.http_port, good_body())[0]))
+        http_thread.start()
+        assert first_in.wait(20), "the first request never reached the pipeline"
+        grpc_thread = threading.Thread(target=lambda: answers.setdefault(
+            "grpc", grpc_export(f"127.0.0.1:{receiver.grpc_port}", good_body())[0]))
+        grpc_thread.start()
+        # Without one-at-a-time the second request reaches the pipeline within milliseconds.
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and len(order) < 2:
+            time.sleep(0.01)
+        assert len(order) == 1
+        release.set()
+        http_thread.join(20)
+        grpc_thread.join(20)
+        assert answers == {"http": 200, "grpc": grpc.StatusCode.OK}
+        assert len(order) == 2 and most[0] == 1
+    finally:
+        release.set()
+        receiver.shutdown()

@@ -246,6 +246,8 @@ class OtlpReceiver(Receiver):
         super().__init__(config, context, consumer)
         self._token: TokenSource | None = None
         self._slots = threading.BoundedSemaphore(config.max_concurrent_requests)
+        # One request's work (decode, join, processors, exporters) at a time; see accept.
+        self._working = threading.Lock()
         self._limiter = MemoryLimiter.from_config(config.memory_limiter)
         self._grpc_server: Any = None
         self._http_server: _HttpServer | None = None
@@ -308,7 +310,18 @@ class OtlpReceiver(Receiver):
         None: the request is ``wire``, parsed only where the join needs it (a request whose every
         ResourceMetrics is a known node's scrape is read from its bytes alone); raises
         :class:`MalformedRequest` when those bytes are not a request.
+
+        Requests are worked one at a time (up to ``max_concurrent_requests`` are taken in and wait):
+        the interpreter runs one thread's Python at a time, and the pipeline's processors and each
+        exporter already take one batch at a time, so requests worked side by side only trade the
+        interpreter back and forth, each through its own megabytes: a processing stage spent about
+        a twentieth more CPU so (BENCHMARKS.md, section 11). gRPC and HTTP read the next requests,
+        and gunzip them, meanwhile.
         """
+        with self._working:
+            self._accept(request, protocol, wire)
+
+    def _accept(self, request: Any, protocol: str, wire: bytes | None) -> None:
         from google.protobuf.message import DecodeError
 
         settings = {"window_s": float(self.config.window), "tolerance_s": float(self.config.join_tolerance),
