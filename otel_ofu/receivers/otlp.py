@@ -314,9 +314,9 @@ class OtlpReceiver(Receiver):
         Requests are worked one at a time (up to ``max_concurrent_requests`` are taken in and wait):
         the interpreter runs one thread's Python at a time, and the pipeline's processors and each
         exporter already take one batch at a time, so requests worked side by side only trade the
-        interpreter back and forth, each through its own megabytes: a processing stage spent about
-        a twentieth more CPU so (BENCHMARKS.md, section 11). gRPC and HTTP read the next requests,
-        and gunzip them, meanwhile.
+        interpreter back and forth, each through its own megabytes: a processing stage spent a few
+        percent more CPU so (BENCHMARKS.md, section 11). gRPC and HTTP read the next requests, and
+        gunzip them, meanwhile.
         """
         with self._working:
             self._accept(request, protocol, wire)
