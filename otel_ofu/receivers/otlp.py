@@ -11,11 +11,12 @@ read again when they change. A malformed, oversized or unauthenticated request g
 proper gRPC status / HTTP code, is counted in ``otel_ofu.receiver.requests`` (attribute
 ``outcome``) and never stops the receiver.
 
-Overload: at most ``max_concurrent_requests`` requests are worked on at once, the memory
-limiter is checked per request, and a request that would make an exporter's sending queue
-push accepted data out is not taken. Each of these refuses with the status the OTLP spec
-names as retryable (gRPC RESOURCE_EXHAUSTED with RetryInfo, HTTP 429 or 503 with
-Retry-After), before the body is decoded, so the sender keeps the data and retries.
+Overload: at most ``max_concurrent_requests`` requests are taken in at once (worked one at a
+time, the others waiting with their bodies read), the memory limiter is checked per request,
+and a request that would make an exporter's sending queue push accepted data out is not
+taken. Each of these refuses with the status the OTLP spec names as retryable (gRPC
+RESOURCE_EXHAUSTED with RetryInfo, HTTP 429 or 503 with Retry-After), before the body is
+decoded, so the sender keeps the data and retries.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ class OtlpReceiverConfig:
     window: Duration = field(default_factory=lambda: Duration(30))
     # How far apart a clock point and a TPA point of one GPU may be stamped and still be joined.
     join_tolerance: Duration = field(default_factory=lambda: Duration(5))
-    # Requests decoded and processed at once; more are refused (retryable) until one ends.
+    # Requests taken in at once (worked one at a time, the rest wait); more are refused (retryable) until one ends.
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     memory_limiter: MemoryLimiterConfig = field(default_factory=MemoryLimiterConfig)
 
