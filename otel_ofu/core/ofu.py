@@ -103,6 +103,11 @@ class OfuResult(NamedTuple):
     achieved_flops: float | None  # OFU x peak(precision) x share, when the precision (and a MIG share) is known
 
 
+# Builds an OfuResult from a tuple of its fields in C: the named tuple's own __new__ is a Python
+# function, which costs about as much again as the OFU math (ofu_with).
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """What OFU is computed with for a GPU model and precision: f_ref, the tile factor, the peak.
@@ -148,9 +153,9 @@ def ofu_with(cal: Calibration | None, tpa: object, sm_clock_mhz: object, tpa_tol
     corrected = raw * cal.correction
     if raw > OFU_LIMIT or corrected > OFU_LIMIT:
         return NoValue.OUT_OF_RANGE
-    return OfuResult(tpa_value, clock_value, raw, corrected, cal.fref_mhz, cal.fref_source, cal.correction,
-                     cal.architecture,
-                     corrected * cal.peak_flops * share if cal.peak_flops is not None and share is not None else None)
+    return _new_tuple(OfuResult, (
+        tpa_value, clock_value, raw, corrected, cal.fref_mhz, cal.fref_source, cal.correction, cal.architecture,
+        corrected * cal.peak_flops * share if cal.peak_flops is not None and share is not None else None))
 
 
 def compute_ofu(tpa: object, sm_clock_mhz: object, model: str | None, precision: str = specs.UNKNOWN_PRECISION,
