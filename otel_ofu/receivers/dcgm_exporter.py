@@ -23,7 +23,6 @@ counters CSV is the most common misconfiguration, and otherwise only the drop co
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, require
+from otel_ofu.receivers.missing_inputs import MissingInputs, how_to_enable
 from otel_ofu.scrape.client import (
     BasicAuthSettings,
     ScrapePool,
@@ -45,37 +45,6 @@ from otel_ofu.scrape.client import (
 )
 
 SOURCE = "dcgm_exporter"
-
-# The inputs a page must carry for OFU: (field, its name in dcgm-exporter's counters CSV, the
-# CSV line that enables it, whether it is a profiling field), and the sample attribute holding it.
-REQUIRED_INPUTS: tuple[tuple[str, str, str, bool], ...] = (
-    ("tensor_active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.", True),
-    ("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).", False),
-)
-
-
-def missing_inputs(samples: list[GpuSample]) -> list[str]:
-    """The required inputs (counters CSV names) that no GPU entity of one page carries."""
-    if not samples:
-        return []
-    return [name for attribute, name, _, _ in REQUIRED_INPUTS
-            if all(getattr(sample, attribute) is None for sample in samples)]
-
-
-def how_to_enable(name: str) -> str:
-    """What to change in dcgm-exporter so that its page carries input ``name``."""
-    line, profiling = next((line, prof) for _, n, line, prof in REQUIRED_INPUTS if n == name)
-    text = (f"add the line '{line}' to dcgm-exporter's counters CSV (-f/--collectors, DCGM_EXPORTER_COLLECTORS; "
-            "default /etc/dcgm-exporter/default-counters.csv)")
-    if profiling:
-        text += (", or run it with the CSV its image ships with the profiling fields: Helm chart value "
-                 "arguments: [\"-f\", \"/etc/dcgm-exporter/dcp-metrics-included.csv\"], or the line in customMetrics "
-                 "(GPU Operator: a ConfigMap named in dcgmExporter.config.name). Profiling fields need a datacenter "
-                 "GPU (Volta or newer), and no other profiler (Nsight, a second DCGM) holding the counters")
-    else:
-        text += ", or in the Helm chart's customMetrics"
-    return text
 
 @dataclass
 class DcgmExporterReceiverConfig:
@@ -154,8 +123,7 @@ class DcgmExporterReceiver(PollingReceiver):
         self.urls = config.urls()
         self.pool = ScrapePool(config, context, self.log, "GPU entities")
         self._poll_started = 0.0
-        self._missing: dict[str, list[str]] = {}  # endpoint -> required inputs its last page lacked
-        self._missing_lock = threading.Lock()  # endpoints are parsed on the pool's workers
+        self._missing = MissingInputs()  # by endpoint; endpoints are parsed on the pool's workers
 
     def interval(self) -> float:
         # Keep a fixed scrape period, as Prometheus does: a slow scrape shortens the wait.
@@ -181,26 +149,17 @@ class DcgmExporterReceiver(PollingReceiver):
 
     def _note_missing(self, url: str, samples: list[GpuSample]) -> None:
         """Say once per endpoint and field that an input is missing, and again only after it came back."""
-        missing = missing_inputs(samples)
-        with self._missing_lock:
-            before = self._missing.get(url, [])
-            if missing:
-                self._missing[url] = missing
-            else:
-                self._missing.pop(url, None)
+        missing, back = self._missing.note(url, samples)
         for name in missing:
-            if name not in before:
-                self.log.warning("dcgm-exporter at %s serves no %s for any of its %d GPU entities: they get no OFU "
-                                 "(each window is counted in gpu_ofu_dropped_total{ofu_drop_reason=\"missing\"}). "
-                                 "To enable it, %s.", url, name, len(samples), how_to_enable(name))
-        for name in before:
-            if name not in missing and samples:
-                self.log.info("dcgm-exporter at %s now serves %s", url, name)
+            self.log.warning("dcgm-exporter at %s serves no %s for any of its %d GPU entities: they get no OFU "
+                             "(each window is counted in gpu_ofu_dropped_total{ofu_drop_reason=\"missing\"}). "
+                             "To enable it, %s.", url, name, len(samples), how_to_enable(name))
+        for name in back:
+            self.log.info("dcgm-exporter at %s now serves %s", url, name)
 
     def missing_fields(self) -> dict[str, list[str]]:
         """Endpoint -> the required inputs its last page lacked (``otel-ofu doctor`` shows them)."""
-        with self._missing_lock:
-            return {url: list(names) for url, names in self._missing.items()}
+        return self._missing.fields()
 
     def on_stop(self) -> None:
         self.pool.close()
