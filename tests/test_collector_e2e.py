@@ -202,3 +202,30 @@ def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(ote
     gr = {dict(p.attributes)["UUID"]: p.value for p in points if p.name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
     assert gr["GPU-3b1c5e2a-8f0d-4c61-9a7e-1d2f3a4b5c60"] == 0.991104
     assert not [p for p in points if p.name == "gpu.graphics_engine.activity"]  # not twice under two names
+
+
+def test_a_node_scraped_without_profiling_fields_is_said_once_by_the_processing_stage(otelcol, tmp_path, processes):
+    """The Collector's prometheus receiver scrapes a dcgm-exporter page without profiling fields (the
+    corpus page of an H100 PCIe node on dcgm-exporter's default counters CSV): otel-ofu behind it says
+    once, at WARNING, which host's GPUs arrive without tensor activity and how to turn it on, while the
+    drop counter names the reason."""
+    page = ROOT / "tests" / "data" / "real" / "dcgm-exporter" / "4.5.3-4.8.2_h100-pcie_no-profiling.prom"
+    exporter = PageServer({"/metrics": page.read_bytes()})
+    try:
+        sink = tmp_path / "collector.jsonl"
+        start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=exporter.port)
+
+        def dropped_windows():
+            points = [p for p in read_points(sink) if p.name == "gpu.ofu.dropped"]
+            return points if len({p.time_unix_nano for p in points}) >= 3 else None  # three scrapes at least
+
+        dropped = wait_for("three scrapes' drop counters back in the Collector's file", dropped_windows,
+                           timeout=120, diagnostics=diagnostics(processes))
+    finally:
+        exporter.close()
+    assert {dict(p.attributes)["ofu.drop.reason"] for p in dropped} == {"missing"}
+    log = (tmp_path / "otel-ofu.log").read_text()
+    warnings = [line for line in log.splitlines() if "arrive without" in line]
+    assert len(warnings) == 1, warnings
+    assert "host pcie-node-5 " in warnings[0] and "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in warnings[0]
+    assert "WARNING" in warnings[0] and "dcp-metrics-included.csv" in warnings[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import logging
 import math
 import ssl
 import time
@@ -422,3 +423,45 @@ def test_requests_are_worked_one_at_a_time_while_more_are_taken_in():
     finally:
         release.set()
         receiver.shutdown()
+
+
+def _without(request: ExportMetricsServiceRequest, name: str) -> ExportMetricsServiceRequest:
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            kept = [m for m in sm.metrics if m.name != name]
+            del sm.metrics[:]
+            sm.metrics.extend(kept)
+    return request
+
+
+def test_a_host_whose_gpus_arrive_without_tensor_activity_is_said_once_with_the_fix_and_when_it_is_back(caplog):
+    """A node scraped without profiling fields (dcgm-exporter's default CSV) behind a Collector: said once
+    at WARNING naming the host, the field and the fix in dcgm-exporter and in the dcgm receiver; a host
+    that sends it is never named; said again (INFO) when it comes back."""
+    receiver = OtlpReceiver(OtlpReceiverConfig(), Context("otlp", Telemetry()), lambda batch: None)
+    t = T0
+
+    def request(tpa_on_node_1: bool) -> ExportMetricsServiceRequest:
+        plain = dcgm_exporter_request(GPUS, t, host="node-1")
+        if not tpa_on_node_1:
+            _without(plain, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+        return dcgm_exporter_request(GPUS, t, host="node-2", request=plain)
+
+    with caplog.at_level(logging.INFO, logger="otel_ofu"):
+        for _ in range(3):
+            body = request(tpa_on_node_1=False).SerializeToString()
+            receiver.accept(None, "grpc", body)
+            t += 30 * 10**9
+        assert receiver.missing_fields() == {"node-1": ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]}
+        receiver.accept(None, "grpc", request(tpa_on_node_1=True).SerializeToString())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    (warning,) = warnings
+    assert "host node-1 " in warning and "node-2" not in warning
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge" in warning  # the counters CSV line
+    assert "dcp-metrics-included.csv" in warning  # dcgm-exporter's Helm chart way
+    assert "gpu.dcgm.pipe.utilization (gpu.pipe=tensor)" in warning  # the dcgm receiver's name
+    assert "in a request with 2 of its GPUs, none has it" in warning
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "the GPUs of host node-1 arrive with DCGM_FI_PROF_PIPE_TENSOR_ACTIVE again"]
+    assert receiver.missing_fields() == {}

@@ -11,6 +11,9 @@ read again when they change. A malformed, oversized or unauthenticated request g
 proper gRPC status / HTTP code, is counted in ``otel_ofu.receiver.requests`` (attribute
 ``outcome``) and never stops the receiver.
 
+A host whose GPUs arrive without tensor activity or the SM clock is said once at WARNING,
+with the fix in dcgm-exporter or the Collector's dcgm receiver (docs/otlp-receiver.md).
+
 Overload: at most ``max_concurrent_requests`` requests are taken in at once (worked one at a
 time, the others waiting with their bodies read), the memory limiter is checked per request,
 and a request that would make an exporter's sending queue push accepted data out is not
@@ -33,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricInfo, register
-from otel_ofu.core.model import Batch
+from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint, server_ssl_context
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
+from otel_ofu.receivers.missing_inputs import MissingInputs, how_to_enable, how_to_enable_dcgmreceiver
 
 REQUESTS = register(MetricInfo(
     "otel_ofu.receiver.requests", "{request}", "sum",
@@ -249,6 +253,7 @@ class OtlpReceiver(Receiver):
         self._slots = threading.BoundedSemaphore(config.max_concurrent_requests)
         # One request's work (decode, join, processors, exporters) at a time; see accept.
         self._working = threading.Lock()
+        self._missing = MissingInputs()  # by host: GPUs that arrive without an input OFU needs
         self._limiter = MemoryLimiter.from_config(config.memory_limiter)
         self._grpc_server: Any = None
         self._http_server: _HttpServer | None = None
@@ -345,6 +350,7 @@ class OtlpReceiver(Receiver):
             raise RequestRefused("internal", "otel-ofu failed on this request") from exc
         if found.samples:
             self.context.telemetry.add(SAMPLES.name, len(found.samples), receiver=self.context.component_id)
+            self._note_missing(found.samples)
         if found.points:
             self.context.telemetry.add(DECODED.name, len(found.points), receiver=self.context.component_id)
         for name in found.undecodable - self._undecodable_logged:
@@ -352,6 +358,35 @@ class OtlpReceiver(Receiver):
             self.log.warning("metric %s arrived as a histogram, summary or delta sum: passed through, not decoded "
                              "(only gauges and cumulative sums are read as points)", name)
         self.count(protocol, "accepted")
+
+    def _note_missing(self, samples: list[GpuSample]) -> None:
+        """Say once per host and input that its GPUs arrive without an input OFU needs, with the fix
+        (:mod:`otel_ofu.receivers.missing_inputs`), and when it comes back. Checked on each request's
+        GPUs: one pass over them when every GPU has both."""
+        watched = self._missing.sources()  # hosts that lacked one: they may send it again
+        hosts = {s.host for s in samples if s.tensor_active is None or s.sm_clock_mhz is None}
+        if watched:
+            hosts |= watched & {s.host for s in samples}
+        if not hosts:
+            return
+        by_host: dict[str, list[GpuSample]] = {}
+        for sample in samples:
+            if sample.host in hosts:
+                by_host.setdefault(sample.host, []).append(sample)
+        for host, gpus in by_host.items():
+            missing, back = self._missing.note(host, gpus)
+            for name in missing:
+                self.log.warning(
+                    "the GPUs of host %s arrive without %s (in a request with %d of its GPUs, none has it): "
+                    "they get no OFU (each window is counted in gpu_ofu_dropped_total{ofu_drop_reason=\"missing\"}). "
+                    "Where a Collector scrapes dcgm-exporter, %s. Where it runs the dcgm receiver, %s.",
+                    host or "(no host name)", name, len(gpus), how_to_enable(name), how_to_enable_dcgmreceiver(name))
+            for name in back:
+                self.log.info("the GPUs of host %s arrive with %s again", host or "(no host name)", name)
+
+    def missing_fields(self) -> dict[str, list[str]]:
+        """Host -> the required inputs its GPUs last arrived without."""
+        return self._missing.fields()
 
     # --- lifecycle ------------------------------------------------------------------------
 
