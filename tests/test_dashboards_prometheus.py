@@ -109,3 +109,31 @@ def test_gpus_without_ofu_shows_the_profiled_gpu_while_the_profiler_runs(demo):
         (result,) = gq.run_panel(demo.prometheus, panel, values, at)
         counts[minute] = float(result.series[0]["value"][1])
     assert counts == {20: 0.0, 32: 1.0, 50: 0.0}
+
+
+def test_the_recorded_exposition_stamps_each_point_in_the_millisecond_otlp_gives_it(tmp_path):
+    """The demo's recorded exposition (the exporter road in tests/test_backends.py) must stamp a point
+    in the millisecond Prometheus stores for the same point sent over OTLP: its nanoseconds cut to
+    whole milliseconds (Prometheus' OTLP translator divides by 1e6). The exporter serves seconds as a
+    float; a point in a millisecond's last half microsecond was recorded a millisecond later, and a
+    2 s rate on the self-telemetry dashboard then differed between the roads (once in some runs)."""
+    from otel_ofu.core.model import Batch, MetricPoint
+    from otel_ofu.exporters.prometheus import PrometheusExporter, PrometheusExporterConfig
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from tools.demo_prometheus import ExpositionRecorder
+
+    exporter = PrometheusExporter(build_config(PrometheusExporterConfig, {
+        "endpoint": "127.0.0.1:0", "send_timestamps": True, "metric_expiration": "1h"}), Context("prometheus"))
+    exporter.clock = lambda: 1_796_159_225.0
+    recorder = ExpositionRecorder()
+    times = {"a": 1_796_159_224_123_999_600, "b": 1_796_159_224_124_000_000, "c": 1_796_159_224_124_000_400,
+             "d": 1_796_159_224_124_999_999}
+    for host, nanos in times.items():
+        batch = Batch(points=[MetricPoint("gpu.ofu", 0.5, nanos, (("host.name", host),))])
+        exporter.export(batch)
+        recorder.record(exporter, batch)
+    recorder.write(tmp_path / "demo.om")
+    stamps = {line.split('host_name="')[1][0]: line.rsplit(" ", 1)[1]
+              for line in (tmp_path / "demo.om").read_text().splitlines() if line.startswith("gpu_ofu{")}
+    assert stamps == {host: f"{nanos // 10**9}.{nanos // 10**6 % 1000:03d}" for host, nanos in times.items()}

@@ -246,8 +246,13 @@ class ExpositionRecorder:
     def __init__(self) -> None:
         self.families: dict[str, tuple[str, str, dict[tuple, dict[float, float]]]] = {}
         self.namespaces = GpuNamespaces()
+        # A served timestamp (seconds, a float) -> the point's own nanoseconds: the float cannot say
+        # which millisecond a point in a millisecond's last half microsecond falls in; OTLP's can.
+        self.nanos: dict[float, int] = {}
 
-    def record(self, exporter: Any) -> None:
+    def record(self, exporter: Any, batch: Any) -> None:
+        """What ``exporter`` serves after exporting ``batch`` (whose points give the exact times)."""
+        self.nanos.update((p.time_unix_nano / 1e9, p.time_unix_nano) for p in batch.points if p.time_unix_nano)
         for metric in exporter.collect():
             if metric.type == "info":
                 continue
@@ -275,7 +280,8 @@ class ExpositionRecorder:
                     text = ",".join(f'{k}="{escape(str(v))}"' for k, v in labels)
                     for t in sorted(points):
                         # Whole milliseconds, cut as a scrape of the exposition and OTLP's nanoseconds are.
-                        millis = math.floor(round(t * 1e6) / 1000)
+                        nanos = self.nanos.get(t)
+                        millis = nanos // 1_000_000 if nanos else math.floor(round(t * 1e6) / 1000)
                         out.write(f"{sample_name}{{{text}}} {points[t]!r} {millis // 1000}.{millis % 1000:03d}\n")
                         count += 1
             out.write("# EOF\n")
@@ -387,7 +393,7 @@ def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600
 
     def export_and_record(batch: Any) -> None:
         export(batch)
-        recorder.record(exporter)
+        recorder.record(exporter, batch)
 
     exporter.export = export_and_record  # type: ignore[method-assign]
     resources = DemoResources()
