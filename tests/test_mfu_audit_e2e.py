@@ -195,9 +195,11 @@ def test_reported_mfu_twice_the_ofu_is_a_finding_for_that_job_and_honest_jobs_ge
         wait_for("findings for the inflated jobs and a long audit of the honest ones", audited, timeout=180,
                  diagnostics=lambda: "\n".join(p.tail() for p in (run, *ranks)))
     finally:
-        for process in ranks:
-            assert process.stop() == 0, process.tail()
-        assert run.stop() == 0, run.tail()
+        # Every process stopped before any exit status is checked: one that will not stop must not
+        # leave otel-ofu running after the test.
+        stopped = [(process, process.stop()) for process in (*ranks, run)]
+    for process, status in stopped:
+        assert status == 0, process.tail()
 
     opened = events(out, "ofu.finding.open")
     assert sorted(e["ofu.job.id"] for e in opened) == ["4242", "k8s:llm/PyTorchJob/llama"]
