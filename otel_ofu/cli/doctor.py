@@ -195,8 +195,8 @@ def _check_gpu(report: Report, api: Any, index: int) -> None:
 
 def check_dcgm_exporter(report: Report, endpoint: str) -> None:
     """Scrape one dcgm-exporter page and say whether it carries every input OFU needs, and how to fix it."""
+    from otel_ofu.gpu.missing_inputs import how_to_enable, missing_inputs
     from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiverConfig, parse_metrics
-    from otel_ofu.receivers.missing_inputs import how_to_enable, missing_inputs
     from otel_ofu.scrape.client import ScrapeError, Scraper
 
     config = DcgmExporterReceiverConfig(endpoint=endpoint)

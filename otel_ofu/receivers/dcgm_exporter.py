@@ -30,9 +30,9 @@ from typing import Any
 
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.gpu.missing_inputs import MissingInputs, how_to_enable
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, require
-from otel_ofu.receivers.missing_inputs import MissingInputs, how_to_enable
 from otel_ofu.scrape.client import (
     BasicAuthSettings,
     ScrapePool,

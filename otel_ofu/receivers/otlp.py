@@ -37,12 +37,12 @@ from typing import Any
 
 from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricInfo, register
 from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.gpu.missing_inputs import MissingInputs, how_to_enable, how_to_enable_dcgmreceiver
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
 from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint, server_ssl_context
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
-from otel_ofu.receivers.missing_inputs import MissingInputs, how_to_enable, how_to_enable_dcgmreceiver
 
 REQUESTS = register(MetricInfo(
     "otel_ofu.receiver.requests", "{request}", "sum",
@@ -361,7 +361,7 @@ class OtlpReceiver(Receiver):
 
     def _note_missing(self, samples: list[GpuSample]) -> None:
         """Say once per host and input that its GPUs arrive without an input OFU needs, with the fix
-        (:mod:`otel_ofu.receivers.missing_inputs`), and when it comes back. Checked on each request's
+        (:mod:`otel_ofu.gpu.missing_inputs`), and when it comes back. Checked on each request's
         GPUs: one pass over them when every GPU has both."""
         watched = self._missing.sources()  # hosts that lacked one: they may send it again
         hosts = {s.host for s in samples if s.tensor_active is None or s.sm_clock_mhz is None}
