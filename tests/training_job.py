@@ -10,6 +10,7 @@ variables, SLURM_JOB_ID). Runs until SIGTERM, then exports its last values and e
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import threading
@@ -29,7 +30,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_sigterm(*_: object) -> None:
+        stop.set()
+        # Still running 20 s later (the test kills it at 30 s): every thread's stack into the log, so
+        # what held the shutdown is in the test's failure output.
+        faulthandler.dump_traceback_later(20, exit=False)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     reporter = start_mfu_reporter(endpoint=args.endpoint, protocol=args.protocol, every_n_steps=args.every_n_steps,
                                   export_interval_s=args.export_interval)
     logging.info("reporting as %s", dict(reporter.resource.attributes))
