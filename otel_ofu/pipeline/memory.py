@@ -93,8 +93,9 @@ def tune_allocator(environ: Mapping[str, str] = os.environ,
     Why: with glibc's defaults each request thread's megabyte buffers come from fresh memory maps
     or arenas that are trimmed after every request, so the next request faults its pages in again:
     a processing stage behind a Collector spent 13-15 % of its CPU in the kernel so, 7-9 % with
-    these settings (BENCHMARKS.md, section 11). Kept memory is still given back: the memory limiter calls
-    malloc_trim when the process goes over its soft limit.
+    these settings (BENCHMARKS.md, section 11). What is kept is bounded (64 MiB of free heap at its
+    top) and still given back when memory is short: a receiver's memory_limiter calls malloc_trim
+    when the process goes over its soft limit.
     """
     if any(name in environ for name in ALLOCATOR_ENVIRONMENT):
         return False
