@@ -28,6 +28,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.otlp.join.scrapes import ScrapeShapes
+from otel_ofu.otlp.wire import ShapeStore
 from otel_ofu.receivers.otlp import DEFAULT_DECODE
 from tests.e2e_util import PageServer, Process, require_alive, wait_for
 from tests.otlp_shapes import _kv
@@ -78,9 +79,11 @@ def _fresh_split(shapes: bool) -> Iterator[list[int]]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(otlp_join, "_scrape_stores", {})
+        patch.setattr(otlp_join, "_shape_stores", {})  # the pass-through shapes (otel_ofu.otlp.wire.Shape) too
         patch.setattr(otlp_join, "ExportMetricsServiceRequest", Counted)
         if not shapes:
             patch.setattr(ScrapeShapes, "read", lambda self, *args: None)
+            patch.setattr(ShapeStore, "find", lambda self, *args: None)
         yield parsed
 
 
@@ -326,6 +329,33 @@ def test_the_collectors_scrapes_of_the_corpus_read_by_shape_as_by_the_message_pa
     assert_same(sink.bodies)  # all the pages' scrapes together, in the order they came
     for job, bodies in by_job.items():
         assert assert_same(bodies) == 1, job  # the first scrape parsed, every later one read from its bytes
+
+
+def test_a_ratio_the_join_keeps_is_read_every_request_when_its_resource_metrics_is_not_a_scrape():
+    """A node whose GR engine activity comes in a ResourceMetrics of its own that the scrape reader does
+    not read (a scope per metric) and with no TPA or clock in it: the message path reads the ratio and
+    passes the metric on. Such a ResourceMetrics must not be learned as pass-through only (a
+    wire.Shape), or later requests pass the ratio on unread and the GPU's loss account loses it."""
+    def request(k: int) -> bytes:
+        values = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9 - k / 100, "DCGM_FI_DEV_POWER_USAGE": 300.0,
+                  "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.4 + k / 100, "DCGM_FI_DEV_SM_CLOCK": 1755.0}
+        out = ExportMetricsServiceRequest()
+        for names in (("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_POWER_USAGE"),
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_SM_CLOCK")):
+            rm = out.resource_metrics.add()
+            rm.resource.attributes.extend([_kv("service.name", "dcgm-exporter"), _kv("server.address", "node-1")])
+            for name in names:
+                point = rm.scope_metrics.add().metrics.add(name=name).gauge.data_points.add(
+                    time_unix_nano=T0 + k * 10**10, as_double=values[name])
+                point.attributes.extend([_kv("gpu", "0"), _kv("UUID", "GPU-x"), _kv("Hostname", "node-1"),
+                                         _kv("modelName", "NVIDIA H100 80GB HBM3")])
+        return out.SerializeToString()
+
+    bodies = [request(k) for k in range(3)]
+    assert_same(bodies)
+    with _fresh_split(shapes=True):
+        samples = [_split(body, receiver=True).samples for body in bodies]
+    assert [[s.gr_active for s in found] for found in samples] == [[0.9], [0.89], [0.88]]
 
 
 def test_a_request_not_read_by_shape_is_parsed_and_a_malformed_one_refused():

@@ -41,7 +41,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from otel_ofu.core.model import GpuSample, MetricPoint
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field
-from otel_ofu.otlp.join.inputs import DCGMRECEIVER_INPUTS, INPUT_METRICS, KEPT_INPUTS, PROMETHEUS_INPUTS
+from otel_ofu.otlp.join.inputs import DCGMRECEIVER_INPUTS, INPUT_METRICS, KEPT_INPUTS, PROMETHEUS_INPUTS, READ_METRICS
 from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
 from otel_ofu.otlp.join.points import Joiner, dcgmreceiver_points
 from otel_ofu.otlp.join.scrapes import ScrapeShapes, scrape_samples
@@ -193,7 +193,8 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
         if forwarded is not None:
             rest.append(forwarded)
         if not edits.inputs:  # one with join inputs (a dcgm-exporter scrape) is left to .scrapes
-            learned = Shape.learn(wire, p_start, f_end, names, INPUT_METRICS)
+            # Refused too when it holds a ratio the join reads and keeps: a shape would pass it on unread.
+            learned = Shape.learn(wire, p_start, f_end, names, READ_METRICS)
             if learned is not None:
                 shapes.add(learned)
     return rest

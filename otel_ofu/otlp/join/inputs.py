@@ -44,6 +44,9 @@ KEPT_INPUTS: dict[str, str] = {
     **{name: SM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_ACTIVE]},
     **{name: DRAM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.DRAM_ACTIVE]},
 }
+# Every metric the join reads a point of: the inputs above and the ratios it keeps. A ResourceMetrics
+# holding one is never read as pass-through alone (otel_ofu.otlp.wire.Shape refuses it).
+READ_METRICS: frozenset[str] = INPUT_METRICS | frozenset(KEPT_INPUTS)
 
 FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 
