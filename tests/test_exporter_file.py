@@ -138,17 +138,7 @@ def test_a_crash_leaves_at_most_one_partial_line_which_readers_skip(tmp_path, co
     """kill -9 of a real `otel-ofu run` while it writes; then the replay receiver reads the file."""
     out = tmp_path / "out.jsonl"
     config = tmp_path / "c.yaml"
-    config.write_text(f"""
-receivers:
-  sim: {{nodes: 2, gpus_per_node: 8, seed: 1, time_acceleration: 2000, collection_interval: 10s}}
-processors:
-  ofu: {{}}
-exporters:
-  file: {{path: {out}, compression: "{compression}"}}
-service:
-  pipelines:
-    metrics: {{receivers: [sim], processors: [ofu], exporters: [file]}}
-""")
+    config.write_text(_sim_to_file(out, compression, nodes=2, time_acceleration=2000))
     proc = subprocess.Popen([sys.executable, "-m", "otel_ofu", "run", "--config", str(config)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -246,11 +236,11 @@ def _windows_read_back(path: Path) -> tuple[list[int], list[str]]:
     return times, warnings
 
 
-def _sim_to_file(out: Path, compression: str) -> str:
-    """A config that runs one simulated node of 8 GPUs, fast, into a file exporter at ``out``."""
+def _sim_to_file(out: Path, compression: str, nodes: int = 1, time_acceleration: int = 100) -> str:
+    """A config that runs simulated nodes of 8 GPUs, fast, into a file exporter at ``out``."""
     return f"""
 receivers:
-  sim: {{nodes: 1, gpus_per_node: 8, seed: 1, time_acceleration: 100, collection_interval: 10s}}
+  sim: {{nodes: {nodes}, gpus_per_node: 8, seed: 1, time_acceleration: {time_acceleration}, collection_interval: 10s}}
 processors:
   ofu: {{}}
 exporters:
