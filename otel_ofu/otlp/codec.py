@@ -246,7 +246,6 @@ class _PlainTemplate:
         self.tails = tails  # per point: the bytes after its value, up to the next point's time
 
 
-
 def _by_metric(points: list[MetricPoint]) -> dict[str, list[MetricPoint]] | None:
     """A resource's points by metric, in order; None when a metric's points are not next to each other."""
     metrics: dict[str, list[MetricPoint]] = {}
@@ -259,6 +258,7 @@ def _by_metric(points: list[MetricPoint]) -> dict[str, list[MetricPoint]] | None
             metrics[last] = []
         metrics[last].append(point)
     return metrics
+
 
 def _plain(point: MetricPoint) -> bool:
     """A plain gauge point: a time, no start time."""
