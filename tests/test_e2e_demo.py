@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from otel_ofu.otlp import codec as otlp
+from otel_ofu.otlp.files import RecordedFile, read_json_lines, read_lines
 
 ROOT = Path(__file__).parent.parent
 
@@ -24,7 +25,7 @@ def run_demo(tmp_path, *extra, duration="4"):
 
 def read_points(path):
     points = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in read_json_lines(path):  # the demo writes zstd (collector-config/demo.yaml)
         doc = json.loads(line)  # every line is one JSON document
         assert set(doc) <= {"resourceMetrics", "resourceLogs"}, f"line {number}"
         request = otlp.from_json_line(line)
@@ -73,8 +74,10 @@ def test_sigterm_stops_cleanly_and_flushes(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "received SIGTERM" in stderr and "shutting down" in stderr
-    lines = out.read_text().splitlines()
-    assert lines and all(line.startswith("{") and line.endswith("}") for line in lines)  # no torn last line
+    source = RecordedFile(out)
+    lines = [text for _, text in read_lines(source)]
+    assert lines and all(line.startswith("{") and line.endswith("}\n") for line in lines)
+    assert not source.partial_tail  # no torn last frame or line
     read_points(out)
 
 

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from otel_ofu.otlp.files import read_json_lines
 
 README = Path(__file__).parent.parent / "README.md"
 TEXT = README.read_text()
@@ -49,8 +52,22 @@ def test_the_demo_command_runs_and_records_otlp_json(tmp_path):
     done = subprocess.run([sys.executable, "-m", "otel_ofu", *shlex.split(run)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    recorded = (tmp_path / "demo-metrics.jsonl").read_text()
+    written = (tmp_path / "demo-metrics.jsonl.zst").read_bytes()
+    assert written.startswith(b"\x28\xb5\x2f\xfd"), "the demo's recording is not zstd: it would fill the disk"
+    assert not (tmp_path / "demo-metrics.jsonl").exists()
+    recorded = "".join(text for _, text in read_json_lines(tmp_path / "demo-metrics.jsonl.zst"))
     assert '"gpu.ofu"' in recorded and '"job.ofu"' in recorded
+    assert "demo-metrics.jsonl.zst" in TEXT
+
+
+def test_the_readme_describes_the_demo_fleet_the_demo_config_runs():
+    """The README's "N nodes with M GPUs each (T GPUs)" is the sim receiver's nodes x gpus_per_node."""
+    sim = yaml.safe_load((README.parent / "collector-config" / "demo.yaml").read_text())["receivers"]["sim"]
+    said = re.search(r"fleet of (\w+) nodes with (\w+) GPUs each \((\d+) GPUs\)", " ".join(TEXT.split()))
+    assert said, "the README no longer says the demo fleet's size"
+    words = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "eight": 8, "sixteen": 16}
+    nodes, per_node, total = words.get(said[1], said[1]), words.get(said[2], said[2]), int(said[3])
+    assert (nodes, per_node, total) == (sim["nodes"], sim["gpus_per_node"], sim["nodes"] * sim["gpus_per_node"])
 
 
 def test_the_test_command_is_the_ci_entry_point():
