@@ -122,3 +122,33 @@ def test_prometheusrule_manifests_carry_the_same_rules(promtool, tmp_path):
         spec.write_text(yaml.safe_dump(manifest["spec"]))
         done = subprocess.run([promtool, "check", "rules", str(spec)], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_links_its_runbook_section():
+    """runbook_url (the monitoring mixins' annotation) points at the alert's own section of docs/runbooks.md."""
+    from tests.test_docs import anchors
+
+    runbooks = ROOT / "docs" / "runbooks.md"
+    sections = anchors(runbooks)
+    for rule in all_rules():
+        if "alert" in rule:
+            url = rule["annotations"].get("runbook_url", "")
+            assert url == f"docs/runbooks.md#{rule['alert'].lower()}", rule["alert"]
+            assert url.partition("#")[2] in sections, f"{rule['alert']}: no section {url} in docs/runbooks.md"
+
+
+def test_the_findings_alerts_do_not_quote_the_jobs_processors_default_thresholds():
+    """OfuJobRegression and OfuJobMfuGap forward what the jobs processor decided with its own settings:
+    a text quoting the defaults (drop ratio 1.5, 5 minutes, 10 pp, 1.3x) tells a fleet that changed
+    them the wrong numbers. They name the settings instead."""
+    from otel_ofu.jobs.audit import AuditConfig
+    from otel_ofu.jobs.regression import RegressionConfig
+
+    audit, regression = AuditConfig(), RegressionConfig()
+    texts = {rule["alert"]: rule["annotations"]["description"] for rule in all_rules()
+             if rule.get("alert") in ("OfuJobRegression", "OfuJobMfuGap")}
+    assert "regression.drop_ratio" in texts["OfuJobRegression"]
+    assert f"/ {regression.drop_ratio:g}" not in texts["OfuJobRegression"]
+    assert "audit.min_gap_pp" in texts["OfuJobMfuGap"] and "audit.min_ratio" in texts["OfuJobMfuGap"]
+    assert f"{audit.min_gap_pp:g} pp" not in texts["OfuJobMfuGap"]
+    assert f"{audit.min_ratio:g}x" not in texts["OfuJobMfuGap"]
