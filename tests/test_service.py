@@ -1,6 +1,10 @@
 """The service: wiring, fan-out, start/shutdown order, failures contained."""
 
+import socket
+import subprocess
 import threading
+
+import pytest
 
 from otel_ofu.core.model import Batch, GpuSample
 from otel_ofu.exporters.console import ConsoleExporterConfig
@@ -10,6 +14,8 @@ from otel_ofu.pipeline.config import parse_service_config
 from otel_ofu.pipeline.service import Pipeline, Service, _ExporterSlot
 from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+from tests.e2e_util import otel_ofu_command
+from tools.ports import free_ports
 
 
 class Recorder(Exporter):
@@ -92,3 +98,44 @@ def test_service_builds_shared_exporters_and_per_pipeline_processors(monkeypatch
     windows = len(times) // 2
     assert service.telemetry.counter("otel_ofu.receiver.accepted", receiver="sim") == windows * 5
 
+
+
+# --- a port already taken at start (issue 31 item 13) ------------------------------------------
+
+
+@pytest.mark.parametrize("taken", ["otlp grpc", "otlp http", "prometheus"])
+def test_a_taken_port_at_start_is_one_line_naming_the_component_and_address(tmp_path, taken):
+    """Another process listens on the port: `otel-ofu run` exits 1 with one line naming the
+    component and the address, no traceback and no error from components stopped after it (the
+    jobs processor's final flush into a file exporter stopped first said "used before start()")."""
+    grpc_port, http_port, prom_port = free_ports(3)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+receivers:
+  sim: {{nodes: 1, gpus_per_node: 2, time_acceleration: 600}}
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{grpc_port}}}
+      http: {{endpoint: 127.0.0.1:{http_port}}}
+processors: {{ofu: {{}}, jobs: {{}}}}
+exporters:
+  file: {{path: {tmp_path / "out.jsonl"}}}
+  prometheus: {{endpoint: 127.0.0.1:{prom_port}}}
+service:
+  pipelines:
+    metrics: {{receivers: [sim, otlp], processors: [ofu, jobs], exporters: [file, prometheus]}}
+""")
+    port, component, protocol = {"otlp grpc": (grpc_port, "otlp receiver", " (OTLP/gRPC)"),
+                                 "otlp http": (http_port, "otlp receiver", " (OTLP/HTTP)"),
+                                 "prometheus": (prom_port, "prometheus exporter", "")}[taken]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        done = subprocess.run(otel_ofu_command(config), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot listen" in line]
+    assert said == [f"otel-ofu: cannot start: {component}: cannot listen on 127.0.0.1:{port}{protocol}: address "
+                    "already in use (another process listens there: another otel-ofu, a Collector; stop it or "
+                    "choose another port)"], done.stderr
+    assert "Traceback" not in done.stderr and "used before start" not in done.stderr, done.stderr
+    assert not [line for line in done.stderr.splitlines() if " ERROR " in line or line.startswith("E")], done.stderr

@@ -46,7 +46,7 @@ from otel_ofu.core.model import (
 )
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, invalid, require
-from otel_ofu.pipeline.endpoints import ServerTlsConfig, is_loopback, parse_endpoint
+from otel_ofu.pipeline.endpoints import ServerTlsConfig, check_listen, is_loopback, listen_error, parse_endpoint
 
 DEFAULT_ENDPOINT = "127.0.0.1:9464"  # the OpenTelemetry SDKs' Prometheus exporter port
 EXPIRE_EVERY_S = 60.0  # exports also expire old series at most this often (scrapes always do)
@@ -383,6 +383,10 @@ class PrometheusExporter(Exporter):
         if tls.enabled:
             kwargs = {"certfile": tls.cert_file, "keyfile": tls.key_file,
                       "client_cafile": tls.client_ca_file or None, "client_auth_required": bool(tls.client_ca_file)}
+        try:  # the address first: prometheus_client's own error names neither it nor this exporter
+            check_listen(host, port)
+        except OSError as exc:
+            raise listen_error(f"{self.context.component_id} exporter", self.config.endpoint, exc) from None
         self._server, self._thread = start_http_server(port, addr=host or "0.0.0.0", registry=registry, **kwargs)
         self.port = self._server.server_port
         if not is_loopback(host):

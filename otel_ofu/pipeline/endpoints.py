@@ -1,20 +1,32 @@
 """Settings shared by the components that listen (the ``otlp`` receiver, the ``prometheus``
-exporter): ``host:port`` endpoints, server TLS and mTLS, the loopback check. The Collector's
-confignet/configtls, in small; and :class:`WatchedFiles`, which tells when a credential file
-was rotated so that it is read again without a restart.
+exporter): ``host:port`` endpoints, server TLS and mTLS, the loopback check, and the one error a
+listener that cannot bind raises (:func:`listen_error`). The Collector's confignet/configtls, in
+small; and :class:`WatchedFiles`, which tells when a credential file was rotated so that it is
+read again without a restart.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import socket
 import ssl
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_ofu.pipeline.component import StartError
 from otel_ofu.pipeline.config import invalid, require, require_file
+
+# What an operator reads for the usual reasons a listener cannot bind.
+_BIND_FAILURES = {
+    errno.EADDRINUSE: "address already in use (another process listens there: another otel-ofu, a Collector; "
+                      "stop it or choose another port)",
+    errno.EACCES: "permission denied (a port below 1024 needs root or CAP_NET_BIND_SERVICE)",
+    errno.EADDRNOTAVAIL: "address not available (no interface of this host has that address)",
+}
 
 
 @dataclass
@@ -64,6 +76,34 @@ def parse_endpoint(text: str) -> tuple[str, int]:
         raise ValueError(f"expected host:port, got {text!r}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host, int(port)
+
+
+class ListenError(StartError):
+    """A component cannot listen on its endpoint; the message is the one line ``run`` prints."""
+
+
+def listen_error(component: str, endpoint: str, exc: OSError, protocol: str = "") -> ListenError:
+    """``otlp receiver: cannot listen on 127.0.0.1:4317 (OTLP/gRPC): address already in use (...)``."""
+    if isinstance(exc, socket.gaierror):
+        why = f"cannot resolve the host ({exc.strerror or exc})"
+    else:
+        why = _BIND_FAILURES.get(exc.errno or 0) or exc.strerror or str(exc)
+    return ListenError(f"{component}: cannot listen on {endpoint}{f' ({protocol})' if protocol else ''}: {why}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` as a server would (SO_REUSEADDR) and let go: the OSError its bind would raise.
+
+    For servers whose own failure says less (gRPC raises "Failed to bind" and logs its own
+    error line): asked first, the operator reads why. Port 0 (any free port) always binds.
+    """
+    if port == 0:
+        return
+    family, kind, proto, _, address = socket.getaddrinfo(host or "0.0.0.0", port, socket.AF_UNSPEC,
+                                                         socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
 
 
 def is_loopback(host: str) -> bool:

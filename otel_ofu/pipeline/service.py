@@ -141,6 +141,9 @@ class Service:
         self.telemetry = telemetry or Telemetry()
         self.exit_when_done = config.exit_when_done if exit_when_done is None else exit_when_done
         self._stop = threading.Event()
+        self._started: list[Component] | None = None  # None: start() not called (shutdown stops everything)
+        self._starting: Component | None = None  # the component start() is starting
+        self._stopped = False
         self.host_name = socket.gethostname()
         factories = registry.factories()
         self.exporters: dict[str, _ExporterSlot] = {}
@@ -195,17 +198,23 @@ class Service:
         return {rid: why for rid, r in self.receivers.items() if (why := r.failure()) is not None}
 
     def start(self) -> None:
-        started: list[Component] = []
+        """Exporters, then processors, then receivers. When one cannot start, the service stops
+        what did, as a run stops (:meth:`_stop_components`), and raises: nothing is left running, and a
+        processor's final flush reaches only exporters that are running."""
+        self._started = []
         try:
             exporters = [slot.exporter for slot in self.exporters.values()]
             for group in (exporters, self.processors, list(self.receivers.values())):
                 for component in group:
+                    self._starting = component
                     _start(component)
-                    started.append(component)
-        except Exception:
-            for component in reversed(started):
-                _safe_shutdown(component)
+                    self._started.append(component)
+        except BaseException:
+            self._stopped = True
+            self._stop_components(time.monotonic() + self.config.shutdown_timeout)
             raise
+        finally:
+            self._starting = None
 
     def shutdown(self) -> None:
         """Receivers first (no new data), then processors (their final flush), then exporters.
@@ -213,27 +222,45 @@ class Service:
         Bounded by ``service.shutdown_timeout``: the exporters learn the deadline before the
         final flush, so its exports (job-end metrics, events) are not retried past it, and
         each exporter's drain ends by it; what could not be delivered is logged and counted.
+        A second call, or one after a start that failed (which stopped what it started), does nothing.
         """
+        if self._stopped:
+            return
+        self._stopped = True
         started = time.monotonic()
-        deadline = started + self.config.shutdown_timeout
-        # Exporters first, so that a receiver blocked in an export (no sending queue, backend down) is freed.
-        for component in [*(s.exporter for s in self.exporters.values()), *self.receivers.values(), *self.processors]:
-            try:
-                component.begin_shutdown(deadline)
-            except Exception:
-                log.exception("%s failed to prepare for shutdown", component.context.component_id)
-        for receiver in self.receivers.values():
-            _safe_shutdown(receiver)
-        for pipeline in self.pipelines:
-            pipeline.flush()
-        for component in [*self.processors, *(s.exporter for s in self.exporters.values())]:
-            _safe_shutdown(component)
+        self._stop_components(started + self.config.shutdown_timeout)
         took = time.monotonic() - started
         if took > self.config.shutdown_timeout:
             log.warning("stopping took %.1fs, more than service.shutdown_timeout (%.0fs)", took,
                         self.config.shutdown_timeout)
         else:
             log.info("stopped in %.1fs", took)
+
+    def _stop_components(self, deadline: float) -> None:
+        """Stop the components that started (all of them after :meth:`start`) and the one whose
+        start failed, which may hold part of what it acquired. The processors flush into the
+        exporters only when every processor and exporter is running: a start stops at the first
+        failure, so otherwise no data has flowed (and a flush would meet a stopped exporter)."""
+        started = self._started if self._started is not None else [
+            *(s.exporter for s in self.exporters.values()), *self.processors, *self.receivers.values()]
+        running = {id(c) for c in started}
+        stopping = running | ({id(self._starting)} if self._starting is not None else set())
+        exporters = [s.exporter for s in self.exporters.values() if id(s.exporter) in stopping]
+        receivers = [r for r in self.receivers.values() if id(r) in stopping]
+        processors = [p for p in self.processors if id(p) in stopping]
+        # Exporters first, so that a receiver blocked in an export (no sending queue, backend down) is freed.
+        for component in [*exporters, *receivers, *processors]:
+            try:
+                component.begin_shutdown(deadline)
+            except Exception:
+                log.exception("%s failed to prepare for shutdown", component.context.component_id)
+        for receiver in receivers:
+            _safe_shutdown(receiver)
+        if all(id(c) in running for c in [*self.processors, *(s.exporter for s in self.exporters.values())]):
+            for pipeline in self.pipelines:
+                pipeline.flush()
+        for component in [*processors, *exporters]:
+            _safe_shutdown(component)
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> None:
         """Run until ``duration`` seconds pass, ``stop`` is set, or SIGINT/SIGTERM arrives."""
@@ -242,7 +269,11 @@ class Service:
         try:
             for warning in self.config.warnings:
                 log.warning("config: %s", warning)
-            self.start()
+            self.start()  # when a component cannot start, what started is stopped and it raises
+        except BaseException:
+            restore()
+            raise
+        try:
             log.info("otel-ofu running: %d pipeline(s), receivers %s", len(self.pipelines), ", ".join(self.receivers))
             if self.exit_when_done:
                 if not any(r.is_finite() for r in self.receivers.values()):

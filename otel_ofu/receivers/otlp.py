@@ -41,7 +41,15 @@ from otel_ofu.gpu.missing_inputs import MissingInputs, how_to_enable, how_to_ena
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
-from otel_ofu.pipeline.endpoints import ServerTlsConfig, WatchedFiles, is_loopback, parse_endpoint, server_ssl_context
+from otel_ofu.pipeline.endpoints import (
+    ServerTlsConfig,
+    WatchedFiles,
+    check_listen,
+    is_loopback,
+    listen_error,
+    parse_endpoint,
+    server_ssl_context,
+)
 from otel_ofu.pipeline.memory import MemoryLimiter, MemoryLimiterConfig
 
 REQUESTS = register(MetricInfo(
@@ -431,16 +439,24 @@ class OtlpReceiver(Receiver):
         server.add_generic_rpc_handlers((handler,))
         host, port = parse_endpoint(cfg.endpoint)
         address = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
-        if cfg.tls.enabled:
-            tls = _ServerTls(cfg.tls, self.log)
-            # Asked at every handshake: new certificate files take effect without a restart.
-            creds = grpc.dynamic_ssl_server_credentials(tls.grpc_configuration(), tls.grpc_fetch,
-                                                        require_client_authentication=bool(cfg.tls.client_ca_file))
-            bound = server.add_secure_port(address, creds)
-        else:
-            bound = server.add_insecure_port(address)
+        component = f"{self.context.component_id} receiver"
+        try:  # gRPC's own failure says only "Failed to bind": ask the system first, for the reason
+            check_listen(host, port)
+        except OSError as exc:
+            raise listen_error(component, cfg.endpoint, exc, "OTLP/gRPC") from None
+        try:
+            if cfg.tls.enabled:
+                tls = _ServerTls(cfg.tls, self.log)
+                # Asked at every handshake: new certificate files take effect without a restart.
+                creds = grpc.dynamic_ssl_server_credentials(tls.grpc_configuration(), tls.grpc_fetch,
+                                                            require_client_authentication=bool(cfg.tls.client_ca_file))
+                bound = server.add_secure_port(address, creds)
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError:  # grpcio raises where it used to return 0
+            bound = 0
         if not bound:
-            raise OSError(f"otlp receiver: cannot listen on {cfg.endpoint} (gRPC)")
+            raise listen_error(component, cfg.endpoint, OSError("gRPC could not bind it"), "OTLP/gRPC")
         server.start()
         self._grpc_server, self.grpc_port = server, bound
         self._warn_if_exposed("gRPC", cfg, host)
@@ -484,7 +500,10 @@ class OtlpReceiver(Receiver):
     def _start_http(self, cfg: ProtocolConfig) -> None:
         host, port = parse_endpoint(cfg.endpoint)
         context = _ServerTls(cfg.tls, self.log) if cfg.tls.enabled else None
-        server = _HttpServer((host or "0.0.0.0", port), self, context)
+        try:
+            server = _HttpServer((host or "0.0.0.0", port), self, context)
+        except OSError as exc:
+            raise listen_error(f"{self.context.component_id} receiver", cfg.endpoint, exc, "OTLP/HTTP") from None
         self._http_server, self.http_port = server, server.server_address[1]
         self._http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                              name=f"{self.context.component_id}-http", daemon=True)
