@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -10,9 +13,11 @@ import pytest
 from otel_ofu.cli import doctor
 from otel_ofu.cli import main as cli
 from otel_ofu.gpu import dcgm_api, nvml_api
+from tests.e2e_util import PageServer
 from tests.fakes.clock import FakeClock
 from tests.fakes.dcgm import FakeDcgmEngine, FakeDcgmGpu
 from tests.fakes.nvml import FakeNvml, FakeNvmlGpu, MissingNvml
+from tools.ports import free_ports
 
 A100 = dict(name="NVIDIA A100-SXM4-80GB", arch=pynvml.NVML_DEVICE_ARCH_AMPERE, gpm=False)
 
@@ -164,3 +169,95 @@ def test_doctor_checks_a_dcgm_exporter_page_for_the_inputs_ofu_needs(capsys):
     assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge" in text and "dcp-metrics-included.csv" in text
     assert f"[OK  ] dcgm-exporter {good}: 3 GPU entities" in text
     assert checks[f"dcgm-exporter {good}"]["status"] == "ok"
+
+
+# --- doctor --dcgm-exporter: the common mistakes, and models otel-ofu does not know (issue 31 items 11, 12) ----
+
+REAL_EXPORTER = Path(__file__).parent / "data" / "real" / "dcgm-exporter"
+UNKNOWN_MODEL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # nvidia-smi's name; not in core/specs.py
+
+
+def with_model(capture: str, model: str) -> bytes:
+    """A real dcgm-exporter page (tests/data/real/dcgm-exporter) with every GPU's modelName replaced."""
+    return re.sub(rb'modelName="[^"]*"', f'modelName="{model}"'.encode(), (REAL_EXPORTER / capture).read_bytes())
+
+
+def test_doctor_on_a_closed_port_says_nothing_listens_there_and_exits_1(capsys):
+    """The most common mistake: the wrong port, or dcgm-exporter not running. Once an AttributeError."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert cli.main(["doctor", "--dcgm-exporter", url]) == 1
+    out = capsys.readouterr().out
+    assert f"[FAIL] dcgm-exporter {url}: cannot scrape it: connection refused [connection_refused]" in out
+    assert "fix: nothing listens there: check the host and port (dcgm-exporter's default is 9400)" in out
+    assert cli.main(["doctor", "--json", "--dcgm-exporter", f"127.0.0.1:{port}"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["usable"] is False and [c["status"] for c in report["checks"]] == ["fail"]
+
+
+def test_doctor_on_a_page_that_is_not_dcgm_exporters_says_what_it_got(capsys):
+    """A 404, a login page (not Prometheus text), a JSON API: one failed check each, naming the URL."""
+    pages = {"/login": b"<html><head><title>Grafana</title></head><body>Sign in</body></html>\n",
+             "/api/v1/query": b'{"status":"success","data":{}}\n'}
+    with PageServer(pages) as server:
+        urls = [f"{server.url}/metrics", f"{server.url}/login", f"{server.url}/api/v1/query"]
+        assert cli.main(["doctor", *(a for u in urls for a in ("--dcgm-exporter", u))]) == 1
+    out = capsys.readouterr().out
+    assert f"[FAIL] dcgm-exporter {urls[0]}: cannot scrape it: HTTP 404 Not Found [http_404]" in out
+    assert "fix: the server answers but has no page there: dcgm-exporter serves /metrics" in out
+    assert f"[FAIL] dcgm-exporter {urls[1]}: not Prometheus text: invalid metric name" in out
+    assert f"[FAIL] dcgm-exporter {urls[2]}: not Prometheus text: Invalid labels" in out
+    assert "Traceback" not in out
+
+
+def test_doctor_on_a_host_that_never_answers_times_out_with_a_fix():
+    """A port that accepts connections and never answers (a wrong service, a stuck exporter)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/metrics"
+        report = doctor.Report("h", exporter_pages=[url])
+        doctor.check_dcgm_exporter(report, url, timeout=0.5)
+    (check,) = report.checks
+    assert (check.status, check.detail) == ("fail", "cannot scrape it: timed out [timeout]")
+    assert "firewalls or a NetworkPolicy" in check.fix
+
+
+def test_doctor_says_a_gpu_model_it_does_not_know_gets_no_ofu_and_gives_the_reference_clocks_fix(capsys):
+    """A page (the H100 capture's) naming a model missing from the spec table and no max SM clock: `run`
+    computes no OFU for it (tests/test_unknown_models.py), so the doctor fails it with the setting `run`
+    logs. With DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ (the B200 base-unit capture's), OFU divides by the reported
+    max clock: a warning with the same fix, exit 0. Only the pages are the question: no local verdict."""
+    pages = {"/none/metrics": with_model("4.5.3-4.8.2_h100_kubernetes.prom", UNKNOWN_MODEL),
+             "/max/metrics": with_model("go-dcgm-4.6.1_b200_base-unit-fields.prom", UNKNOWN_MODEL),
+             "/known/metrics": (REAL_EXPORTER / "4.5.3-4.8.2_h100_kubernetes.prom").read_bytes()}
+    fix = (f"fix: set reference_clocks: {{'{UNKNOWN_MODEL}': <MHz at which its dense tensor peak is quoted>}} on "
+           "the ofu processor (docs/gpus.md)")
+    with PageServer(pages) as server:
+        none, max_clock, known = (f"{server.url}/{p}/metrics" for p in ("none", "max", "known"))
+        assert cli.main(["doctor", "--dcgm-exporter", none]) == 1
+        out_none = capsys.readouterr().out
+        assert cli.main(["doctor", "--dcgm-exporter", max_clock, "--dcgm-exporter", known]) == 0
+        out_max = capsys.readouterr().out
+    assert (f"[FAIL] dcgm-exporter {none}: 3 GPU entities of model '{UNKNOWN_MODEL}', which otel-ofu does not know "
+            "(not in its spec table, docs/gpus.md), and the page has no DCGM_FI_DEV_MAX_SM_CLOCK: no OFU for them"
+            ) in out_none
+    assert f"[OK  ] dcgm-exporter {none}: 3 GPU entities with tensor activity and SM clock" in out_none
+    assert fix in out_none and "Not every page gives OFU" in out_none
+    assert (f"[WARN] dcgm-exporter {max_clock}: 2 GPU entities of model '{UNKNOWN_MODEL}', which otel-ofu does not "
+            "know (not in its spec table, docs/gpus.md): OFU divides by its reported max SM clock (1965 MHz)"
+            ) in out_max
+    assert fix in out_max and "Usable: every page carries what OFU needs" in out_max
+    assert f"dcgm-exporter {known}: 3 GPU entities" in out_max and out_max.count("[WARN]") == 1
+    for out in (out_none, out_max):
+        assert "No real GPU source is usable here" not in out and "DCGM bindings" not in out
+
+
+def test_doctor_warns_about_a_local_gpu_model_it_does_not_know(capsys):
+    """This machine's GPUs: NVML names a model the spec table lacks; `run` uses its max SM clock."""
+    api = FakeNvml([FakeNvmlGpu(name=UNKNOWN_MODEL, tpa=0.5)], FakeClock())
+    report = doctor.diagnose(dcgm_loader=missing_dcgm, nvml_loader=api)
+    assert report.best == "nvml"
+    (check,) = [c for c in report.checks if c.name == "GPU models"]
+    assert check.status == "warn" and UNKNOWN_MODEL in check.detail and "max SM clock" in check.detail
+    assert check.fix.startswith(f"set reference_clocks: {{'{UNKNOWN_MODEL}'")

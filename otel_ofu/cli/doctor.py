@@ -14,15 +14,20 @@ import argparse
 import json
 import socket
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_ofu.cli import backend_check
 from otel_ofu.cli.checks import FAIL, OK, SKIP, WARN, Check
 from otel_ofu.cli.logs import configure_logging
+from otel_ofu.core import dcgm_fields, specs
+from otel_ofu.core.ofu import FREF_MAX_CLOCK, reference_clock
+from otel_ofu.core.values import NoValue, clean_clock
 from otel_ofu.gpu import dcgm_api, nvml_api
 from otel_ofu.gpu.dcgm_api import DcgmError, DcgmSession
 from otel_ofu.gpu.nvml_api import NvmlError
+from otel_ofu.pipeline.redact import redact_url
 
 DEMO_HINT = ("To see the pipeline work without a GPU, run the demo:\n"
              "  otel-ofu run --config collector-config/demo.yaml --duration 60")
@@ -50,6 +55,10 @@ class Report:
     dcgm_usable: bool = False
     dcgm_address: str = ""  # "" = embedded host engine
     nvml_usable: bool = False
+    # GPU model -> its reported max SM clock (MHz; None when not reported), from DCGM or NVML
+    models: dict[str, float | None] = field(default_factory=dict)
+    # The dcgm-exporter pages asked about (--dcgm-exporter): then they alone are checked and decide.
+    exporter_pages: list[str] = field(default_factory=list)
 
     @property
     def best(self) -> str | None:
@@ -66,18 +75,24 @@ class Report:
             what, fix = "", error.message
         self.add(name, FAIL, f"{prefix}{what} [{error.state}]".strip(), fix)
 
+    @property
+    def pages_ok(self) -> bool:
+        """Every dcgm-exporter page asked about gives OFU (a warning: it does, approximately)."""
+        return all(c.status != FAIL for c in self.checks if c.name.startswith("dcgm-exporter "))
+
     def to_dict(self) -> dict[str, Any]:
+        checks = [asdict(c) for c in self.checks]
+        if self.exporter_pages:
+            return {"host": self.host, "usable": self.pages_ok, "dcgm_exporters": self.exporter_pages,
+                    "checks": checks}
         return {"host": self.host, "usable": self.best is not None, "best_source": self.best,
                 "dcgm_address": self.dcgm_address if self.dcgm_usable else None,
-                "checks": [asdict(c) for c in self.checks], "gpus": [asdict(g) for g in self.gpus]}
+                "checks": checks, "gpus": [asdict(g) for g in self.gpus]}
 
     def render(self) -> str:
-        lines = [f"otel-ofu doctor: GPU sources on {self.host}", ""]
-        for check in self.checks:
-            lines.append(f"  [{check.status.upper():4}] {check.name}: {check.detail}")
-            if check.fix:
-                lines.append(f"         fix: {check.fix}")
-        lines.append("")
+        if self.exporter_pages:
+            return self._render_pages()
+        lines = [f"otel-ofu doctor: GPU sources on {self.host}", "", *self._checks_text(), ""]
         if self.best == "dcgm":
             lines.append("Usable: DCGM profiling fields. `otel-ofu run` (no --config) uses the dcgm receiver; "
                          "see collector-config/dcgm.yaml.")
@@ -86,6 +101,24 @@ class Report:
                          "collector-config/nvml.yaml.")
         else:
             lines.append("No real GPU source is usable here. " + DEMO_HINT)
+        return "\n".join(lines)
+
+    def _checks_text(self) -> list[str]:
+        lines = []
+        for check in self.checks:
+            lines.append(f"  [{check.status.upper():4}] {check.name}: {check.detail}")
+            if check.fix:
+                lines.append(f"         fix: {check.fix}")
+        return lines
+
+    def _render_pages(self) -> str:
+        """--dcgm-exporter: the pages' checks and their verdict (this machine's GPUs are not the question)."""
+        lines = ["otel-ofu doctor: dcgm-exporter pages", "", *self._checks_text(), ""]
+        if self.pages_ok:
+            lines.append("Usable: every page carries what OFU needs. Scrape them with the dcgm_exporter receiver "
+                         "(collector-config/dcgm-exporter.yaml), or watch them: otel-ofu top --scrape URL.")
+        else:
+            lines.append("Not every page gives OFU: see each fix above.")
         return "\n".join(lines)
 
 
@@ -116,6 +149,8 @@ def _check_dcgm(report: Report, loader: dcgm_api.BindingsLoader, bindings_path: 
         return
     where = f"nv-hostengine at {session.address}" if session.address else "embedded host engine (started here)"
     names = sorted({e.model for e in session.entities})
+    for name in names:
+        report.models.setdefault(name, None)
     report.add("DCGM host engine", OK, f"{where}; {len(session.entities)} GPU(s)/MIG instance(s): {', '.join(names)}")
     try:
         fields = session.watch_profiling()
@@ -171,6 +206,7 @@ def _check_gpu(report: Report, api: Any, index: int) -> None:
         return
     info = GpuInfo(index, gpu.name, gpu.uuid, gpu.arch, gpu.gpm, gpu.gpm_reason, len(gpu.mig))
     report.gpus.append(info)
+    report.models[gpu.name] = report.models.get(gpu.name) or gpu.max_clock_mhz
     label = f"{gpu.name} ({gpu.arch}, {gpu.uuid}" + (f", MIG: {len(gpu.mig)} GPU instance(s)" if gpu.mig else "") + ")"
     if not gpu.gpm:
         report.add(name, WARN, f"{label}: no NVML GPM", gpu.gpm_reason)
@@ -193,23 +229,49 @@ def _check_gpu(report: Report, api: Any, index: int) -> None:
 # --- dcgm-exporter ---------------------------------------------------------------------------
 
 
-def check_dcgm_exporter(report: Report, endpoint: str) -> None:
-    """Scrape one dcgm-exporter page and say whether it carries every input OFU needs, and how to fix it."""
+# What to do about a page that cannot be scraped, by the scrape's failure reason.
+_SCRAPE_FIXES = {
+    "connection_refused": "nothing listens there: check the host and port (dcgm-exporter's default is 9400) and that "
+                          "dcgm-exporter runs on that node",
+    "timeout": "the host does not answer in time: check the address, and firewalls or a NetworkPolicy between here "
+               "and the node",
+    "dns": "check the host name (from here, as the scraper would resolve it)",
+    "tls": "an https:// page: check its certificate; dcgm-exporter serves plain http:// unless its web config sets TLS",
+    "http_404": "the server answers but has no page there: dcgm-exporter serves /metrics",
+    "http_401": "the page needs credentials: give them under basic_auth or bearer_token_file in the receiver's config",
+    "http_403": "the page refuses these credentials: check basic_auth or bearer_token_file in the receiver's config",
+}
+
+
+def check_dcgm_exporter(report: Report, endpoint: str, timeout: float | None = None) -> None:
+    """Scrape one dcgm-exporter page and say whether it carries every input OFU needs and names GPU models
+    otel-ofu knows, and how to fix it. A page that cannot be read is a failed check, never a crash."""
     from otel_ofu.gpu.missing_inputs import how_to_enable, missing_inputs
+    from otel_ofu.pipeline.config import Duration
     from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiverConfig, parse_metrics
     from otel_ofu.scrape.client import ScrapeError, Scraper
 
-    config = DcgmExporterReceiverConfig(endpoint=endpoint)
-    (url,) = config.urls()
+    config = DcgmExporterReceiverConfig(endpoint=endpoint,
+                                        scrape_timeout=None if timeout is None else Duration(timeout))
+    try:
+        (url,) = config.urls()
+    except ValueError as exc:
+        report.add(f"dcgm-exporter {redact_url(endpoint)}", FAIL, f"not a scrape URL: {exc}",
+                   "give dcgm-exporter's page, e.g. http://NODE:9400/metrics (credentials go under basic_auth in "
+                   "the receiver's config, never in the URL)")
+        return
     name = f"dcgm-exporter {url}"
     try:
-        samples = parse_metrics(Scraper(config).fetch(url, None), time_unix_nano=0, window_s=30.0)
+        text = Scraper(config).fetch(url, None)
     except ScrapeError as exc:
-        report.add(name, FAIL, f"cannot scrape it: {exc.message} [{exc.reason}]",
-                   "check the address and that dcgm-exporter runs (its default port is 9400)")
+        report.add(name, FAIL, f"cannot scrape it: {exc} [{exc.reason}]",
+                   _SCRAPE_FIXES.get(exc.reason, "check the address and that dcgm-exporter runs (its default port is "
+                                                 "9400)"))
         return
+    try:
+        samples = parse_metrics(text, time_unix_nano=0, window_s=30.0)
     except ValueError as exc:
-        report.add(name, FAIL, f"not a Prometheus page: {exc}", "point it at dcgm-exporter's /metrics")
+        report.add(name, FAIL, f"not Prometheus text: {str(exc)[:200]}", "point it at dcgm-exporter's /metrics")
         return
     if not samples:
         report.add(name, FAIL, "the page has no GPU series (no gpu or UUID label on any DCGM field)",
@@ -221,16 +283,54 @@ def check_dcgm_exporter(report: Report, endpoint: str) -> None:
                    "; ".join(how_to_enable(field) for field in missing))
     else:
         report.add(name, OK, f"{len(samples)} GPU entities with tensor activity and SM clock")
+    models: dict[str, float | None] = {}
+    for sample in samples:
+        max_clock, _ = clean_clock(sample.max_sm_clock_mhz)
+        models[sample.model or ""] = models.get(sample.model or "") or max_clock
+    counts = Counter(sample.model or "" for sample in samples)
+    max_clock_name = dcgm_fields.FIELD_NAMES[dcgm_fields.MAX_SM_CLOCK][0]
+    _check_models(report, name, models, counts, f"the page has no {max_clock_name}")
+
+
+def _check_models(report: Report, name: str, models: dict[str, float | None], counts: Counter[str] | None = None,
+                  no_max_clock: str = "") -> None:
+    """A check per GPU model ``run`` would compute no OFU for, or an approximate one (f_ref is then the
+    reported max SM clock), with the ``reference_clocks`` setting that fixes it, as ``run`` logs it.
+
+    ``models``: model -> its max SM clock as the source reports it; ``no_max_clock`` says why a model
+    has none (a page without the field). Empty: the source reads it itself (the dcgm and nvml receivers).
+    """
+    from otel_ofu.processors.ofu import reference_clock_fix
+
+    for model, max_clock in sorted(models.items()):
+        ref = reference_clock(model or None, specs.UNKNOWN_PRECISION, max_clock)
+        if ref is not None and ref.source != FREF_MAX_CLOCK:
+            continue
+        gpus = f"{counts[model]} GPU entities" if counts else "its GPUs"
+        what = (f"{gpus} without a model name (no modelName label)" if not model else
+                f"{gpus} of model {model!r}, which otel-ofu does not know (not in its spec table, docs/gpus.md)")
+        if ref is None and no_max_clock:
+            report.add(name, FAIL, f"{what}, and {no_max_clock}: no OFU for them (`run` counts their windows in "
+                       f"gpu.ofu.dropped{{ofu.drop.reason={NoValue.NO_REFERENCE_CLOCK.value}}})",
+                       reference_clock_fix(model))
+        else:
+            clock = f" ({ref.mhz:.0f} MHz)" if ref is not None else ""
+            report.add(name, WARN, f"{what}: OFU divides by its reported max SM clock{clock}, not the clock its "
+                       "tensor peak is quoted at: approximate", reference_clock_fix(model))
 
 
 def diagnose(*, dcgm_loader: dcgm_api.BindingsLoader | None = None, nvml_loader: nvml_api.NvmlLoader | None = None,
              bindings_path: str | None = None, address: str = "", dcgm_exporters: list[str] | None = None) -> Report:
     """Every check, in order; the loaders default to the installed providers (fakes in tests)."""
-    report = Report(socket.gethostname())
+    report = Report(socket.gethostname(), exporter_pages=list(dcgm_exporters or []))
+    if dcgm_exporters:  # the pages are the question, not this machine's GPUs
+        for endpoint in dcgm_exporters:
+            check_dcgm_exporter(report, endpoint)
+        return report
     _check_dcgm(report, dcgm_loader or dcgm_api.get_loader(), bindings_path, address)
     _check_nvml(report, nvml_loader or nvml_api.get_loader())
-    for endpoint in dcgm_exporters or []:
-        check_dcgm_exporter(report, endpoint)
+    if report.best is not None:
+        _check_models(report, "GPU models", report.models)
     return report
 
 
@@ -249,18 +349,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       dcgm_exporters=exporters)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
     if exporters:  # asked about dcgm-exporter: its pages decide
-        return 0 if all(c.status == OK for c in report.checks if c.name.startswith("dcgm-exporter ")) else 1
+        return 0 if report.pages_ok else 1
     return 0 if report.best else 1
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
     """``doctor --backend URL``: the backend's names and labels instead of this machine's GPUs."""
     checks = backend_check.check_backend(backend_check.Backend(args.backend), lookback_s=args.lookback)
+    shown = redact_url(args.backend)
     if args.json:
-        print(json.dumps({"backend": args.backend, "ok": not any(c.status == FAIL for c in checks),
+        print(json.dumps({"backend": shown, "ok": not any(c.status == FAIL for c in checks),
                           "checks": [asdict(c) for c in checks]}, indent=2))
     else:
-        print(backend_check.render(args.backend, checks))
+        print(backend_check.render(shown, checks))
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 

@@ -78,6 +78,17 @@ def _input_without_value(sample: GpuSample, reason: NoValue) -> str:
     return "SM clock (DCGM_FI_DEV_SM_CLOCK, field 100, or DCGM_FI_DEV_SM_CLOCK_HERTZ, 1603):"
 
 
+def reference_clock_fix(model: str | None) -> str:
+    """What to set for a GPU model without f_ref (not in the spec table, no reported max clock; ``None``
+    or "": unnamed), as this processor and ``otel-ofu doctor`` say it."""
+    return (f"set reference_clocks: {{{(model or ANY_MODEL)!r}: <MHz at which its dense tensor peak is quoted>}} "
+            "on the ofu processor (docs/gpus.md)")
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 @dataclass(slots=True)
 class _DropCounter:
     """One ``gpu.ofu.dropped`` series: a GPU resource and a reason."""
@@ -420,9 +431,8 @@ class OfuProcessor(Processor):
             return
         self.log.warning(
             "GPU model %r (%s) is not in the spec table and reports no max SM clock: its GPUs get no OFU (counted "
-            "in gpu.ofu.dropped{ofu.drop.reason=%s}). Set reference_clocks: {%r: <MHz at which its dense tensor "
-            "peak is quoted>} on the ofu processor (docs/gpus.md).",
-            sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, sample.model)
+            "in gpu.ofu.dropped{ofu.drop.reason=%s}). %s.",
+            sample.model, where, NoValue.NO_REFERENCE_CLOCK.value, _sentence(reference_clock_fix(sample.model)))
 
     def _window_start(self, sample: GpuSample, gpu: _Gpu, resource: Attributes) -> int:
         """The start of the window a GPU's gpu.ofu covers, when its job or pod changed since its previous
