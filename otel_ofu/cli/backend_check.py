@@ -10,6 +10,7 @@ docs/backends.md has the roads and their settings.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.error
@@ -51,6 +52,18 @@ class Backend:
     url: str
     timeout: float = 10.0
     headers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Credentials in the URL (http://user:password@host:9090) are sent as basic auth, as Prometheus'
+        clients do, and kept out of ``url``, which messages print."""
+        parts = urllib.parse.urlsplit(self.url)
+        if "@" not in parts.netloc:
+            return
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+        self.headers = (*self.headers, ("Authorization", f"Basic {token}"))
+        self.url = urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
     def get(self, path: str, params: dict[str, str]) -> Any:
         request = urllib.request.Request(f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}",

@@ -17,6 +17,7 @@ from otel_ofu.core.model import Batch
 from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, Item, MemoryStore, SqliteStore
 from otel_ofu.otlp.exporter_config import OtlpExporterConfig, resolve
 from otel_ofu.pipeline.component import Context, Exporter
+from otel_ofu.pipeline.redact import redact_url
 
 
 def queue_file(storage: str, component_id: str) -> Path:
@@ -65,7 +66,7 @@ class OtlpExporter(Exporter):
                           self.context.component_id)
         where = queue_file(queue_cfg.storage, self.context.component_id) if queue_cfg.storage else "memory"
         self.log.info("%s: exporting to %s (%s, compression %s, queue %s)", self.context.component_id,
-                      self.settings.targets["metrics"], "plaintext" if self.settings.insecure else "TLS",
+                      redact_url(self.settings.targets["metrics"]), "plaintext" if self.settings.insecure else "TLS",
                       self.settings.compression, where if queue_cfg.enabled else "disabled")
 
     def export(self, batch: Batch) -> None:

@@ -246,7 +246,9 @@ def resolve(config: OtlpExporterConfig, environ: Mapping[str, str]) -> Settings:
             require(parsed.scheme in ("http", "https") and bool(parsed.netloc), key,
                     f"expected host:port, http://host:port or https://host:port, got {endpoint!r}")
             scheme, endpoint = parsed.scheme, parsed.netloc
-        require(bool(endpoint) and "/" not in endpoint, key, f"expected host:port, got {endpoint!r}")
+        if require("@" not in endpoint, key, "credentials in the endpoint are not sent over gRPC (and the endpoint "
+                   "is logged): set headers: {authorization: ...} or bearer_token_file"):
+            require(bool(endpoint) and "/" not in endpoint, key, f"expected host:port, got {endpoint!r}")
         targets = {"metrics": endpoint, "logs": endpoint}
         if tls.insecure is not None:
             insecure = tls.insecure

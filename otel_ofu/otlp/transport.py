@@ -27,6 +27,7 @@ from typing import Any
 from otel_ofu.delivery import Item, SendResult
 from otel_ofu.otlp.exporter_config import Settings
 from otel_ofu.pipeline.endpoints import WatchedFiles
+from otel_ofu.pipeline.redact import redact_url, redact_urls
 
 log = logging.getLogger("otel_ofu.otlp.transport")
 
@@ -256,7 +257,7 @@ class HttpTransport:
                                           verify=self._verify, cert=self._cert, allow_redirects=False)
         except self._requests.exceptions.RequestException as error:
             # Connection refused/reset, timeouts, TLS handshake: retryable, as in the Collector.
-            return SendResult.retry(type(error).__name__, str(error))
+            return SendResult.retry(type(error).__name__, redact_urls(str(error)))
         status = response.status_code
         if 200 <= status < 300:
             rejected, message = 0, ""
@@ -269,9 +270,9 @@ class HttpTransport:
             return SendResult.success(rejected, message)
         detail = _http_error_message(response)
         if item.signal == "logs" and _takes_no_logs(status, detail):
-            detail = (f"{detail}. The backend takes no OTLP logs at {url}: the job events (ofu.job.start, ofu.job.end, "
-                      "findings) cannot go there. Set this exporter's logs_endpoint to a logs backend's OTLP URL "
-                      "(Loki, VictoriaLogs), or logs_endpoint: none to send metrics only (docs/backends.md)")
+            detail = (f"{detail}. The backend takes no OTLP logs at {redact_url(url)}: the job events (ofu.job.start, "
+                      "ofu.job.end, findings) cannot go there. Set this exporter's logs_endpoint to a logs backend's "
+                      "OTLP URL (Loki, VictoriaLogs), or logs_endpoint: none to send metrics only (docs/backends.md)")
         if status in RETRYABLE_HTTP:
             return SendResult.retry(f"http_{status}", detail, parse_retry_after(response.headers.get("Retry-After")))
         return SendResult.permanent(f"http_{status}", detail, too_large=status == 413)

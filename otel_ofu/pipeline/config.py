@@ -21,6 +21,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from otel_ofu.pipeline.redact import redact_urls
+
 
 class ConfigError(Exception):
     """A config problem, located: ``file: section.component: key: message``.
@@ -31,7 +33,8 @@ class ConfigError(Exception):
 
     def __init__(self, message: str, *, file: str | None = None, component: str | None = None,
                  key: str | None = None, problems: list[ConfigError] | None = None):
-        self.file, self.component, self.key, self.message = file, component, key, message
+        # A value echoed in the message may be a URL with credentials: masked (pipeline/redact.py).
+        self.file, self.component, self.key, self.message = file, component, key, redact_urls(message)
         self.problems: list[ConfigError] = problems or [self]
         super().__init__(self.format())
 
@@ -64,7 +67,8 @@ class FieldError(ValueError):
     """
 
     def __init__(self, key: str, message: str, *, all_errors: list[FieldError] | None = None):
-        self.key, self.message = key, message
+        self.key, self.message = key, redact_urls(message)
+        message = self.message
         self.all: list[FieldError] = all_errors or [self]
         super().__init__(f"{key}: {message}")
 
@@ -89,7 +93,7 @@ AMBIGUOUS_SECONDS = 1000
 def _warn(key: str, message: str) -> None:
     sink = _warnings.get()
     if sink is not None:
-        sink.append((key, message))
+        sink.append((key, redact_urls(message)))
 
 
 def _human_seconds(seconds: float) -> str:

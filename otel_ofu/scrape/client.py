@@ -27,6 +27,7 @@ from otel_ofu import __version__
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import invalid, require, require_file
+from otel_ofu.pipeline.redact import redact_url
 
 DEFAULT_PATH = "/metrics"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a node's dcgm-exporter page is ~100 KiB; this only stops runaways
@@ -83,23 +84,28 @@ class BasicAuthSettings:
 
 
 def normalize_endpoint(text: str) -> str:
-    """A scrape URL from ``host:port`` or a URL; the path defaults to ``/metrics`` as in Prometheus."""
+    """A scrape URL from ``host:port`` or a URL; the path defaults to ``/metrics`` as in Prometheus.
+
+    Credentials in the URL are refused (they would be logged with it, and Prometheus takes them
+    under basic_auth too); every message names the URL with its credentials masked.
+    """
     text = text.strip()
     if not text:
         raise ValueError("empty endpoint")
     if "://" not in text:
         text = "http://" + text
+    shown = redact_url(text)
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{text!r}: the scheme must be http or https")
+        raise ValueError(f"{shown!r}: the scheme must be http or https")
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise ValueError(f"{shown!r}: put credentials under basic_auth (or bearer_token_file), not in the URL")
     if not parts.hostname:
-        raise ValueError(f"{text!r}: no host")
-    if parts.username or parts.password:
-        raise ValueError(f"{text!r}: put credentials under basic_auth, not in the URL")
+        raise ValueError(f"{shown!r}: no host")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise ValueError(f"{text!r}: {exc}") from None
+        raise ValueError(f"{shown!r}: {exc}") from None
     path = parts.path if parts.path not in ("", "/") else DEFAULT_PATH
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
