@@ -13,6 +13,7 @@ from otel_ofu.console.state import STALE, FleetState
 from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
 from otel_ofu.exporters.console import ConsoleExporter, ConsoleExporterConfig
 from otel_ofu.pipeline.component import Context
+from otel_ofu.pipeline.telemetry import STARTING, Telemetry
 
 ANSI = re.compile(r"\x1b\[")
 COLOUR = re.compile(r"\x1b\[[0-9;]*?(?:3[0-7]|9[0-7]|38;[25])[;m]")  # a foreground colour, any form
@@ -224,6 +225,28 @@ def test_plain_exporter_prints_header_and_jobs_each_refresh_and_the_gpu_table_at
     assert ["H100 80GB HBM3" in f for f in frames] == [True, False, True]
     assert "1755 / 1830" in frames[0] and "43.2%" in frames[0] and not ANSI.search(stream.getvalue())
 
+
+
+def test_plain_exporter_says_what_its_sources_say_when_it_changes_and_stops_when_they_recover():
+    """A source that fails is printed under the header (whether or not data came before); one still
+    waiting only while nothing has arrived; a recovered one no more. Each change is a frame."""
+    stream = io.StringIO()
+    telemetry = Telemetry()
+    exporter = ConsoleExporter(ConsoleExporterConfig(plain_gpu_table=3600), Context("console", telemetry),
+                               stream=stream)
+    telemetry.receiver_state("otlp", STARTING)
+    telemetry.receiver_state("dcgm_exporter", "scrape_failed",
+                             why="cannot scrape http://n:9400/metrics: connection refused; retrying every 30s")
+    exporter._draw()
+    exporter._draw()  # nothing changed: nothing printed
+    exporter.export(Batch(points=ofu_points(gpu_resource(), T0, 0.5)))
+    exporter._draw()  # data: the waiting source is no longer news, the failing one still is
+    telemetry.receiver_state("dcgm_exporter", "ok")
+    exporter._draw()
+    frames = [f.splitlines() for f in stream.getvalue().strip().split("\n\n")]
+    failing = "  source dcgm_exporter: cannot scrape http://n:9400/metrics: connection refused; retrying every 30s"
+    assert [[line for line in f if line.startswith("  source")] for f in frames] == [
+        [failing, "  source otlp: nothing read yet"], [failing], []]
 
 def test_live_exporter_draws_through_rich():
     stream = io.StringIO()

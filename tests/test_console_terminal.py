@@ -26,6 +26,7 @@ from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
 from tests.e2e_util import PageServer, wait_for
+from tools.ports import free_ports
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data" / "dcgm-exporter"
@@ -262,6 +263,39 @@ def test_top_scrape_in_a_terminal(exporter_pages):
     finally:
         tmux.close()
 
+
+
+def test_top_with_its_source_down_says_so_piped_with_plain(tmp_path):
+    """Issue 31 item 14: a dcgm-exporter that does not answer, and a Collector that sends nothing. Once
+    nothing at all (--plain) and "no data yet" (a terminal); now the source's state, as it changes."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = run_piped_until([sys.executable, "-m", "otel_ofu", "top", "--scrape", url, "--interval", "1", "--refresh",
+                            "0.5", "--plain"], tmp_path, lambda out: "cannot scrape" in out)
+    assert proc.returncode == 0, proc.stderr
+    assert f"  source dcgm_exporter: cannot scrape {url}: connection refused; retrying every 1s" in proc.stdout
+    grpc, http = free_ports(2)
+    proc = run_piped_until([sys.executable, "-m", "otel_ofu", "top", "--otlp", f"127.0.0.1:{grpc}", "--otlp-http",
+                            f"127.0.0.1:{http}", "--refresh", "0.5", "--plain"], tmp_path, lambda out: "source " in out)
+    assert proc.returncode == 0, proc.stderr
+    assert "  source otlp: nothing received yet" in proc.stdout
+
+
+@needs_tmux
+def test_top_with_its_source_down_says_so_in_a_terminal():
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = f"cd {shlex.quote(str(ROOT))} && exec {shlex.quote(sys.executable)} -m otel_ofu top --scrape {url} " \
+              "--interval 1 --duration 30 --refresh 0.5"
+    tmux = Tmux(command, width=180, height=40)
+    try:
+        said = re.compile(rf"^│ source dcgm_exporter: cannot scrape {re.escape(url)}: connection refused; "
+                          r"retrying every 1s\s*│$")
+        lines = tmux.wait_for(lambda ls: any(said.match(ln) for ln in ls), timeout=30)
+        assert any(said.match(ln) for ln in lines), "\n".join(lines)
+        assert len(index_of(lines, f"╭─ otel-ofu top · {url} · data time no data yet")) == 1
+    finally:
+        tmux.close()
 
 def test_top_without_a_gpu_says_what_to_do_instead():
     proc = subprocess.run([sys.executable, "-m", "otel_ofu", "top"], cwd=ROOT, capture_output=True, text=True,

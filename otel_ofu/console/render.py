@@ -159,7 +159,8 @@ def header_panel(view: FleetView, title: str) -> Panel:
         line2.append(f"{FINDING_MARK} {findings}", FINDING_STYLE)
     else:
         line2.append(findings)
-    return Panel(Group(line1, line2), title=f"[bold]{title}[/] · data time {stamp(view.data_ns)}",
+    sources = [Text(f"source {line}", MISSING_STYLE) for line in view.sources]
+    return Panel(Group(line1, line2, *sources), title=f"[bold]{title}[/] · data time {stamp(view.data_ns)}",
                  title_align="left", box=box.ROUNDED, padding=(0, 1))
 
 
@@ -253,6 +254,7 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
         if view.data_ns else "-"
     gpus_text, missing, ofu, findings = header_facts(view)
     lines = [f"{title} {data_time}  {gpus_text}{', ' + missing if missing else ''}; {ofu}; {findings}"]
+    lines += [f"  source {line}" for line in view.sources]
     for job in view.jobs:
         mfu = f", reported MFU {pct(job.mfu_reported)}" if job.mfu_reported is not None else ""
         state = " (ended)" if job.ended else ""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from otel_ofu.core.loss import LossTotals
@@ -51,6 +51,7 @@ from otel_ofu.jobs.findings import (
     WINDOW,
 )
 from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
+from otel_ofu.pipeline.telemetry import STARTING
 
 STALE = "stale"
 NO_JOB_IDS = frozenset({NO_JOB, "unknown", ""})  # the jobs processor's default ignore_jobs
@@ -154,10 +155,27 @@ class FleetView:
     ofu_now: float | None  # mean over the GPUs with a value now
     totals: JobTotals  # the fleet, over what the console saw
     open_findings: int
+    sources: tuple[str, ...] = ()  # what the sources say of themselves (:func:`source_lines`)
 
     @property
     def with_value(self) -> int:
         return len(self.gpus) - sum(self.no_value.values())
+
+
+def source_lines(states: Mapping[str, tuple[str, str]], accepted: Mapping[str, float], has_data: bool
+                 ) -> tuple[str, ...]:
+    """``receiver: what it says`` for each receiver in trouble (a scrape failing, a host engine out of
+    reach: its state in words), and while no data has arrived, for each one still waiting, so that an
+    empty screen says why it is empty. ``states``: receiver -> (state, why); ``accepted``: what
+    each handed in so far."""
+    out = []
+    for receiver, (state, why) in sorted(states.items()):
+        waiting = state in (STARTING, "ok") and not accepted.get(receiver)
+        if state in ("ok", STARTING, "finished") and not (waiting and not has_data):
+            continue
+        text = why or {STARTING: "nothing read yet", "ok": "nothing received yet"}.get(state, state.replace("_", " "))
+        out.append(f"{receiver}: {text}")
+    return tuple(out)
 
 
 def _natural(value: str) -> tuple[int, str]:

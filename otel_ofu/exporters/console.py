@@ -14,14 +14,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TextIO
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 
 from otel_ofu.console.render import live_layout, plain_lines
-from otel_ofu.console.state import FleetState
+from otel_ofu.console.state import FleetState, FleetView, source_lines
+from otel_ofu.core.metrics import RECEIVER_ACCEPTED
 from otel_ofu.core.model import Batch
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import Duration, require
@@ -72,24 +73,31 @@ class ConsoleExporter(Exporter):
         self._live: Live | None = None
         self._table_at: float | None = None  # plain mode: when the GPU table was last printed
         self._last_had_table = False
+        self._sources_shown: tuple[str, ...] = ()  # plain mode: the source lines last printed
 
     def export(self, batch: Batch) -> None:
         with self._lock:
             self._dirty |= self.state.update(batch)
 
-    def layout(self) -> RenderableType:
-        """The live screen as a rich renderable, sized to the console."""
+    def _view(self) -> FleetView:
+        """The state, with what the service's receivers say of themselves (their sources' state)."""
         with self._lock:
             view = self.state.view()
+        telemetry = self.context.telemetry
+        states = telemetry.receiver_states()
+        accepted = {receiver: telemetry.counter(RECEIVER_ACCEPTED, receiver=receiver) for receiver in states}
+        return replace(view, sources=source_lines(states, accepted, bool(view.gpus or view.jobs)))
+
+    def layout(self) -> RenderableType:
+        """The live screen as a rich renderable, sized to the console."""
+        view = self._view()
         assert self.console is not None
         return live_layout(view, self.console, title=self.config.title, max_gpus=self.config.max_rows,
                            max_jobs=self.config.max_jobs)
 
-    def render(self, gpus: bool = True) -> list[str]:
+    def render(self, gpus: bool = True, view: FleetView | None = None) -> list[str]:
         """The current state as plain lines (header first)."""
-        with self._lock:
-            view = self.state.view()
-        return plain_lines(view, title=self.config.title, gpus=gpus, max_gpus=self.config.max_rows)
+        return plain_lines(view or self._view(), title=self.config.title, gpus=gpus, max_gpus=self.config.max_rows)
 
     def _draw(self, final: bool = False) -> None:
         if self._live is not None:
@@ -97,6 +105,9 @@ class ConsoleExporter(Exporter):
             return
         with self._lock:
             dirty, self._dirty = self._dirty, False
+        view = self._view()
+        # What the sources say changed (a scrape began failing, or recovered): printed like new data.
+        dirty |= view.sources != self._sources_shown
         # The last frame ends with the GPU table, unless the frame before already showed this state with it.
         if not dirty and (not final or self._last_had_table):
             return
@@ -105,9 +116,10 @@ class ConsoleExporter(Exporter):
         if table:
             self._table_at = now
         self._last_had_table = table
-        lines = self.render(gpus=table)
-        if final and not self.state.gpus and not self.state.jobs:
+        lines = self.render(gpus=table, view=view)
+        if final and not self.state.gpus and not self.state.jobs and view.sources == self._sources_shown:
             return
+        self._sources_shown = view.sources
         self.stream.write("\n".join(lines) + "\n\n")
         self.stream.flush()
 

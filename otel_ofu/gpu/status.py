@@ -56,10 +56,12 @@ class StatusReporter:
     def set(self, state: str, message: str = "") -> bool:
         """Enter ``state``; logs and returns True only when the state changed."""
         if state == self.state:
-            self.message = message or self.message
+            if message and message != self.message:
+                self.message = message
+                self.telemetry.receiver_state(self.receiver_id, state, why=message)
             return False
         previous = self.state
-        self.telemetry.receiver_state(self.receiver_id, state)
+        self.telemetry.receiver_state(self.receiver_id, state, why=message)
         self.state, self.message = state, message
         if state == OK:
             self.log.info("%s: %s%s", self.receiver_id, "reading counters" if not message else message,

@@ -23,16 +23,21 @@ class Telemetry:
         self._counters: dict[tuple[str, Attributes], float] = {}
         self._gauges: dict[tuple[str, Attributes], float] = {}
         self._states: dict[tuple[str, Attributes], str] = {}
+        self._why: dict[str, str] = {}  # receiver -> what its state means now, in words
         self.start_time_unix_nano = time.time_ns()
 
-    def receiver_state(self, receiver: str, state: str, **attributes: Any) -> str | None:
+    def receiver_state(self, receiver: str, state: str, *, why: str = "", **attributes: Any) -> str | None:
         """Put a receiver (or, with attributes such as gpu=..., one of its GPUs) in ``state``.
 
         ``otel_ofu.receiver.status`` is 1 for the new state and 0 for the one it left, so a
-        dashboard or alert sees what each receiver is doing. Returns the previous state.
+        dashboard or alert sees what each receiver is doing. ``why`` says it in words for the
+        receiver as a whole (``cannot scrape http://...: connection refused; retrying every 30s``),
+        what the console shows. Returns the previous state.
         """
         key = (receiver, attrs(attributes))
         with self._lock:
+            if not attributes:
+                self._why[receiver] = why
             previous = self._states.get(key)
             if previous != state:
                 if previous is not None:
@@ -45,6 +50,12 @@ class Telemetry:
     def state_of(self, receiver: str, **attributes: Any) -> str | None:
         with self._lock:
             return self._states.get((receiver, attrs(attributes)))
+
+    def receiver_states(self) -> dict[str, tuple[str, str]]:
+        """Every receiver's own state (not its GPUs') and what it means in words ("" when unsaid)."""
+        with self._lock:
+            return {receiver: (state, self._why.get(receiver, "")) for (receiver, attributes), state
+                    in self._states.items() if not attributes}
 
     def add(self, name: str, value: float = 1.0, **attributes: Any) -> None:
         key = (name, attrs(attributes))

@@ -277,6 +277,7 @@ class ScrapePool:
         self.what = what  # what a page yields, for the recovery log line
         self._executor: ThreadPoolExecutor | None = None
         self._last_reason: dict[str, str | None] = {}
+        self._last_error: dict[str, str] = {}  # endpoint -> its last failure, in words
         self._empty: set[str] = set()  # endpoints whose last scrape gave nothing to read
 
     def scrape(self, parse: Callable[[str, str, int], Sequence[T]]) -> list[T]:
@@ -308,9 +309,16 @@ class ScrapePool:
             if not self._last_reason.get(url):
                 self.log.info("%s: %s again", url, self.what)
         self._empty = set(empty)
-        failed = any(self._last_reason.get(url) for url in self.urls)
+        failed = [url for url in self.urls if self._last_reason.get(url)]
+        retry = f"; retrying every {float(self.config.collection_interval):g}s"
+        if failed:
+            why = f"cannot scrape {failed[0]}: {self._last_error.get(failed[0], '')}{_and_more(failed)}{retry}"
+        elif empty:
+            why = f"{empty[0]} answers with none of the metrics this receiver reads{_and_more(empty)}"
+        else:
+            why = ""
         self.context.telemetry.receiver_state(self.context.component_id,
-                                              "scrape_failed" if failed else "empty" if empty else "ok")
+                                              "scrape_failed" if failed else "empty" if empty else "ok", why=why)
 
     def _scrape(self, url: str, context: ssl.SSLContext | None, parse: Callable[[str, str, int], Sequence[T]]
                 ) -> Sequence[T]:
@@ -342,11 +350,16 @@ class ScrapePool:
             level = logging.WARNING if self._last_reason.get(url) != exc.reason else logging.DEBUG
             self.log.log(level, "scrape of %s failed (%s): %s; other endpoints carry on", url, exc.reason, exc)
         self._last_reason[url] = exc.reason
+        self._last_error[url] = str(exc)
 
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+def _and_more(urls: list[str]) -> str:
+    return f" (and {len(urls) - 1} more endpoint{'s' if len(urls) > 2 else ''})" if len(urls) > 1 else ""
 
 
 def parse_text(text: str) -> Any:
