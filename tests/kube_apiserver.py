@@ -157,8 +157,9 @@ class KubeApiServer:
 
     # --- objects ---------------------------------------------------------------------------------
 
-    def namespace(self, name: str) -> None:
-        self.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        self.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": name, "labels": labels or {}}})
 
     def create_pod(self, namespace: str, name: str, node: str, *, labels: dict | None = None,
                    annotations: dict | None = None, owners: list[dict] | None = None) -> dict[str, Any]:

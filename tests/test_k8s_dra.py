@@ -26,6 +26,7 @@ import grpc
 import pytest
 import yaml
 
+from otel_ofu.attribution.k8s_dra import DeviceRef, claim_allocation
 from otel_ofu.attribution.kubelet import dra_devices
 from otel_ofu.attribution.proto import podresources_v1_pb2 as pb
 from otel_ofu.attribution.proto import podresources_v1_pb2_grpc as pb_grpc
@@ -41,6 +42,7 @@ from tests.test_attribution import Lister, sample
 DATA = Path(__file__).parent / "data" / "real" / "k8s"
 DRA = yaml.safe_load((DATA / "dra-nvidia.yaml").read_text())
 MIG = yaml.safe_load((DATA / "dra-nvidia-mig.yaml").read_text())
+ADMIN = yaml.safe_load((DATA / "dra-nvidia-admin-access.yaml").read_text())
 PODS_AND_DRA = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
@@ -71,7 +73,7 @@ def create(cluster: KubeApiServer, obj: dict) -> dict:
 def load(cluster: KubeApiServer, corpus: dict, namespaces: set[str]) -> dict[str, dict]:
     """Slices, pods (status later: the claims are reserved for them), claims; the objects by name."""
     for ns in {o["metadata"]["namespace"] for o in corpus["pods"]} - namespaces:
-        cluster.namespace(ns)
+        cluster.namespace(ns, (corpus.get("namespace_labels") or {}).get(ns))
         namespaces.add(ns)
     out = {}
     for obj in corpus["slices"]:
@@ -192,6 +194,14 @@ def test_dynamic_resources_are_read_for_the_configured_drivers_only():
     assert dra_devices(response, []) == {}
 
 
+
+def test_an_allocation_result_with_admin_access_is_not_a_device_the_claim_holds():
+    claims = {c["metadata"]["name"]: claim_allocation(c) for c in ADMIN["claims"]}
+    monitor, job = claims["gpu-monitor-p6w2d-gpus-z7c4n"], claims["bert-worker-0-gpus-m2x8k"]
+    assert monitor.devices == () and monitor.reserved_for == ("gpu-monitor-p6w2d",)
+    assert monitor.admin_devices == {DeviceRef("gpu.nvidia.com", "gpu-node-adm", f"gpu-{i}") for i in range(4)}
+    assert [d.device for d in job.devices] == ["gpu-0", "gpu-1"] and job.admin_devices == frozenset()
+
 # --- against the API server ---------------------------------------------------------------------------
 
 def test_every_gpu_of_a_node_with_dra_and_the_device_plugin_gets_its_job(cluster, kubelet):
@@ -207,6 +217,26 @@ def test_every_gpu_of_a_node_with_dra_and_the_device_plugin_gets_its_job(cluster
     finally:
         proc.shutdown()
 
+
+
+def test_an_admin_access_claim_holds_no_gpu_and_shares_none(cluster, kubelet):
+    """Issue 31 item 19: a monitoring DaemonSet's claim with adminAccess on every GPU of the node (the API
+    server takes it in a namespace labelled for admin access) beside a PyTorchJob's claim on two of them.
+    The kubelet lists the monitoring pod's devices like any other; the claim's allocation results say
+    they are admin access: the job's GPUs stay its own, not shared (with include_shared false a shared
+    GPU gives its job no GPU time), and the others stay idle. The same without the kubelet socket."""
+    objects = load(cluster, ADMIN, set())
+    results = objects["gpu-monitor-p6w2d-gpus-z7c4n"]["status"]["allocation"]["devices"]["results"]
+    assert [r.get("adminAccess") for r in results] == [True] * 4  # kept by the API server as written
+    kubelet.pods = kubelet_answer(ADMIN, objects)
+    assert {p.name for p in kubelet.pods for c in p.containers if c.dynamic_resources} == {
+        "bert-worker-0", "gpu-monitor-p6w2d"}
+    for socket in (kubelet.socket, None):
+        proc = attribution(cluster, ADMIN["node"], socket)
+        try:
+            assert jobs_of(proc, gpu_samples(ADMIN)) == expected(ADMIN)
+        finally:
+            proc.shutdown()
 
 def test_without_the_kubelet_socket_the_api_claims_map_the_dra_gpus(cluster):
     """ResourceClaim.status.allocation plus reservedFor, read for this node's pods (get only)."""

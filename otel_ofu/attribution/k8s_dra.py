@@ -212,14 +212,21 @@ class SliceStore:
 
 @dataclass(frozen=True, slots=True)
 class ClaimAllocation:
-    """What a ResourceClaim says: the devices allocated to it and the pods it is reserved for."""
+    """What a ResourceClaim says: the devices allocated to it and the pods it is reserved for.
+
+    A device allocated with admin access (``adminAccess: true`` on its allocation result: a
+    monitoring DaemonSet's claim on every GPU of a node) is in ``admin_devices``, not ``devices``:
+    such access ignores every ordinary claim on the device and uses none of it (Kubernetes'
+    DeviceRequest.AdminAccess), so its pod holds no GPU time and makes no GPU shared.
+    """
 
     namespace: str
     name: str
     uid: str
-    devices: tuple[DeviceRef, ...]
+    devices: tuple[DeviceRef, ...]  # the devices its pods hold
     reserved_for: tuple[str, ...]  # pod names (reservedFor entries of resource "pods")
     allocated: bool
+    admin_devices: frozenset[DeviceRef] = frozenset()  # allocated for administrative access only
 
 
 def claim_allocation(obj: Mapping[str, Any]) -> ClaimAllocation | None:
@@ -229,13 +236,19 @@ def claim_allocation(obj: Mapping[str, Any]) -> ClaimAllocation | None:
         return None
     status = obj.get("status") or {}
     allocation = status.get("allocation") or {}
-    devices = tuple(DeviceRef(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
-                    for r in (allocation.get("devices") or {}).get("results") or ()
-                    if isinstance(r, Mapping) and r.get("driver") and r.get("pool") and r.get("device"))
+    devices: list[DeviceRef] = []
+    admin: set[DeviceRef] = set()
+    for result in (allocation.get("devices") or {}).get("results") or ():
+        if isinstance(result, Mapping) and result.get("driver") and result.get("pool") and result.get("device"):
+            ref = DeviceRef(str(result["driver"]), str(result["pool"]), str(result["device"]))
+            if result.get("adminAccess") is True:
+                admin.add(ref)
+            else:
+                devices.append(ref)
     pods = tuple(str(r["name"]) for r in status.get("reservedFor") or ()
                  if isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name"))
-    return ClaimAllocation(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid") or ""), devices, pods,
-                           bool(allocation))
+    return ClaimAllocation(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid") or ""), tuple(devices), pods,
+                           bool(allocation), frozenset(admin))
 
 
 @dataclass

@@ -46,7 +46,7 @@ from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
 from otel_ofu.attribution.k8s_api import PodRecord, PodWatcher
 from otel_ofu.attribution.k8s_dra import DeviceRef, DraGpu, DraWatcher
 from otel_ofu.attribution.k8s_identity import job_id, labelled_pod_job
-from otel_ofu.attribution.kubelet import KubeletClient, NodeAllocations, PodContainer
+from otel_ofu.attribution.kubelet import DraHolder, KubeletClient, NodeAllocations, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
 from otel_ofu.attribution.reports import resource_claim, resource_pid
@@ -248,12 +248,14 @@ class AttributionProcessor(Processor):
 
         unmapped = []
         for (driver, pool, device), dra_holders in allocations.dra.items():
-            gpu = self.dra.gpu(DeviceRef(driver, pool, device)) if self.dra is not None else None
+            ref = DeviceRef(driver, pool, device)
+            gpu = self.dra.gpu(ref) if self.dra is not None else None
             if gpu is None:
                 unmapped.append(f"{driver} pool {pool} device {device}")
                 continue
             for dra_holder in dra_holders:
-                add(gpu, dra_holder.holder)
+                if not self._admin_access(dra_holder, ref):
+                    add(gpu, dra_holder.holder)
         if unmapped and not self._dra_unmapped_logged and (self.dra is None or self.dra.synced.is_set()):
             self._dra_unmapped_logged = True
             why = ("the kubernetes_api source is off: enable it (RBAC get/list/watch on resourceslices) to read "
@@ -274,6 +276,14 @@ class AttributionProcessor(Processor):
                             for holder in containers:
                                 add(gpu, holder)
         return holders, known
+
+    def _admin_access(self, holder: DraHolder, ref: DeviceRef) -> bool:
+        """The kubelet lists a container's DRA devices without saying how they were allocated: its
+        claim, as the API source read it, says whether this one is admin access (not a holder)."""
+        if self.dra is None:
+            return False
+        allocation = self.dra.claims.claim(holder.claim_namespace, holder.claim_name)
+        return allocation is not None and ref in allocation.admin_devices
 
     def _claim_holders(self) -> dict[tuple[str, str], list[PodContainer]]:
         """The containers of this node's pods using each claim, as the pods and the claim say
