@@ -55,8 +55,15 @@ def matching(points: list[MetricPoint], name: str, identity: dict[str, str]) -> 
     return [p for p in points if p.name == name and all(dict(p.resource).get(k) == v for k, v in identity.items())]
 
 
+def loss_account(points: list[MetricPoint], identity: dict[str, str]) -> dict[str, tuple[float, str | None]]:
+    """A GPU's loss parts: part -> (share, cause)."""
+    return {dict(p.attributes)["ofu.loss.part"]: (p.value, dict(p.attributes).get("ofu.loss.cause"))
+            for p in matching(points, "gpu.ofu.loss", identity)}
+
+
 def assert_gpus(points: list[MetricPoint], gpus: list[dict], where: str) -> None:
-    """Each expected GPU has exactly its OFU (or its drop reason), found by its identity."""
+    """Each expected GPU has exactly its OFU (or its drop reason), found by its identity, and its loss
+    account where the expected file gives one (its parts, none merged, and their causes)."""
     for gpu in gpus:
         identity = gpu["identity"]
         if "dropped" in gpu:
@@ -70,6 +77,11 @@ def assert_gpus(points: list[MetricPoint], gpus: list[dict], where: str) -> None
             assert ofu.value == pytest.approx(gpu["ofu"], abs=TOLERANCE), (where, identity)
         (clock,) = matching(points, "gpu.sm.clock.frequency", identity)
         assert clock.value == pytest.approx(gpu["sm_clock_mhz"] * 1e6), (where, identity)
+        if "loss" in gpu:
+            account = loss_account(points, identity)
+            assert {part: share for part, (share, _) in account.items()} == pytest.approx(gpu["loss"], abs=TOLERANCE), (
+                where, identity)
+            assert {part: account[part][1] for part in gpu["causes"]} == gpu["causes"], (where, identity)
 
 
 @pytest.mark.parametrize("capture", PAGES + DMON, ids=lambda p: p.name)
@@ -82,6 +94,12 @@ def test_the_expected_values_are_the_hand_arithmetic(capture):
             continue
         assert gpu["tpa"] * gpu["sm_clock_mhz"] / gpu["f_ref_mhz"] == pytest.approx(gpu["ofu_raw"], abs=1e-6)
         assert gpu["ofu_raw"] * gpu["tile_factor"] == pytest.approx(gpu["ofu"], abs=TOLERANCE)
+        if "loss" in gpu:  # the chain 1 > GR > SM > TPA > raw > OFU, step by step (core/loss.py)
+            levels = [1.0, gpu["gr"], gpu["sm"], gpu["tpa"], gpu["ofu_raw"], gpu["ofu"]]
+            steps = dict(zip(("engine_idle", "sm_idle", "non_tensor", "clock", "padding"),
+                             [a - b for a, b in zip(levels, levels[1:])]))
+            assert steps == pytest.approx(gpu["loss"], abs=TOLERANCE)
+            assert sum(gpu["loss"].values()) + gpu["ofu"] == pytest.approx(1.0, abs=3 * TOLERANCE)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -97,6 +115,40 @@ def test_dcgm_exporter_receiver_reads_every_page(page):
             receiver.shutdown()
     assert len(batch.samples) == len(expected["gpus"]), page.name  # one sample per GPU entity, none twice
     assert_gpus(ofu_points(batch.samples), expected["gpus"], page.name)
+
+
+def scraped_points(page: Path) -> list[MetricPoint]:
+    """A page served and scraped by the dcgm_exporter receiver, through the ofu processor."""
+    with PageServer({"/metrics": page.read_bytes()}) as server:
+        config = build_config(DcgmExporterReceiverConfig, {"endpoint": f"{server.url}/metrics"})
+        receiver = DcgmExporterReceiver(config, Context("dcgm_exporter", Telemetry()), lambda batch: None)
+        try:
+            batch = receiver.poll() or Batch()
+        finally:
+            receiver.shutdown()
+    return ofu_points(batch.samples)
+
+
+def test_a_page_with_the_dcgm_4_6_names_gives_the_loss_account_of_the_old_names():
+    """Issue 31 item 15: DCGM 4.6 renamed 1001-1005 (..._UTIL_RATIO), and dcgm-exporter names a metric after
+    its counters CSV; a page written with the new names has the same OFU and the same loss account, part by
+    part and with the same causes, as its twin with the old names (both derived from the same CSV,
+    tests/data/real/README.md), scraped and as the Collector forwards it."""
+    old = REAL / "dcgm-exporter" / "4.6.0-4.8.3_h100_profiling-fields.prom"
+    new = REAL / "dcgm-exporter" / "4.6.0-4.8.3_h100_dcgm-4.6-names.prom"
+    assert "DCGM_FI_PROF_SM_UTIL_RATIO" in new.read_text() and "DCGM_FI_PROF_SM_ACTIVE" not in new.read_text()
+    requests = collector_requests(COLLECTOR_CAPTURE.read_text().splitlines())
+    for how, points_of in (("scraped", scraped_points),
+                           ("through the Collector", lambda page: ofu_points(otlp_join.split(
+                               ExportMetricsServiceRequest.FromString(requests[page.stem].SerializeToString())).samples))):
+        old_points, new_points = points_of(old), points_of(new)
+        for gpu in expected_of(old)["gpus"]:
+            identity = gpu["identity"]
+            account = loss_account(new_points, identity)
+            assert sorted(account) == ["clock", "engine_idle", "non_tensor", "padding", "sm_idle"], (how, identity)
+            assert account == loss_account(old_points, identity), (how, identity)
+            assert [p.value for p in matching(new_points, "gpu.ofu", identity)] == [
+                p.value for p in matching(old_points, "gpu.ofu", identity)], (how, identity)
 
 
 @pytest.mark.parametrize("capture", DMON, ids=lambda p: p.name)

@@ -116,7 +116,10 @@ def test_csv_recording_blank_sm_active_merges_for_that_row_only():
 REAL = DATA / "real" / "dcgm-exporter"
 _SERIES = re.compile(r'^(\w+)\{(.*)\}\s+(\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
-_RATIOS = {"gr": "dcgm_fi_prof_gr_engine_active", "sm": "dcgm_fi_prof_sm_active", "dram": "dcgm_fi_prof_dram_active"}
+# Every name each ratio has had, lowercased (DCGM up to 4.5 and dcgm-exporter's 1.x names; DCGM 4.6's).
+_RATIOS = {"gr": ("dcgm_fi_prof_gr_engine_active", "dcgm_fi_prof_gr_engine_util_ratio"),
+           "sm": ("dcgm_fi_prof_sm_active", "dcgm_fi_prof_sm_util_ratio"),
+           "dram": ("dcgm_fi_prof_dram_active", "dcgm_fi_prof_dram_util_ratio")}
 
 
 def page_ratios(text: str) -> dict[tuple[str, str | None], dict[str, float]]:
@@ -127,8 +130,8 @@ def page_ratios(text: str) -> dict[tuple[str, str | None], dict[str, float]]:
         if not found:
             continue
         name, labels, value = found.group(1).lower(), dict(_LABEL.findall(found.group(2))), found.group(3)
-        for ratio, metric in _RATIOS.items():
-            if name == metric:
+        for ratio, names in _RATIOS.items():
+            if name in names:
                 out.setdefault((labels["gpu"], labels.get("GPU_I_ID") or None), {})[ratio] = float(value)
     return out
 
@@ -182,7 +185,8 @@ def test_the_collectors_otlp_of_every_page_gives_the_pages_parts(page_path):
     request = collector_requests(COLLECTOR_CAPTURE.read_text().splitlines())[page_path.stem]
     body = request.SerializeToString()
     ratios = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
-              "dcgm_fi_prof_gr_engine_active", "dcgm_fi_prof_dram_active"}
+              "dcgm_fi_prof_gr_engine_active", "dcgm_fi_prof_dram_active", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+              "DCGM_FI_PROF_SM_UTIL_RATIO", "DCGM_FI_PROF_DRAM_UTIL_RATIO"}
     sent = sum(len(m.gauge.data_points) for rm in request.resource_metrics for sm in rm.scope_metrics
                for m in sm.metrics if m.name in ratios)
     for found in (otlp_join.split(ExportMetricsServiceRequest.FromString(body)),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu.core import tiles
+from otel_ofu.core import dcgm_fields, tiles
 from otel_ofu.core.model import Batch, MetricPoint
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
@@ -318,3 +318,24 @@ def test_client_certificate_for_mutual_tls(mtls_server, certs):
     without = make({"endpoint": url, "tls": {"ca_file": str(certs.ca)}})
     assert without.poll() is None
     assert sum(without.context.telemetry.counters("otel_ofu.scrape.errors").values()) == 1
+
+
+SAMPLE_OF_FIELD = {  # the GpuSample attribute each field read here lands in (base-unit fields: converted)
+    100: ("sm_clock_mhz", 1755.0), 112: ("clock_event_reasons", 4), 113: ("max_sm_clock_mhz", 1980.0),
+    155: ("power_w", 612.5), 1001: ("gr_active", 0.96), 1002: ("sm_active", 0.9), 1004: ("tensor_active", 0.7),
+    1005: ("dram_active", 0.4), 1603: ("sm_clock_mhz", 1755.0), 1608: ("max_sm_clock_mhz", 1980.0)}
+
+
+@pytest.mark.parametrize("field", [f for f in dcgm_fields.FIELDS if f.id in SAMPLE_OF_FIELD], ids=lambda f: str(f.id))
+def test_every_name_a_field_has_had_is_read_as_that_field_and_documented(field):
+    """Issue 31 item 15: a page may name a field by any name it has had (dcgm-exporter names metrics after its
+    counters CSV; DCGM 4.6 renamed 1001-1005): each name gives the same reading, in the sample's units, and
+    the receiver's page lists it."""
+    attribute, expected = SAMPLE_OF_FIELD[field.id]
+    raw = expected / field.to_replaced if field.replaces is not None else expected
+    docs = (Path(__file__).parents[1] / "docs" / "components" / "receivers" / "dcgm_exporter.md").read_text()
+    for name in field.names:
+        page = f'# TYPE {name} gauge\n{name}{{gpu="0",UUID="GPU-x",modelName="NVIDIA H100 80GB HBM3"}} {raw:f}\n'
+        (sample,) = parse_metrics(page, time_unix_nano=1, window_s=30.0)
+        assert getattr(sample, attribute) == pytest.approx(expected), name
+        assert f"`{name}`" in docs, name

@@ -2,9 +2,11 @@
 
 Used by every receiver that sees DCGM-shaped data (the ``dcgm`` receiver, a dcgm-exporter
 scrape, ``dcgmi dmon`` / CSV replay, OTLP from a Collector's Prometheus receiver), so the
-same field or label means the same thing wherever it arrives. IDs are stable; DCGM 4.6
-renamed several macros, so both names are accepted (REFERENCE.md sections 2 and 6), and so
-are the lowercase names of dcgm-exporter's ``etc/1.x-compatibility-metrics.csv``.
+same field or label means the same thing wherever it arrives. IDs are stable, names are not:
+:data:`FIELDS` holds every name each field read here has had (DCGM 4.0 and 4.6 renamed several,
+dcgm-exporter names a metric after its counters CSV, so a page may carry any of them; REFERENCE.md
+sections 2, 6 and 11), the lowercase names of dcgm-exporter's ``etc/1.x-compatibility-metrics.csv``
+among them, and each is read as its field wherever a name is read.
 
 DCGM 4.6.1 added base-unit fields beside the old ones (go-dcgm ``pkg/dcgm/dcgm_fields.h``,
 1600-1612): the SM clock in Hz (1603) for field 100 in MHz, and so on. They are read by
@@ -21,6 +23,7 @@ when they are unknown or the host engine refuses them (an older remote nv-hosten
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
@@ -34,6 +37,7 @@ POWER_USAGE = 155
 TOTAL_ENERGY_CONSUMPTION = 156
 GR_ENGINE_ACTIVE = 1001
 SM_ACTIVE = 1002
+SM_OCCUPANCY = 1003
 PIPE_TENSOR_ACTIVE = 1004
 DRAM_ACTIVE = 1005
 PIPE_TENSOR_HMMA_ACTIVE = 1014
@@ -45,41 +49,67 @@ SM_APP_CLOCK_HERTZ = 1606
 SM_MAX_CLOCK_HERTZ = 1608
 GPU_ENERGY_JOULES_TOTAL = 1611
 
-# Field id -> every name it has had (the first is the dcgm-exporter / pre-4.6 name; the
-# lowercase ones are dcgm-exporter's 1.x compatibility names, go-dcgm pkg/dcgm/legacy_fields.csv).
-FIELD_NAMES: dict[int, tuple[str, ...]] = {
-    SM_CLOCK: ("DCGM_FI_DEV_SM_CLOCK", "dcgm_sm_clock"),
-    APP_SM_CLOCK: ("DCGM_FI_DEV_APP_SM_CLOCK",),
-    CLOCKS_EVENT_REASONS: ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
-    MAX_SM_CLOCK: ("DCGM_FI_DEV_MAX_SM_CLOCK",),
-    POWER_USAGE: ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "dcgm_power_usage"),
-    TOTAL_ENERGY_CONSUMPTION: ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm_total_energy_consumption"),
-    GR_ENGINE_ACTIVE: ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "dcgm_fi_prof_gr_engine_active"),
-    SM_ACTIVE: ("DCGM_FI_PROF_SM_ACTIVE", "dcgm_fi_prof_sm_active"),
-    PIPE_TENSOR_ACTIVE: ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
-                         "dcgm_fi_prof_pipe_tensor_active"),
-    DRAM_ACTIVE: ("DCGM_FI_PROF_DRAM_ACTIVE", "dcgm_fi_prof_dram_active"),
-    PIPE_TENSOR_HMMA_ACTIVE: ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",),
-    SM_CYCLES_ELAPSED_TOTAL: ("DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL",),
-    MMA_CYCLES_ACTIVE_TOTAL: ("DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL",),
-    SM_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_CLOCK_HERTZ",),
-    SM_APP_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_APP_CLOCK_HERTZ",),
-    SM_MAX_CLOCK_HERTZ: ("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ",),
-    GPU_ENERGY_JOULES_TOTAL: ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",),
-}
-FIELD_IDS_BY_NAME: dict[str, int] = {name: fid for fid, names in FIELD_NAMES.items() for name in names}
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """A DCGM field read here: every name it has had, the unit of its values, and for a base-unit
+    field the field whose reading it gives in other units (``replaces``, ``to_replaced``: the factor
+    from this field's unit to that one's)."""
+
+    id: int
+    names: tuple[str, ...]  # the first is the name up to DCGM 4.5 (what dcgm-exporter's shipped CSVs say)
+    unit: str  # "MHz", "Hz", "W", "mJ", "J", "1" (a ratio 0..1), "bitmask", "cycles"
+    replaces: int | None = None
+    to_replaced: float = 1.0
+
+
+# Every name each field has had; a field's id never changed, its name did, and a rename kept the
+# unit (DCGM 4.6's ``..._UTIL_RATIO`` names are the same 0..1 ratios). Values in other units came
+# as new fields with ids of their own (the base-unit fields, 4.6.1), so a name gives its unit.
+# Sources, read at each tag: NVIDIA/DCGM dcgmlib/dcgm_fields.h (v3.3.9: CLOCK_THROTTLE_REASONS;
+# v4.0.0: CLOCKS_EVENT_REASONS, the old name kept as an alias; v4.6.0 (72fa3fe): 1001-1005, 1014
+# and 155 renamed "per DCGM Field Naming Standard", the old names kept at the header's end as
+# deprecated aliases; 1084 and 1086 new), NVIDIA/go-dcgm b7fa315 (DCGM 4.6.1: pkg/dcgm/dcgm_fields.h
+# 1600-1612, pkg/dcgm/const_fields.go, which resolves every name in a counters CSV) and
+# pkg/dcgm/legacy_fields.csv (dcgm-exporter's 1.x compatibility names, lowercase). dcgm-exporter
+# names each metric after its counters CSV's first column (internal/pkg/counters/counter_config.go:
+# FieldName: record[0]), so a page carries whichever of these names its CSV used.
+FIELDS: tuple[Field, ...] = (
+    Field(SM_CLOCK, ("DCGM_FI_DEV_SM_CLOCK", "dcgm_sm_clock"), "MHz"),
+    Field(APP_SM_CLOCK, ("DCGM_FI_DEV_APP_SM_CLOCK",), "MHz"),
+    Field(CLOCKS_EVENT_REASONS, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "bitmask"),
+    Field(MAX_SM_CLOCK, ("DCGM_FI_DEV_MAX_SM_CLOCK",), "MHz"),
+    Field(POWER_USAGE, ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "dcgm_power_usage"), "W"),
+    Field(TOTAL_ENERGY_CONSUMPTION, ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm_total_energy_consumption"), "mJ"),
+    Field(GR_ENGINE_ACTIVE, ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+                             "dcgm_fi_prof_gr_engine_active"), "1"),
+    Field(SM_ACTIVE, ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", "dcgm_fi_prof_sm_active"), "1"),
+    # Known by every name so that a page's fields are told apart; nothing OFU or its loss account makes reads it.
+    Field(SM_OCCUPANCY, ("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "dcgm_fi_prof_sm_occupancy"),
+          "1"),
+    Field(PIPE_TENSOR_ACTIVE, ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+                               "dcgm_fi_prof_pipe_tensor_active"), "1"),
+    Field(DRAM_ACTIVE, ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "dcgm_fi_prof_dram_active"), "1"),
+    Field(PIPE_TENSOR_HMMA_ACTIVE, ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "DCGM_FI_PROF_HMMA_UTIL_RATIO"), "1"),
+    Field(SM_CYCLES_ELAPSED_TOTAL, ("DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL",), "cycles"),
+    Field(MMA_CYCLES_ACTIVE_TOTAL, ("DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL",), "cycles"),
+    Field(SM_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_CLOCK_HERTZ",), "Hz", SM_CLOCK, 1e-6),
+    Field(SM_APP_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_APP_CLOCK_HERTZ",), "Hz", APP_SM_CLOCK, 1e-6),
+    Field(SM_MAX_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ",), "Hz", MAX_SM_CLOCK, 1e-6),
+    Field(GPU_ENERGY_JOULES_TOTAL, ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",), "J", TOTAL_ENERGY_CONSUMPTION, 1e3),
+)
+FIELDS_BY_ID: dict[int, Field] = {f.id: f for f in FIELDS}
+# Field id -> every name it has had (the table above, by id).
+FIELD_NAMES: dict[int, tuple[str, ...]] = {f.id: f.names for f in FIELDS}
+FIELD_IDS_BY_NAME: dict[str, int] = {name: f.id for f in FIELDS for name in f.names}
 
 # DCGM field types, for the blank rule (values.clean(field_type=...)).
 FIELD_TYPES: dict[int, str] = {SM_CYCLES_ELAPSED_TOTAL: "int64", MMA_CYCLES_ACTIVE_TOTAL: "int64",
                                CLOCKS_EVENT_REASONS: "int64"}
 
-# The unit table: base-unit field -> (the field it replaces, factor from its unit to that one's).
+# The unit table's base-unit fields: field -> (the field it replaces, factor from its unit to that one's).
 BASE_UNIT_FIELDS: dict[int, tuple[int, float]] = {
-    SM_CLOCK_HERTZ: (SM_CLOCK, 1e-6),  # Hz -> MHz
-    SM_APP_CLOCK_HERTZ: (APP_SM_CLOCK, 1e-6),  # Hz -> MHz
-    SM_MAX_CLOCK_HERTZ: (MAX_SM_CLOCK, 1e-6),  # Hz -> MHz
-    GPU_ENERGY_JOULES_TOTAL: (TOTAL_ENERGY_CONSUMPTION, 1e3),  # J -> mJ
-}
+    f.id: (f.replaces, f.to_replaced) for f in FIELDS if f.replaces is not None}
 REPLACED_BY: dict[int, int] = {legacy: base for base, (legacy, _) in BASE_UNIT_FIELDS.items()}
 
 
