@@ -30,12 +30,16 @@ from otel_ofu.receivers.prometheus import PrometheusReceiver, PrometheusReceiver
 from otel_ofu.receivers.replay import ReplayReceiver, ReplayReceiverConfig
 from tests import corpus_captures
 from tests.e2e_util import PageServer
+from tools.collector_layout import as_collector_writes
 
 REAL = Path(__file__).parent / "data" / "real"
 PAGES = sorted((REAL / "dcgm-exporter").glob("*.prom"))
 DMON = sorted((REAL / "dcgmi-dmon").glob("*.txt"))
 COLLECTOR_CAPTURE = corpus_captures.COLLECTOR_CAPTURE
 PROMETHEUS_PAGES = sorted((REAL / "prometheus").glob("*.prom"))
+# OTLP requests as a source sends them (derived), with their expected values.
+OTLP_REQUESTS = sorted(p for p in (REAL / "otlp").glob("*.json") if p.with_name(p.stem + ".expected.json").exists()
+                       and not p.name.endswith(".expected.json"))
 TOLERANCE = 2e-6  # the expected files carry six decimals
 
 
@@ -84,7 +88,7 @@ def assert_gpus(points: list[MetricPoint], gpus: list[dict], where: str) -> None
             assert {part: account[part][1] for part in gpu["causes"]} == gpu["causes"], (where, identity)
 
 
-@pytest.mark.parametrize("capture", PAGES + DMON, ids=lambda p: p.name)
+@pytest.mark.parametrize("capture", PAGES + DMON + OTLP_REQUESTS, ids=lambda p: p.name)
 def test_the_expected_values_are_the_hand_arithmetic(capture):
     """A typo in an expected file would test nothing: its numbers must follow from its inputs."""
     expected = expected_of(capture)
@@ -196,6 +200,26 @@ def test_otlp_join_reads_every_page_as_the_collector_forwards_it(page):
     """The Collector's prometheus receiver scraped each page (kept in the corpus, README "made"); its
     OTLP, joined, gives the same OFU and identity as the page scraped directly."""
     assert_joined(collector_requests(COLLECTOR_CAPTURE.read_text().splitlines())[page.stem], page)
+
+
+@pytest.mark.parametrize("capture", OTLP_REQUESTS, ids=lambda p: p.name)
+def test_otlp_join_reads_every_request_a_source_sends(capture):
+    """Issue 31 item 16: Google's dcgm receiver (version 2 names) sends GR, SM and DRAM activity beside TPA and
+    the clock; the join reads them, so every part of the loss account is there (none merged), from the request
+    as protobuf writes it and as the Collector lays it out."""
+    request = json_format.Parse(capture.read_text(), ExportMetricsServiceRequest())
+    expected = expected_of(capture)
+    for wire in (None, request.SerializeToString(), as_collector_writes(request.SerializeToString())):
+        copy = ExportMetricsServiceRequest.FromString(request.SerializeToString())
+        found = otlp_join.split(copy, wire=wire)
+        assert len(found.samples) == len(expected["gpus"]), capture.name
+        assert_gpus(ofu_points(found.samples), expected["gpus"], capture.name)
+        # The ratios were read and pass through as they came (the ofu processor does not send them again).
+        forwarded = ExportMetricsServiceRequest()
+        for rm in found.passthrough:
+            forwarded.resource_metrics.append(rm if wire is None else rm.message)
+        names = {m.name for rm in forwarded.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+        assert {"gpu.dcgm.utilization", "gpu.dcgm.sm.utilization", "gpu.dcgm.memory.bandwidth_utilization"} <= names
 
 
 def test_otlp_join_reads_what_the_collector_forwards_now(otelcol, tmp_path):

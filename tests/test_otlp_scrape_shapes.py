@@ -48,7 +48,8 @@ PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_D
           # the loss account's ratios, read and passed on, by their names up to DCGM 4.5 and since 4.6
           "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
           "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_SM_UTIL_RATIO")
-OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency")
+# ... and dcgmreceiver's (an input, a ratio it keeps).
+OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency", "gpu.dcgm.sm.utilization")
 
 
 # --- the comparison ---------------------------------------------------------------------------------

@@ -41,7 +41,14 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from otel_ofu.core.model import GpuSample, MetricPoint
 from otel_ofu.otlp import codec
 from otel_ofu.otlp.codec import WireResourceMetrics, _len_field
-from otel_ofu.otlp.join.inputs import DCGMRECEIVER_INPUTS, INPUT_METRICS, KEPT_INPUTS, PROMETHEUS_INPUTS, READ_METRICS
+from otel_ofu.otlp.join.inputs import (
+    DCGMRECEIVER_INPUTS,
+    DCGMRECEIVER_KEPT,
+    INPUT_METRICS,
+    KEPT_INPUTS,
+    PROMETHEUS_INPUTS,
+    READ_METRICS,
+)
 from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
 from otel_ofu.otlp.join.points import Joiner, dcgmreceiver_points
 from otel_ofu.otlp.join.scrapes import ScrapeShapes, scrape_samples
@@ -79,17 +86,22 @@ def _take_inputs(rm: ResourceMetrics, joiner: Joiner, keep_rest: bool, edits: Ed
                 deleted.append((s_index, m_index))
                 continue
             if name not in INPUT_METRICS:
-                kind_of_data = metric.WhichOneof("data") if count or name in KEPT_INPUTS else None
+                kept = name in KEPT_INPUTS or name in DCGMRECEIVER_KEPT
+                kind_of_data = metric.WhichOneof("data") if count or kept else None
                 if kind_of_data:
                     data = getattr(metric, kind_of_data)
                     if count:
                         edits.points += len(data.data_points)  # type: ignore[union-attr]
-                    if name in KEPT_INPUTS and kind_of_data in ("gauge", "sum"):  # read, and left as it came
+                    if kept and kind_of_data in ("gauge", "sum"):  # read, and left as it came
                         if resource is None:
                             resource = resource_of(rm.resource.SerializeToString())
-                        data_bytes = data.SerializeToString()
-                        joiner.prometheus_points(resource, data_bytes, 0, len(data_bytes),
-                                                 lambda p=data.data_points: p, KEPT_INPUTS[name], metric.unit)
+                        if name in KEPT_INPUTS:
+                            data_bytes = data.SerializeToString()
+                            joiner.prometheus_points(resource, data_bytes, 0, len(data_bytes),
+                                                     lambda p=data.data_points: p, KEPT_INPUTS[name], metric.unit)
+                        else:
+                            dcgmreceiver_points(joiner, resource, data.data_points, DCGMRECEIVER_KEPT[name],
+                                                metric.unit)
                 continue
             kind_of_data = metric.WhichOneof("data")
             if kind_of_data not in ("gauge", "sum"):

@@ -3,7 +3,8 @@ ratios), and in which unit.
 
 Only these metrics are read point by point; every other metric passes through. Two shapes
 of DCGM data arrive (REFERENCE.md sections 6 and 7): a Collector's Prometheus receiver
-forwarding dcgm-exporter's gauges, named after the DCGM fields, and Google's dcgmreceiver.
+forwarding dcgm-exporter's gauges, named after the DCGM fields (any name a field has had:
+otel_ofu.core.dcgm_fields.FIELDS), and Google's dcgmreceiver.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from typing import Any
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.values import rescale
 
-# Google dcgmreceiver names (REFERENCE.md section 7).
-DCGMRECEIVER_PIPE = "gpu.dcgm.pipe.utilization"
-DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"
+# Google dcgmreceiver names since 2024-09 (GoogleCloudPlatform/opentelemetry-operations-collector,
+# components/otelopscol/receiver/dcgmreceiver: metadata.yaml, and scraper.go for the field behind each).
+DCGMRECEIVER_PIPE = "gpu.dcgm.pipe.utilization"  # 1004 with gpu.pipe=tensor (1006-1008: fp64, fp32, fp16)
+DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"  # 100, in Hz
+DCGMRECEIVER_GR = "gpu.dcgm.utilization"  # 1001 (without profiling: 203 GPU_UTIL / 100, and then no TPA either)
+DCGMRECEIVER_SM = "gpu.dcgm.sm.utilization"  # 1002
+DCGMRECEIVER_DRAM = "gpu.dcgm.memory.bandwidth_utilization"  # 1005 (without profiling: 204 MEM_COPY_UTIL / 100)
 DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
 DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
 
@@ -44,9 +49,13 @@ KEPT_INPUTS: dict[str, str] = {
     **{name: SM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_ACTIVE]},
     **{name: DRAM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.DRAM_ACTIVE]},
 }
+# The same ratios as dcgmreceiver sends them: its GPU is its resource's, as for its TPA and clock.
+DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM}
+DCGMRECEIVER_READ: frozenset[str] = frozenset(DCGMRECEIVER_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
+
 # Every metric the join reads a point of: the inputs above and the ratios it keeps. A ResourceMetrics
 # holding one is never read as pass-through alone (otel_ofu.otlp.wire.Shape refuses it).
-READ_METRICS: frozenset[str] = INPUT_METRICS | frozenset(KEPT_INPUTS)
+READ_METRICS: frozenset[str] = INPUT_METRICS | frozenset(KEPT_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
 
 FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 

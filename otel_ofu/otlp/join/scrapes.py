@@ -51,7 +51,7 @@ from otel_ofu.otlp.codec import varint, varint_at
 from otel_ofu.otlp.join.inputs import (
     CLOCK,
     CLOCK_BASE_UNIT,
-    DCGMRECEIVER_INPUTS,
+    DCGMRECEIVER_READ,
     DRAM,
     GR,
     KEPT_INPUTS,
@@ -369,7 +369,7 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
             data = (tag, p_start, f_end)
         elif tag != _METADATA:
             return None  # another field, or a known one with another wire type
-    if name in decode or name in DCGMRECEIVER_INPUTS:
+    if name in decode or name in DCGMRECEIVER_READ:
         return None  # decoded into points, or dcgmreceiver's: the message path's
     kind = (PROMETHEUS_INPUTS.get(name) or KEPT_INPUTS.get(name)) if data is not None and data[0] in (_GAUGE, _SUM) \
         else None
