@@ -5,6 +5,8 @@
   the scrape target in the resource, every point stamped with the scrape time.
 - :func:`dcgmreceiver_request`: Google's dcgmreceiver: one resource per GPU, pipe
   utilization by ``gpu.pipe``, the clock in Hz, per-field timestamps a few ms apart.
+- :func:`scraped_page_request`: any Prometheus page as the Collector's Prometheus receiver
+  forwards a scrape of it (the shape of tests/data/real/otlp/collector-prometheus-receiver.json).
 """
 
 from __future__ import annotations
@@ -79,4 +81,31 @@ def dcgmreceiver_request(gpus: list[Gpu], t_ns: int, host: str = "node-2") -> Ex
         clock.gauge.data_points.add(time_unix_nano=t_ns + 3_000_000, as_double=g.clock_mhz * 1e6)
         smu = sm.metrics.add(name="gpu.dcgm.sm.utilization", unit="1")
         smu.gauge.data_points.add(time_unix_nano=t_ns, as_double=0.75)
+    return request
+
+
+def scraped_page_request(page: str, t_ns: int, job: str, target: str) -> ExportMetricsServiceRequest:
+    """A Prometheus text page as the Collector's Prometheus receiver forwards one scrape of it: the
+    target in the resource (a loopback target has no server.address), one scope, every sample a
+    point stamped with the scrape time and labelled with its labels; counters as cumulative sums."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    host, port = target.rsplit(":", 1)
+    rm.resource.attributes.extend([_kv("service.name", job), _kv("service.instance.id", target),
+                                   *([_kv("server.address", host)] if host not in ("127.0.0.1", "localhost") else []),
+                                   _kv("server.port", port), _kv("url.scheme", "http")])
+    sm = rm.scope_metrics.add()
+    sm.scope.name = "github.com/open-telemetry/opentelemetry-collector-contrib/receiver/prometheusreceiver"
+    for family in text_string_to_metric_families(page):
+        metric = sm.metrics.add(name=family.name, description=family.documentation)
+        data = metric.gauge
+        if family.type == "counter":
+            data = metric.sum
+            metric.sum.aggregation_temporality = 2
+            metric.sum.is_monotonic = True
+        for sample in family.samples:
+            dp = data.data_points.add(time_unix_nano=t_ns, as_double=float(sample.value))
+            dp.attributes.extend(_kv(k, v) for k, v in sorted(sample.labels.items()))
     return request

@@ -229,3 +229,51 @@ def test_a_node_scraped_without_profiling_fields_is_said_once_by_the_processing_
     assert len(warnings) == 1, warnings
     assert "host pcie-node-5 " in warnings[0] and "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in warnings[0]
     assert "WARNING" in warnings[0] and "dcp-metrics-included.csv" in warnings[0]
+
+
+def test_gpu_sources_that_give_no_ofu_are_each_said_once_by_the_processing_stage(otelcol, tmp_path, processes):
+    """Issue 31 items 16 and 17: behind the real Collector, (a) its prometheus receiver scrapes the corpus page of
+    utkuozdemir/nvidia_gpu_exporter (nvidia-smi's fields: no tensor activity) every second, and (b) a request in
+    the shape of Google's dcgm receiver before 2024-09 (dcgm.gpu.*: no SM clock; the corpus request) reaches its
+    OTLP receiver and is sent on as the Collector builds it. Both pass through otel-ofu unchanged, and otel-ofu
+    says once for each, at WARNING, why these GPUs get no OFU and what to run instead."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    real = ROOT / "tests" / "data" / "real"
+    exporter = PageServer({"/metrics": (real / "nvidia-gpu-exporter" / "v1.14.0_h100-x2.prom").read_bytes()})
+    try:
+        sink = tmp_path / "collector.jsonl"
+        c_grpc = start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=exporter.port)
+        v1 = json_format.Parse((real / "otlp" / "dcgmreceiver-v1_h100.json").read_text(), ExportMetricsServiceRequest())
+        with grpc.insecure_channel(f"127.0.0.1:{c_grpc}") as channel:
+            channel.unary_unary(EXPORT)(v1.SerializeToString(), timeout=30)
+
+        def both_back():
+            points = read_points(sink)
+            scrapes = {p.time_unix_nano for p in points if p.name == "nvidia_smi_gpu_info"}
+            tensor = [p for p in points if p.name == "dcgm.gpu.profiling.pipe_utilization"]
+            return (points, tensor) if len(scrapes) >= 3 and tensor else None  # three scrapes at least
+
+        points, tensor = wait_for("three scrapes of the nvidia-smi exporter and the dcgm receiver's request back",
+                                  both_back, timeout=120, diagnostics=diagnostics(processes))
+    finally:
+        exporter.close()
+    # Passed through as they came: every pipe of the dcgm receiver's request, the exporter's clock in Hz.
+    sent = [({kv.key: kv.value.string_value for kv in dp.attributes}, dp.as_double)
+            for m in v1.resource_metrics[0].scope_metrics[0].metrics if m.name == "dcgm.gpu.profiling.pipe_utilization"
+            for dp in m.gauge.data_points]
+    assert sorted((dict(p.attributes)["uuid"], dict(p.attributes)["pipe"], p.value) for p in tensor) == sorted(
+        (attributes["uuid"], attributes["pipe"], value) for attributes, value in sent)
+    clocks = {dict(p.attributes)["uuid"]: p.value for p in points if p.name == "nvidia_smi_clocks_current_sm_clock_hz"}
+    assert clocks == {"3d9a41c7-52e0-4b8f-9c16-7a2f0e8b5d41": 1.755e9, "3d9a41c7-52e0-4b8f-9c16-7a2f0e8b5d42": 3.45e8}
+    assert not [p for p in points if p.name in ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.dropped")]
+    log = (tmp_path / "otel-ofu.log").read_text()
+    nvml = [line for line in log.splitlines() if "arrive as nvidia_gpu_exporter's metrics" in line]
+    assert len(nvml) == 1, nvml
+    assert f"scrape target 127.0.0.1:{exporter.port} " in nvml[0] and "no tensor pipe activity" in nvml[0]
+    assert "WARNING" in nvml[0] and "dcp-metrics-included.csv" in nvml[0]
+    v1_said = [line for line in log.splitlines() if "dcgm.gpu.profiling" in line]
+    assert len(v1_said) == 1, v1_said
+    assert "host a3-highgpu-8g-017 " in v1_said[0] and "no SM clock" in v1_said[0]
+    assert "receiver_version: 2" in v1_said[0]

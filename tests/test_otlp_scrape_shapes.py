@@ -48,8 +48,8 @@ PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_D
           # the loss account's ratios, read and passed on, by their names up to DCGM 4.5 and since 4.6
           "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
           "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_SM_UTIL_RATIO")
-# ... and dcgmreceiver's (an input, a ratio it keeps).
-OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency", "gpu.dcgm.sm.utilization")
+# ... and dcgmreceiver's (an input, a ratio it keeps), a metric by which the join notices a source that gives no OFU.
+OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency", "gpu.dcgm.sm.utilization", "nvidia_smi_gpu_info")
 
 
 # --- the comparison ---------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ def _split(body: bytes, receiver: bool) -> otlp_join.Split:
 def _outcome(found: otlp_join.Split) -> tuple:
     """Everything a split hands the pipeline, comparable (repr: a NaN reading equals itself)."""
     return ([repr(s) for s in found.samples], [repr(p) for p in found.points],
-            [(r.field, r.points) for r in found.passthrough], sorted(found.undecodable))
+            [(r.field, r.points) for r in found.passthrough], sorted(found.undecodable), sorted(found.noticed.items()))
 
 
 @contextlib.contextmanager

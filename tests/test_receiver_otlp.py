@@ -31,7 +31,7 @@ from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.otlp import REQUESTS, SAMPLES, OtlpReceiver, OtlpReceiverConfig
 from tests import certs
-from tests.otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request, dcgmreceiver_request
+from tests.otlp_shapes import H100_FREF_MHZ, Gpu, dcgm_exporter_request, dcgmreceiver_request, scraped_page_request
 
 T0 = 1_764_000_000_000_000_000
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
@@ -465,3 +465,56 @@ def test_a_host_whose_gpus_arrive_without_tensor_activity_is_said_once_with_the_
     assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
         "the GPUs of host node-1 arrive with DCGM_FI_PROF_PIPE_TENSOR_ACTIVE again"]
     assert receiver.missing_fields() == {}
+
+
+REAL_OTLP = Path(__file__).parent / "data" / "real" / "otlp"
+NVIDIA_SMI_PAGE = Path(__file__).parent / "data" / "real" / "nvidia-gpu-exporter" / "v1.14.0_h100-x2.prom"
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_the_dcgm_receivers_first_names_are_said_once_to_give_no_ofu(caplog):
+    """Issue 31 item 16: the dcgm receiver's metrics as named up to 2024-09 (dcgm.gpu.profiling.*: tensor
+    activity, no SM clock; the corpus request in that shape, tests/data/real/README.md) pass through whole,
+    make no GPU window, and the receiver says once, at WARNING, why no OFU can come of them and what to run."""
+    got: list[Batch] = []
+    receiver = OtlpReceiver(OtlpReceiverConfig(), Context("otlp", Telemetry()), got.append)
+    request = json_format.Parse((REAL_OTLP / "dcgmreceiver-v1_h100.json").read_text(), ExportMetricsServiceRequest())
+    body = request.SerializeToString()
+    with caplog.at_level(logging.INFO, logger="otel_ofu"):
+        for _ in range(3):
+            receiver.accept(None, "grpc", body)  # as bytes: the shapes learned on the way must not hide it
+    assert not [s for batch in got for s in batch.samples]
+    sent = metric_names(request.resource_metrics)
+    for batch in got:
+        assert metric_names(rm.message for rm in batch.passthrough) == sent  # nothing taken out
+    (warning,) = _warnings(caplog)
+    assert "host a3-highgpu-8g-017 " in warning and "dcgm.gpu.profiling" in warning
+    assert "no SM clock" in warning and "receiver_version: 2" in warning and "gpu.dcgm.clock.frequency" in warning
+
+
+def test_a_host_scraped_from_an_nvidia_smi_exporter_is_said_once_by_every_receiver(caplog):
+    """Issue 31 item 17: utkuozdemir/nvidia_gpu_exporter's page (nvidia-smi's fields: the SM clock, no tensor
+    activity; the corpus page) as a Collector forwards its scrapes passes through, and the otlp receiver says
+    once, at WARNING, what the host's GPUs lack and how to get OFU. A second receiver in the same process says it
+    too: the pass-through shapes both share (otel_ofu.otlp.wire) never take such a ResourceMetrics."""
+    page = NVIDIA_SMI_PAGE.read_text()
+    for number in range(2):
+        got: list[Batch] = []
+        receiver = OtlpReceiver(OtlpReceiverConfig(), Context("otlp", Telemetry()), got.append)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="otel_ofu"):
+            for scrape in range(3):
+                request = scraped_page_request(page, T0 + scrape * 30 * 10**9, "nvidia-gpu-exporter",
+                                               "gpu-node-12:9835")
+                receiver.accept(None, "grpc", request.SerializeToString())
+        assert not [s for batch in got for s in batch.samples]
+        assert [metric_names(rm.message for rm in batch.passthrough) for batch in got] == [
+            metric_names(request.resource_metrics)] * 3
+        (warning,) = _warnings(caplog)
+        assert "host gpu-node-12 " in warning, number
+        assert "nvidia_smi_" in warning and "no tensor pipe activity" in warning
+        assert "dcgm-exporter" in warning and "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge" in warning
+        assert "dcp-metrics-included.csv" in warning

@@ -12,7 +12,9 @@ proper gRPC status / HTTP code, is counted in ``otel_ofu.receiver.requests`` (at
 ``outcome``) and never stops the receiver.
 
 A host whose GPUs arrive without tensor activity or the SM clock is said once at WARNING,
-with the fix in dcgm-exporter or the Collector's dcgm receiver (docs/otlp-receiver.md).
+with the fix in dcgm-exporter or the Collector's dcgm receiver, and so is a host whose GPUs
+arrive from a source that can give no OFU (an exporter of nvidia-smi's fields, the dcgm
+receiver's names before 2024-09), with what to run instead (docs/otlp-receiver.md).
 
 Overload: at most ``max_concurrent_requests`` requests are taken in at once (worked one at a
 time, the others waiting with their bodies read), the memory limiter is checked per request,
@@ -37,7 +39,12 @@ from typing import Any
 
 from otel_ofu.core.metrics import GPU_METRICS, TRAINING_REPORT_METRICS, MetricInfo, register
 from otel_ofu.core.model import Batch, GpuSample
-from otel_ofu.gpu.missing_inputs import MissingInputs, how_to_enable, how_to_enable_dcgmreceiver
+from otel_ofu.gpu.missing_inputs import (
+    SOURCES_WITHOUT_OFU,
+    MissingInputs,
+    how_to_enable,
+    how_to_enable_dcgmreceiver,
+)
 from otel_ofu.otlp import join as otlp_join
 from otel_ofu.pipeline.component import Consumer, Context, Factory, Receiver
 from otel_ofu.pipeline.config import Duration, build_config, invalid, require, require_file
@@ -359,6 +366,8 @@ class OtlpReceiver(Receiver):
         if found.samples:
             self.context.telemetry.add(SAMPLES.name, len(found.samples), receiver=self.context.component_id)
             self._note_missing(found.samples)
+        if found.noticed:
+            self._note_sources_without_ofu(found.noticed)
         if found.points:
             self.context.telemetry.add(DECODED.name, len(found.points), receiver=self.context.component_id)
         for name in found.undecodable - self._undecodable_logged:
@@ -391,6 +400,19 @@ class OtlpReceiver(Receiver):
                     host or "(no host name)", name, len(gpus), how_to_enable(name), how_to_enable_dcgmreceiver(name))
             for name in back:
                 self.log.info("the GPUs of host %s arrive with %s again", host or "(no host name)", name)
+
+    def _note_sources_without_ofu(self, noticed: dict[tuple[str, str], str]) -> None:
+        """Say once per host (else scrape target) and source that its GPUs arrive from a source that can give
+        no OFU: what it is, what it lacks, what to run instead (missing_inputs.SOURCES_WITHOUT_OFU)."""
+        for (host, target), kind in noticed.items():
+            where = f"host {host}" if host else f"scrape target {target}" if target else "(no host name)"
+            if not self._missing.first_time(where, kind):
+                continue
+            what, lacks, fix = SOURCES_WITHOUT_OFU[kind]
+            self.log.warning(
+                "the GPUs of %s arrive as %s: %s; they are passed through and get no OFU (where the same GPUs "
+                "also arrive from a source with both inputs, their OFU comes from that). To get it, %s.",
+                where, what, lacks, fix)
 
     def missing_fields(self) -> dict[str, list[str]]:
         """Host -> the required inputs its GPUs last arrived without."""

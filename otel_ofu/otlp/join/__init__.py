@@ -32,7 +32,7 @@ shape); one concern per module beside it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -46,10 +46,12 @@ from otel_ofu.otlp.join.inputs import (
     DCGMRECEIVER_KEPT,
     INPUT_METRICS,
     KEPT_INPUTS,
+    NOT_BY_SHAPE,
+    NOTICED_METRICS,
     PROMETHEUS_INPUTS,
-    READ_METRICS,
 )
 from otel_ofu.otlp.join.passthrough import Edits, request_ranges, trimmed_wire, wire_passthrough
+from otel_ofu.otlp.join.point_bytes import label_text
 from otel_ofu.otlp.join.points import Joiner, dcgmreceiver_points
 from otel_ofu.otlp.join.scrapes import ScrapeShapes, scrape_samples
 from otel_ofu.otlp.join.series import ResourceView, resource_of
@@ -102,6 +104,14 @@ def _take_inputs(rm: ResourceMetrics, joiner: Joiner, keep_rest: bool, edits: Ed
                         else:
                             dcgmreceiver_points(joiner, resource, data.data_points, DCGMRECEIVER_KEPT[name],
                                                 metric.unit)
+                noticed = NOTICED_METRICS.get(name)
+                if noticed is not None:  # a GPU source that gives no OFU: the receiver says so
+                    if resource is None:
+                        resource = resource_of(rm.resource.SerializeToString())
+                    instance = label_text(resource.attributes.get("service.instance.id") or "")
+                    joiner.noticed.setdefault((resource.fallback_host, instance), noticed)
+                    if edits is not None:
+                        edits.noticed = True
                 continue
             kind_of_data = metric.WhichOneof("data")
             if kind_of_data not in ("gauge", "sum"):
@@ -204,9 +214,10 @@ def _split_wire(request: ExportMetricsServiceRequest, wire: bytes, ranges: list[
                                   edits)
         if forwarded is not None:
             rest.append(forwarded)
-        if not edits.inputs:  # one with join inputs (a dcgm-exporter scrape) is left to .scrapes
-            # Refused too when it holds a ratio the join reads and keeps: a shape would pass it on unread.
-            learned = Shape.learn(wire, p_start, f_end, names, READ_METRICS)
+        if not edits.inputs and not edits.noticed:  # one with join inputs (a scrape) is left to .scrapes
+            # Refused too when it holds a ratio the join reads and keeps (a shape would pass it on unread), or a
+            # metric by which a source is noticed (a shape would pass it on unnoticed, to another receiver too).
+            learned = Shape.learn(wire, p_start, f_end, names, NOT_BY_SHAPE)
             if learned is not None:
                 shapes.add(learned)
     return rest
@@ -259,6 +270,9 @@ class Split:
     points: list[MetricPoint]
     passthrough: list[Any]
     undecodable: set[str]  # names in ``decode`` that arrived as histograms or delta sums (passed through)
+    # (host, scrape target) -> a GPU source found there that gives no OFU (inputs.NOTICED_METRICS:
+    # DCGMRECEIVER_V1, ...); the host is "" where the resource names none (a scrape of a loopback target).
+    noticed: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, tolerance_s: float = 5.0,
@@ -296,8 +310,8 @@ def split(request: ExportMetricsServiceRequest, *, window_s: float = 30.0, toler
             rest = wire_passthrough(wire, len(request.resource_metrics), kept)  # type: ignore[arg-type]
     samples = _samples(joiner, window_s, tolerance_s)
     if decoded is None:
-        return Split(samples, [], rest, set())
-    return Split(samples, decoded.points, rest, decoded.skipped)
+        return Split(samples, [], rest, set(), joiner.noticed)
+    return Split(samples, decoded.points, rest, decoded.skipped, joiner.noticed)
 
 
 def _samples(joiner: Joiner, window_s: float, tolerance_s: float) -> list[GpuSample]:

@@ -1,5 +1,5 @@
 """Which OTLP metrics the join reads, what each feeds (TPA, SM clock, max SM clock, the loss account's
-ratios), and in which unit.
+ratios), and in which unit; and the metrics by which it knows a GPU source that gives no OFU.
 
 Only these metrics are read point by point; every other metric passes through. Two shapes
 of DCGM data arrive (REFERENCE.md sections 6 and 7): a Collector's Prometheus receiver
@@ -53,9 +53,27 @@ KEPT_INPUTS: dict[str, str] = {
 DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM}
 DCGMRECEIVER_READ: frozenset[str] = frozenset(DCGMRECEIVER_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
 
+# GPU sources whose metrics make no OFU, each known by the metrics it always sends (what a source
+# lacks and how to change it: otel_ofu.gpu.missing_inputs). Noticed where a ResourceMetrics is read
+# through protobuf objects, which every one holding such a metric is (otel_ofu.otlp.wire.Shape refuses it).
+DCGMRECEIVER_V1 = "dcgmreceiver_v1"  # dcgmreceiver up to 2024-09 (metadata.yaml before f1f132c7): no SM clock
+NVIDIA_SMI_EXPORTER = "nvidia_gpu_exporter"  # utkuozdemir/nvidia_gpu_exporter: nvidia-smi's fields, no tensor activity
+NOTICED_METRICS: dict[str, str] = {
+    **{name: DCGMRECEIVER_V1 for name in (
+        "dcgm.gpu.utilization", "dcgm.gpu.memory.bytes_used", "dcgm.gpu.profiling.sm_utilization",
+        "dcgm.gpu.profiling.sm_occupancy", "dcgm.gpu.profiling.pipe_utilization", "dcgm.gpu.profiling.dram_utilization",
+        "dcgm.gpu.profiling.pcie_traffic_rate", "dcgm.gpu.profiling.nvlink_traffic_rate")},
+    # Its docs/METRICS.md: every per-GPU series joins nvidia_smi_gpu_info by uuid; the clock and utilization
+    # are among nvidia-smi's query fields on every GPU.
+    **{name: NVIDIA_SMI_EXPORTER for name in (
+        "nvidia_smi_gpu_info", "nvidia_smi_clocks_current_sm_clock_hz", "nvidia_smi_utilization_gpu_ratio")},
+}
+
 # Every metric the join reads a point of: the inputs above and the ratios it keeps. A ResourceMetrics
-# holding one is never read as pass-through alone (otel_ofu.otlp.wire.Shape refuses it).
+# holding one is never read as pass-through alone (otel_ofu.otlp.wire.Shape refuses it), nor one
+# holding a metric by which the join notices a source (NOTICED_METRICS).
 READ_METRICS: frozenset[str] = INPUT_METRICS | frozenset(KEPT_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
+NOT_BY_SHAPE: frozenset[str] = READ_METRICS | frozenset(NOTICED_METRICS)
 
 FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 

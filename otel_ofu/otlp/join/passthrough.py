@@ -27,6 +27,7 @@ class Edits:
     metrics: dict[int, dict[int, bytes | None]] = field(default_factory=dict)  # scope -> metric -> new bytes or None
     points: int = 0  # data points left, as otlp.count_data_points counts them
     inputs: bool = False  # it held join inputs (gauges or sums named as one)
+    noticed: bool = False  # it held a metric by which the join notices a source (inputs.NOTICED_METRICS)
 
     def changed(self) -> bool:
         return bool(self.scopes or self.metrics)

@@ -40,6 +40,7 @@ class Joiner:
 
     def __init__(self) -> None:
         self.entities: dict[tuple, Entity | None] = {}
+        self.noticed: dict[tuple[str, str], str] = {}  # (host, scrape target) -> a source that gives no OFU
 
     def _entity(self, series: tuple[tuple, Entity]) -> Entity:
         """This request's entity of a series: its readings start empty in every request."""

@@ -55,6 +55,7 @@ from otel_ofu.otlp.join.inputs import (
     DRAM,
     GR,
     KEPT_INPUTS,
+    NOTICED_METRICS,
     PROMETHEUS_INPUTS,
     SM,
     TPA,
@@ -369,8 +370,8 @@ def _learn_metric(wire: bytes, start: int, end: int, decode: frozenset[str], res
             data = (tag, p_start, f_end)
         elif tag != _METADATA:
             return None  # another field, or a known one with another wire type
-    if name in decode or name in DCGMRECEIVER_READ:
-        return None  # decoded into points, or dcgmreceiver's: the message path's
+    if name in decode or name in DCGMRECEIVER_READ or name in NOTICED_METRICS:
+        return None  # decoded into points, dcgmreceiver's, or a source the message path notices
     kind = (PROMETHEUS_INPUTS.get(name) or KEPT_INPUTS.get(name)) if data is not None and data[0] in (_GAUGE, _SUM) \
         else None
     points = 0
