@@ -162,15 +162,25 @@ class KubeApiServer:
                                                 "metadata": {"name": name, "labels": labels or {}}})
 
     def create_pod(self, namespace: str, name: str, node: str, *, labels: dict | None = None,
-                   annotations: dict | None = None, owners: list[dict] | None = None) -> dict[str, Any]:
+                   annotations: dict | None = None, owners: list[dict] | None = None,
+                   host_network: bool = False) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
         if annotations:
             meta["annotations"] = annotations
         if owners:
             meta["ownerReferences"] = owners
+        spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "main", "image": "registry.example/train:1"}]}
+        if host_network:
+            spec["hostNetwork"] = True
         return self.api("POST", f"/api/v1/namespaces/{namespace}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.example/train:1"}]}})
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+
+    def set_pod_ips(self, namespace: str, name: str, ips: list[str], phase: str = "Running") -> None:
+        """What the kubelet writes once the pod's sandbox has its network: status.podIP(s) and the phase."""
+        status = {"phase": phase, "podIP": ips[0], "podIPs": [{"ip": ip} for ip in ips]}
+        with self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status},
+                           content_type="application/merge-patch+json"):
+            pass
 
     def patch_labels(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         with self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}},

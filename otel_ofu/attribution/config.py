@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -158,6 +159,30 @@ class ProcessSourceConfig:
 
 
 @dataclass
+class ReportSenderConfig:
+    """Who may send a training job's report: with the ``kubernetes_api`` source on, a report that
+    arrived over the network (the ``otlp`` receiver) is taken only from the pod it names, by its
+    address (its page's "Who may send a report"; the threat model: docs/deploy.md)."""
+
+    # Check each report's sender address against the pod (or the job) it names; false takes every
+    # report as it names itself.
+    verify: bool = True
+    # Addresses or networks (CIDR) whose reports are taken as they name themselves: a Collector or
+    # proxy that forwards its node's reports.
+    trusted: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        for i, text in enumerate(self.trusted):
+            try:
+                ipaddress.ip_network(str(text).strip(), strict=False)
+            except ValueError:
+                invalid(f"trusted[{i}]", f"expected an IP address or a network such as 10.0.0.0/8, got {text!r}")
+
+    def networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(str(text).strip(), strict=False) for text in self.trusted]
+
+
+@dataclass
 class AttributionProcessorConfig:
     # How often the sources are polled (on a background thread; the hot path reads the last answer).
     refresh_interval: Duration = field(default_factory=lambda: Duration(10.0))
@@ -183,6 +208,7 @@ class AttributionProcessorConfig:
     # one of these without ofu.job.id gets the job of the process that sent it, named from its
     # resource (pod, Slurm job, or pid on this node) like its GPUs (docs/audit.md).
     report_metrics: list[str] = field(default_factory=lambda: list(TRAINING_REPORT_METRICS))
+    report_sender: ReportSenderConfig = field(default_factory=ReportSenderConfig)
     max_jobs: int = 1000  # distinct job ids at a time (the series bound)
     # A job not seen this long (data time) frees its slot.
     job_idle_timeout: Duration = field(default_factory=lambda: Duration(600.0))

@@ -39,6 +39,7 @@ from otel_ofu.attribution.k8s_watch import (
 )
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import MetricInfo, register
+from otel_ofu.pipeline.endpoints import canonical_ip
 from otel_ofu.pipeline.telemetry import Telemetry
 
 __all__ = ["NODE_NAME_ENV", "KubernetesApiError", "PodRecord", "PodWatcher", "pod_record"]
@@ -64,6 +65,11 @@ class PodRecord:
     labels: Mapping[str, str] = field(default_factory=dict)  # copied labels as k8s.pod.label.<key>
     # DRA: the ResourceClaims the pod uses and the containers using each (k8s_dra.pod_claims)
     claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The pod's own IP addresses (status.podIPs) while it may run: what a report it sends comes
+    # from. Empty for a pod on the host network (it shares the node's addresses with every such
+    # pod), one without an address yet, and one that has ended (its address may be reused).
+    ips: tuple[str, ...] = ()
+    host_network: bool = False
 
 
 def pod_record(pod: Mapping[str, Any], *, job_label: str = "", precision_key: str = "",
@@ -80,8 +86,20 @@ def pod_record(pod: Mapping[str, Any], *, job_label: str = "", precision_key: st
     precision = specs.normalize_precision(declared_precision(pod, precision_key))
     copied = {K8S_POD_LABEL_PREFIX + k: str(v) for k, v in labels.items()
               if any(p.fullmatch(k) for p in copy_labels)}
+    host_network = bool((pod.get("spec") or {}).get("hostNetwork"))
     return PodRecord(str(namespace), str(name), str(meta.get("uid") or ""), job, job_id(str(namespace), job),
-                     None if precision == specs.UNKNOWN_PRECISION else precision, copied, pod_claims(pod))
+                     None if precision == specs.UNKNOWN_PRECISION else precision, copied, pod_claims(pod),
+                     () if host_network else pod_ips(pod), host_network)
+
+
+def pod_ips(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The addresses of a pod that may still run (status.podIPs, else status.podIP), one spelling each."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return ()
+    listed = [entry.get("ip") for entry in status.get("podIPs") or () if isinstance(entry, Mapping)]
+    found = (canonical_ip(text) for text in (listed or [status.get("podIP")]))
+    return tuple(dict.fromkeys(ip for ip in found if ip))
 
 
 def declared_precision(pod: Mapping[str, Any], key: str) -> str | None:
@@ -115,6 +133,7 @@ class PodWatcher:
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], PodRecord] = {}
         self._by_uid: dict[str, PodRecord] = {}
+        self._by_ip: dict[str, list[PodRecord]] = {}
         self._owners: dict[str, Mapping[str, Any] | None] = {}  # owner uid -> its controller ref
         self._plurals: dict[str, dict[str, str]] = {}  # group/version -> {kind: resource name}
         self._warned_precision: set[str] = set()  # pod uids whose unknown precision was logged
@@ -158,6 +177,11 @@ class PodWatcher:
         with self._lock:
             return list(self._pods.values())
 
+    def pods_at(self, ip: str) -> list[PodRecord]:
+        """The pods of the node with this address of their own (one, but for a moment of reuse)."""
+        with self._lock:
+            return list(self._by_ip.get(ip, ()))
+
     def job_id(self, namespace: str, pod: str) -> str | None:
         """``ofu.job.id`` of a pod of this node; None while the pod is unknown (not seen yet)."""
         record = self.pod(namespace, pod)
@@ -183,6 +207,9 @@ class PodWatcher:
         with self._lock:
             self._pods = pods
             self._by_uid = {r.uid: r for r in pods.values() if r.uid}
+            self._by_ip = {}
+            for record in pods.values():
+                self._index_ips(record)
         self._warned_precision &= set(self._by_uid)
         self._prune_owners()
 
@@ -192,19 +219,35 @@ class PodWatcher:
             if record is not None:
                 with self._lock:
                     old = self._pods.get((record.namespace, record.name))
-                    if old is not None and old.uid != record.uid:
-                        self._by_uid.pop(old.uid, None)
+                    if old is not None:
+                        self._unindex_ips(old)
+                        if old.uid != record.uid:
+                            self._by_uid.pop(old.uid, None)
                     self._pods[(record.namespace, record.name)] = record
                     if record.uid:
                         self._by_uid[record.uid] = record
+                    self._index_ips(record)
         elif event == "DELETED":
             meta = obj.get("metadata") or {}
             with self._lock:
                 old = self._pods.pop((meta.get("namespace"), meta.get("name")), None)
                 if old is not None:
                     self._by_uid.pop(old.uid, None)
+                    self._unindex_ips(old)
                     self._warned_precision.discard(old.uid)
             self._prune_owners()
+
+    def _index_ips(self, record: PodRecord) -> None:
+        for ip in record.ips:
+            self._by_ip.setdefault(ip, []).append(record)
+
+    def _unindex_ips(self, record: PodRecord) -> None:
+        for ip in record.ips:
+            held = [r for r in self._by_ip.get(ip, ()) if r is not record]
+            if held:
+                self._by_ip[ip] = held
+            else:
+                self._by_ip.pop(ip, None)
 
     def _record(self, pod: Mapping[str, Any]) -> PodRecord | None:
         record = pod_record(pod, job_label=self.job_label, precision_key=self.precision_key, copy_labels=self._copy,

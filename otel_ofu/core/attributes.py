@@ -39,7 +39,7 @@ _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pip
                    "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped", "otel_ofu.exporter.write_failed",
                    "otel_ofu.scrape.errors",
                    "otel_ofu.jobs.skipped", "otel_ofu.attribution.kubernetes.lists",
-                   "otel_ofu.attribution.kubernetes.errors")
+                   "otel_ofu.attribution.kubernetes.errors", "otel_ofu.attribution.reports.refused")
 _EXPORTER_METRICS = ("otel_ofu.exporter.queue.size", "otel_ofu.exporter.queue.capacity", "otel_ofu.exporter.sent",
                      "otel_ofu.exporter.retried", "otel_ofu.exporter.dropped", "otel_ofu.exporter.write_failed",
                      "otel_ofu.exporter.pending")
@@ -177,7 +177,7 @@ _ATTRIBUTES = (
                   ("otel_ofu.receiver.status",)),
     AttributeInfo("protocol", POINT, "`grpc` or `http`.", (), ("otel_ofu.receiver.requests",)),
     AttributeInfo("outcome", POINT, "What became of a request (`accepted`, `malformed`, `too_large`, ...) or a "
-                  "report (`attributed`, `kept`, `no_identity`).", (),
+                  "report (`attributed`, `kept`, `no_identity`, `refused`).", (),
                   ("otel_ofu.receiver.requests", "otel_ofu.attribution.reports")),
     AttributeInfo("reason", POINT, "Why something was dropped, skipped, retried or failed; the values are in "
                   "each metric's meaning.", (), _REASON_METRICS),

@@ -198,15 +198,18 @@ class Batch:
     serializes them (the OTLP exporters, :meth:`points_and_rows`) never builds them.
     """
 
-    __slots__ = ("samples", "_points", "passthrough", "events", "_rows")
+    __slots__ = ("samples", "_points", "passthrough", "events", "_rows", "peer")
 
     def __init__(self, samples: list[GpuSample] | None = None, points: list[MetricPoint] | None = None,
-                 passthrough: list[Any] | None = None, events: list[Event] | None = None):
+                 passthrough: list[Any] | None = None, events: list[Event] | None = None, peer: str | None = None):
         self.samples = [] if samples is None else samples
         self._points: list = [] if points is None else points
         self.passthrough = [] if passthrough is None else passthrough  # opaque, e.g. OTLP ResourceMetrics
         self.events = [] if events is None else events
         self._rows = False  # whether _points holds PointRows
+        # The IP address of the connection the batch arrived on (a push receiver's sender), None when
+        # it did not arrive over the network: what attribution checks a report's sender against.
+        self.peer = peer
 
     @classmethod
     def with_rows(cls, samples: list[GpuSample], points_and_rows: list[MetricPoint | PointRow],

@@ -1,8 +1,8 @@
 """Settings shared by the components that listen (the ``otlp`` receiver, the ``prometheus``
 exporter): ``host:port`` endpoints, server TLS and mTLS, the loopback check, and the one error a
 listener that cannot bind raises (:func:`listen_error`). The Collector's confignet/configtls, in
-small; and :class:`WatchedFiles`, which tells when a credential file was rotated so that it is
-read again without a restart.
+small; :class:`WatchedFiles`, which tells when a credential file was rotated so that it is read
+again without a restart; and the one spelling of a peer's IP address.
 """
 
 from __future__ import annotations
@@ -113,6 +113,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def canonical_ip(text: str | None) -> str | None:
+    """An IP address as one spelling (IPv6 compressed, an IPv4-mapped IPv6 address as IPv4), or None.
+
+    A dual-stack listener sees an IPv4 client as ``::ffff:10.0.0.5``; the Kubernetes API names
+    the pod ``10.0.0.5``: both are ``10.0.0.5`` here.
+    """
+    try:
+        address = ipaddress.ip_address((text or "").strip().strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.compressed
+
+
+def grpc_peer_ip(peer: str | None) -> str | None:
+    """The IP address of a gRPC peer string (``ipv4:10.0.0.5:41234``, ``ipv6:[::1]:41234``), or None
+    (a unix socket, or no peer)."""
+    kind, _, rest = (peer or "").partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    host, _, _ = rest.rpartition(":")
+    return canonical_ip(host)
 
 
 class WatchedFiles:

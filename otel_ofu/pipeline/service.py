@@ -113,7 +113,7 @@ def _fan_out(pipelines: list[Pipeline]):
         for pipeline in pipelines:
             # Processors may annotate samples; each pipeline gets its own copies.
             pipeline.consume(Batch([copy.copy(s) for s in batch.samples], list(batch.points), list(batch.passthrough),
-                                  list(batch.events)))
+                                  list(batch.events), peer=batch.peer))
 
     return consume
 

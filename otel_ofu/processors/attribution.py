@@ -13,6 +13,7 @@ docs/components/processors/attribution.md describes sources, precedence, attribu
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import socket
 import threading
 import time
@@ -49,8 +50,9 @@ from otel_ofu.attribution.k8s_identity import job_id, labelled_pod_job
 from otel_ofu.attribution.kubelet import DraHolder, KubeletClient, NodeAllocations, PodContainer
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.procfs import ProcessInfo, parse_pids, read_process
-from otel_ofu.attribution.reports import resource_claim, resource_pid
+from otel_ofu.attribution.reports import REPORT_SOURCE, resource_claim, resource_pid
 from otel_ofu.attribution.rules import RuleResult, evaluate
+from otel_ofu.attribution.senders import check_sender
 from otel_ofu.attribution.slurm import ENV_KEYS, slurm_attributes
 from otel_ofu.core import specs
 from otel_ofu.core.metrics import MetricInfo, register
@@ -82,7 +84,13 @@ JOBS_METRIC = register(MetricInfo(
 REPORTS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.reports", "{point}", "sum",
     "Points a training process reported about itself (report_metrics: MFU, TFLOP/s), by outcome: attributed "
-    "(named from its pod, Slurm job or process), kept (it carried ofu.job.id), no_identity (nothing names its job)."))
+    "(named from its pod, Slurm job or process), kept (it carried ofu.job.id), no_identity (nothing names its job), "
+    "refused (sent from another address than the pod it names: otel_ofu.attribution.reports.refused)."))
+REFUSED_METRIC = register(MetricInfo(
+    "otel_ofu.attribution.reports.refused", "{point}", "sum",
+    "Reports dropped because their sender may not speak for the pod or job they name (report_sender), by reason: "
+    "unknown_pod (a pod this node does not run), other_address (a pod of this node, or its job, from another "
+    "address), other_job (a pod of this node naming another job)."))
 REFRESH_ERRORS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.refresh.errors", "{error}", "sum",
     "Failed attribution lookups, by source (kubelet, pids); the last good answer is used for cache_ttl."))
@@ -139,6 +147,8 @@ class AttributionProcessor(Processor):
         # Hosts whose /proc this processor reads: a report's process.pid is looked up only there.
         self._local_hosts = {socket.gethostname()}
         self._no_identity_logged: set[tuple[str, str]] = set()
+        self._trusted_senders = config.report_sender.networks()
+        self._refused_logged: set[tuple[str, str]] = set()
         self._last_overflow_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -345,26 +355,46 @@ class AttributionProcessor(Processor):
         if renamed and points:
             points = [_renamed(p, renamed) for p in points]
         if self._report_names and any(p.name in self._report_names for p in points):
-            points = [self.annotate_report(p) if p.name in self._report_names else p for p in points]
+            annotated = (self.annotate_report(p, batch.peer) if p.name in self._report_names else p for p in points)
+            points = [p for p in annotated if p is not None]
         if points is not batch.points:
-            batch = Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events)
+            batch = Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events,
+                          peer=batch.peer)
         return batch
 
     # --- what training processes report about themselves ---------------------------------
 
-    def annotate_report(self, point: MetricPoint) -> MetricPoint:
+    def annotate_report(self, point: MetricPoint, peer: str | None = None) -> MetricPoint | None:
         """Give a training process's report (MFU, TFLOP/s) the ``ofu.job.id`` its GPUs get.
 
         The process is named by its own resource: a pod, a Slurm job, or a pid on this node
         (through its cgroup and environment). Those go through the same sources and rules of
         naming as GPU claims (the Kubernetes API, ``k8s_job_label``, ``slurm:<id>``), so a
         report from any rank names the whole job. A point that already carries a job id keeps it.
+
+        ``peer``: the address the report came from. With the Kubernetes API source, a report
+        that its sender may not send (another pod's, from another address) is counted, logged
+        and dropped: None (:mod:`otel_ofu.attribution.senders`); one from a pod of this node
+        naming no pod is that pod's.
         """
-        if job_id_of(point) not in UNSET_JOBS and job_id_of(point) is not None:
+        carried = job_id_of(point)
+        carried = carried if carried not in UNSET_JOBS else None
+        sender = None
+        if peer is not None and self.pods is not None and self.config.report_sender.verify and not self._trusted(peer):
+            verdict = check_sender(peer, dict(point.resource), carried, self.pods)
+            if verdict.refused is not None:
+                self._refuse(point, peer, verdict.refused, verdict.message)
+                return None
+            sender = verdict.sender
+        if carried is not None:
             self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="kept")
             return point
         resource = dict(point.resource)
-        claim = resource_claim(resource) or self._pid_claim(resource)
+        if sender is not None:
+            claim: Claim | None = Claim(("k8s", sender.namespace, sender.name), REPORT_SOURCE,
+                                        {K8S_NAMESPACE: sender.namespace, K8S_POD_NAME: sender.name})
+        else:
+            claim = resource_claim(resource) or self._pid_claim(resource)
         if claim is None:
             self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="no_identity")
             self._log_no_identity(point, resource)
@@ -382,6 +412,27 @@ class AttributionProcessor(Processor):
         self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="attributed")
         attributes = tuple(item for item in point.attributes if item[0] != JOB_ID)
         return dataclasses.replace(point, resource=attrs(resource), attributes=attributes)
+
+    def _trusted(self, peer: str) -> bool:
+        if not self._trusted_senders:
+            return False
+        address = ipaddress.ip_address(peer)
+        return any(address in network for network in self._trusted_senders)
+
+    def _refuse(self, point: MetricPoint, peer: str, reason: str, message: str) -> None:
+        """Count a report whose sender may not send it, and say so once per sender and claim."""
+        self.context.telemetry.add(REPORTS_METRIC.name, 1, outcome="refused")
+        self.context.telemetry.add(REFUSED_METRIC.name, 1, reason=reason)
+        key = (peer, message)
+        if key in self._refused_logged:
+            return
+        if len(self._refused_logged) >= 1024:
+            self._refused_logged.clear()
+        self._refused_logged.add(key)
+        self.log.warning("attribution: refused a %s report from %s: it %s. A report is taken only from the pod it "
+                         "names (docs/deploy.md#threat-model; a Collector that forwards reports: "
+                         "report_sender.trusted). Counted in otel_ofu_attribution_reports_refused_total{reason=%s}; "
+                         "logged once per sender and claim.", point.name, peer, message, reason)
 
     def _pid_claim(self, resource: dict[str, Any]) -> Claim | None:
         """The Slurm job or pod of a reporting process on this node, from /proc (processes source)."""

@@ -51,7 +51,9 @@ from otel_ofu.pipeline.config import Duration, build_config, invalid, require, r
 from otel_ofu.pipeline.endpoints import (
     ServerTlsConfig,
     WatchedFiles,
+    canonical_ip,
     check_listen,
+    grpc_peer_ip,
     is_loopback,
     listen_error,
     parse_endpoint,
@@ -324,13 +326,15 @@ class OtlpReceiver(Receiver):
     def end(self) -> None:
         self._slots.release()
 
-    def accept(self, request: Any, protocol: str, wire: bytes | None = None) -> None:
+    def accept(self, request: Any, protocol: str, wire: bytes | None = None, *, peer: str | None = None) -> None:
         """Join, hand to the pipeline and count one ExportMetricsServiceRequest.
 
         ``wire``: the protobuf bytes it was parsed from, which the pass-through keeps. ``request``
         None: the request is ``wire``, parsed only where the join needs it (a request whose every
         ResourceMetrics is a known node's scrape is read from its bytes alone); raises
-        :class:`MalformedRequest` when those bytes are not a request.
+        :class:`MalformedRequest` when those bytes are not a request. ``peer``: the sender's IP
+        address, carried on the batch (``Batch.peer``): attribution takes a training job's report
+        only from the pod it names (docs/deploy.md#threat-model).
 
         Requests are worked one at a time (up to ``max_concurrent_requests`` are taken in and wait):
         the interpreter runs one thread's Python at a time, and the pipeline's processors and each
@@ -340,9 +344,9 @@ class OtlpReceiver(Receiver):
         gunzip them, meanwhile.
         """
         with self._working:
-            self._accept(request, protocol, wire)
+            self._accept(request, protocol, wire, peer)
 
-    def _accept(self, request: Any, protocol: str, wire: bytes | None) -> None:
+    def _accept(self, request: Any, protocol: str, wire: bytes | None, peer: str | None) -> None:
         from google.protobuf.message import DecodeError
 
         settings = {"window_s": float(self.config.window), "tolerance_s": float(self.config.join_tolerance),
@@ -359,7 +363,8 @@ class OtlpReceiver(Receiver):
             raise RequestRefused("internal", "otel-ofu failed on this request") from exc
         try:
             if found.samples or found.points or found.passthrough:
-                self.consumer(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough)))
+                self.consumer(Batch(samples=found.samples, points=found.points, passthrough=list(found.passthrough),
+                                    peer=peer))
         except Exception as exc:
             self.log.exception("failed on a received request")
             raise RequestRefused("internal", "otel-ofu failed on this request") from exc
@@ -510,7 +515,7 @@ class OtlpReceiver(Receiver):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"request of {len(body)} bytes exceeds max_request_size {self.config.max_request_size}")
         try:
-            self.accept(None, "grpc", body)
+            self.accept(None, "grpc", body, peer=grpc_peer_ip(context.peer()))
         except MalformedRequest as exc:
             self.count("grpc", "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an ExportMetricsServiceRequest: {exc}")
@@ -733,10 +738,11 @@ class _HttpHandler(BaseHTTPRequestHandler):
             return self._refuse(413 if exc.outcome == "too_large" else 400, exc.outcome, str(exc), reply_as,
                                 body_read=True)
         try:
+            peer = canonical_ip(self.client_address[0])
             if media == PROTOBUF:  # parsed where the join needs it (OtlpReceiver.accept)
-                receiver.accept(None, "http", body)
+                receiver.accept(None, "http", body, peer=peer)
             else:
-                receiver.accept(_decode(body, media), "http")
+                receiver.accept(_decode(body, media), "http", peer=peer)
         except MalformedRequest as exc:
             return self._refuse(400, "malformed", f"not an OTLP/protobuf ExportMetricsServiceRequest: {exc}",
                                 reply_as, body_read=True)
