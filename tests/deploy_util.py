@@ -27,6 +27,12 @@ NAMESPACE = "gpu-monitoring"
 # Kubernetes versions the manifests are validated against: the oldest the chart supports in
 # kubernetes-validate's schema set, and the newest it ships.
 OLDEST_K8S = "1.31.0"
+# What `helm template` and `helm lint` are told the cluster runs: a Helm built with a plain `go
+# install` assumes Kubernetes 1.20, which the chart's kubeVersion refuses (deploy/helm/otel-ofu/Chart.yaml).
+KUBE_VERSION = ("--kube-version", OLDEST_K8S)
+# The plain manifests (deploy/kubernetes/render.sh) name the OTLP token's Secret rather than carry a
+# token: one in a file everybody has would be no secret, and a random one would change every render.
+PLAIN_MANIFEST_SETS = ("agent.otlpReceiver.auth.existingSecret=otel-ofu-otlp-token",)
 
 # A stand-in for every downward-API field the manifests use.
 FIELD_PLACEHOLDERS = {
@@ -53,7 +59,7 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def template_text(*values_files: Path, sets: tuple[str, ...] = (), release: str = RELEASE,
                   namespace: str = NAMESPACE) -> str:
-    args = ["template", release, str(CHART), "--namespace", namespace]
+    args = ["template", release, str(CHART), "--namespace", namespace, *KUBE_VERSION]
     for f in values_files:
         args += ["-f", str(f)]
     for s in sets:
@@ -156,3 +162,31 @@ def assert_otel_ofu_config_valid(config_text: str, spec: dict[str, Any], contain
     env = container_env(container)
     done = otel_ofu_validate(staged, env, workdir)
     assert done.returncode == 0, f"otel-ofu validate failed:\n{done.stdout}{done.stderr}\n--- config ---\n{staged}"
+
+
+def doc_blocks(path: Path, heading: str, lang: str) -> list[str]:
+    """The ``lang`` code blocks of a Markdown section (from ``heading`` to the next heading of its level)."""
+    text = path.read_text()
+    start = text.index(heading + "\n")
+    level = heading.split(" ")[0]
+    end = text.find("\n" + level + " ", start + len(heading))
+    section = text[start:end if end >= 0 else len(text)]
+    return re.findall(rf"^```{lang}\n(.*?)^```$", section, re.M | re.S)
+
+
+def resolve_env(items: list[dict[str, Any]], fields: dict[str, str], secrets: dict[tuple[str, str], str]) -> dict[
+        str, str]:
+    """A container's env as the kubelet resolves it: downward-API fields, Secret keys, and ``$(NAME)``
+    references to variables defined earlier in the list (an undefined one stays as written)."""
+    env: dict[str, str] = {}
+    for item in items:
+        if "value" in item:
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(item["value"]))
+            continue
+        source = item["valueFrom"]
+        if "fieldRef" in source:
+            env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        else:
+            ref = source["secretKeyRef"]
+            env[item["name"]] = secrets[(ref["name"], ref["key"])]
+    return env

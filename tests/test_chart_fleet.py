@@ -35,7 +35,7 @@ import yaml
 from otel_ofu.core.model import JOB_ID
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.training.report import AGENT_GRPC_PORT, AGENT_HTTP_PORT
-from tests.deploy_util import CHART, helm_binary, pod_spec
+from tests.deploy_util import CHART, KUBE_VERSION, helm_binary, pod_spec
 from tests.e2e_util import PageServer, Process, collector_binary, free_ports, port_open, require_alive, wait_for
 from tests.kube_apiserver import KubeApiServer
 from tests.otlp_backends import GrpcBackend
@@ -75,7 +75,7 @@ def render(tmp_path: Path) -> list[dict[str, Any]]:
 
     values = tmp_path / "scaled-time.yaml"
     values.write_text(yaml.safe_dump(SCALED_TIME))
-    done = subprocess.run([helm_binary(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    done = subprocess.run([helm_binary(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *KUBE_VERSION,
                            "-f", str(FLEET), "-f", str(values)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -197,6 +197,8 @@ def test_fleet_install_serves_each_gpu_and_each_job_from_one_place(cluster, tmp_
                      f"${{env:K8S_POD_IP}}:{grpc_port}")
             replaced(config, "receivers::otlp::protocols::http::endpoint", f"${{env:K8S_POD_IP}}:{AGENT_HTTP_PORT}",
                      f"${{env:K8S_POD_IP}}:{http_port}")
+            replaced(config, "receivers::otlp::auth::bearer_token_file", "/etc/otel-ofu/otlp-token/token",
+                     str(token_file))  # the reports' token: the chart's Secret, mounted
             replaced(config, "exporters::prometheus::endpoint", "0.0.0.0:9464", f"127.0.0.1:{metrics_port}")
             replaced(config, "exporters::otlp/gateway::endpoint", gateway_service, f"127.0.0.1:{gateway_grpc}")
             if "otlp" in config["exporters"]:  # the GPUs' series straight to the backend

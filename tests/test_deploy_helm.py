@@ -8,6 +8,7 @@ Collector.
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import yaml
 from tests.deploy_util import (
     CHART,
     EXAMPLES,
+    KUBE_VERSION,
     NAMESPACE,
     OLDEST_K8S,
+    PLAIN_MANIFEST_SETS,
     RENDERED,
     assert_otel_ofu_config_valid,
     by_kind,
@@ -60,7 +63,7 @@ def test_examples_exist_for_each_source_and_the_fleet() -> None:
 
 @pytest.mark.parametrize("values", [None, *EXAMPLES], ids=["defaults", *EXAMPLE_IDS])
 def test_helm_lint_strict(values: Path | None) -> None:
-    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    args = ["lint", "--strict", str(CHART), *KUBE_VERSION] + (["-f", str(values)] if values else [])
     done = helm(*args, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
@@ -175,8 +178,10 @@ def test_plain_manifests_are_in_sync_with_the_chart(values: Path | None) -> None
     text = rendered.read_text()
     header, _, body = text.partition("\n---\n")
     assert body, f"{rendered}: no header"
-    expected = template_text(values) if values else template_text()
+    expected = template_text(*([values] if values else []), sets=PLAIN_MANIFEST_SETS)
     assert "---\n" + body == expected, f"{rendered} is stale: run deploy/kubernetes/render.sh"
+    # No token in a file everybody has: the header says how to make the Secret the manifests name.
+    assert "kind: Secret" not in body and "create secret generic otel-ofu-otlp-token" in header
 
 
 def test_no_extra_plain_manifests() -> None:
@@ -407,7 +412,7 @@ def test_dns_resolver_needs_no_rbac() -> None:
     (("otlp.protocol=http", "otlp.endpoint=http://x", "otlp.logsEndpoint=off"), "at '/otlp/logsEndpoint'"),
 ])
 def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
-    args = ["template", "x", str(CHART)]
+    args = ["template", "x", str(CHART), *KUBE_VERSION]
     for s in sets:
         args += ["--set", s]
     done = helm(*args, check=False)
@@ -462,14 +467,21 @@ def test_jobs_auth_token_reaches_the_agents_when_they_send_to_the_jobs_instance(
 
 
 def test_training_jobs_report_to_the_agent_on_their_node() -> None:
-    """agent.otlpReceiver: host ports 4317/4318 by default, what the training helper sends to."""
+    """agent.otlpReceiver: a node-local Service by default, no host ports (issue 31, item 9: a Collector
+    agent DaemonSet holding host ports 4317/4318 would keep the agents Pending)."""
     from otel_ofu.training.report import AGENT_GRPC_PORT, AGENT_HTTP_PORT
 
     objects = template()
     spec, container = agent_of(objects)
     ports = {p["name"]: p for p in container["ports"]}
-    assert (ports["otlp-grpc"]["containerPort"], ports["otlp-grpc"]["hostPort"]) == (AGENT_GRPC_PORT,) * 2
-    assert (ports["otlp-http"]["containerPort"], ports["otlp-http"]["hostPort"]) == (AGENT_HTTP_PORT,) * 2
+    assert not any("hostPort" in p for p in container["ports"]) and not spec.get("hostNetwork")
+    assert (ports["otlp-grpc"]["containerPort"], ports["otlp-http"]["containerPort"]) == (AGENT_GRPC_PORT,
+                                                                                          AGENT_HTTP_PORT)
+    local = one(objects, "Service", "agent-otlp")
+    assert local["spec"]["internalTrafficPolicy"] == "Local"  # a pod's report reaches its own node's agent only
+    assert local["spec"]["selector"].items() <= one(objects, "DaemonSet", "agent")["spec"]["template"]["metadata"][
+        "labels"].items()
+    assert {(p["port"], p["targetPort"]) for p in local["spec"]["ports"]} == {(4317, "otlp-grpc"), (4318, "otlp-http")}
     receiver = agent_config(objects)["receivers"]["otlp"]
     assert receiver["protocols"] == {"grpc": {"endpoint": "${env:K8S_POD_IP}:4317"},
                                      "http": {"endpoint": "${env:K8S_POD_IP}:4318"}}
@@ -477,21 +489,122 @@ def test_training_jobs_report_to_the_agent_on_their_node() -> None:
     # Reports only: nothing else a pod sends is forwarded.
     assert receiver["passthrough"] is False
     assert set(receiver["decode"]) == {"training.mfu", "training.tflops_per_gpu", "megatron.training.throughput_tflops"}
-    assert not any(o["metadata"]["name"].endswith("agent-otlp") for o in by_kind(objects, "Service"))
 
-    # Where host ports are not allowed: a node-local Service instead.
-    objects = template(sets=("agent.otlpReceiver.hostPort=false", "agent.otlpReceiver.localService=true"))
-    spec, container = agent_of(objects)
-    assert not any("hostPort" in p for p in container["ports"])
-    local = one(objects, "Service", "agent-otlp")
-    assert local["spec"]["internalTrafficPolicy"] == "Local"
-    assert local["spec"]["selector"].items() <= one(objects, "DaemonSet", "agent")["spec"]["template"]["metadata"][
-        "labels"].items()
-    assert {(p["port"], p["targetPort"]) for p in local["spec"]["ports"]} == {(4317, "otlp-grpc"), (4318, "otlp-http")}
+    # The node's IP as well, where host ports are free and allowed.
+    objects = template(sets=("agent.otlpReceiver.hostPort=true",))
+    ports = {p["name"]: p for p in agent_of(objects)[1]["ports"]}
+    assert (ports["otlp-grpc"]["hostPort"], ports["otlp-http"]["hostPort"]) == (AGENT_GRPC_PORT, AGENT_HTTP_PORT)
 
     objects = template(sets=("agent.otlpReceiver.enabled=false",))
     assert "otlp" not in agent_config(objects)["receivers"]
     assert {p["name"] for p in agent_of(objects)[1]["ports"]} == {"metrics"}
+    assert not any(o["metadata"]["name"].endswith("agent-otlp") for o in by_kind(objects, "Service"))
+    assert not by_kind(objects, "Secret")
+
+
+def test_reports_need_the_token_of_a_secret_the_chart_makes_or_is_given() -> None:
+    """agent.otlpReceiver.auth (issue 31, item 7): the agent requires Authorization: Bearer <the Secret's
+    token>, read from the mounted Secret; the chart makes one (random) in every namespace jobs run in."""
+    objects = template(sets=("agent.otlpReceiver.auth.jobNamespaces={llm,research}",))
+    secrets = by_kind(objects, "Secret")
+    assert {s["metadata"]["namespace"] for s in secrets} == {NAMESPACE, "llm", "research"}
+    assert len({s["metadata"]["name"] for s in secrets}) == 1 and len({s["data"]["token"] for s in secrets}) == 1
+    token = base64.b64decode(secrets[0]["data"]["token"]).decode()
+    assert len(token) >= 32 and token.isalnum()
+    spec, container = agent_of(objects)
+    auth = agent_config(objects)["receivers"]["otlp"]["auth"]
+    mount = next(m for m in container["volumeMounts"] if auth["bearer_token_file"].startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True and auth["bearer_token_file"] == mount["mountPath"] + "/token"
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == secrets[0]["metadata"]["name"]
+    assert base64.b64decode(one(template(), "Secret", "otlp-token")["data"]["token"]).decode() != token  # random
+
+    # A Secret of one's own: nothing made, that one mounted.
+    objects = template(sets=("agent.otlpReceiver.auth.existingSecret=ofu-reports",))
+    assert not by_kind(objects, "Secret")
+    spec, _ = agent_of(objects)
+    assert {"name": "otlp-token", "secret": {"secretName": "ofu-reports"}} in spec["volumes"]
+    # Off: no token asked for (the agent warns at start that it listens without one).
+    objects = template(sets=("agent.otlpReceiver.auth.enabled=false",))
+    assert "auth" not in agent_config(objects)["receivers"]["otlp"] and not by_kind(objects, "Secret")
+
+
+def test_the_agent_takes_a_report_only_from_the_pod_it_names() -> None:
+    attribution = agent_config(template())["processors"]["attribution"]
+    assert attribution["report_sender"] == {"verify": True}
+    assert attribution["kubernetes_api"]["enabled"] is True  # what knows the pods' addresses
+    attribution = agent_config(template(sets=("agent.otlpReceiver.trustedSenders={10.0.5.0/24}",
+                                              "agent.otlpReceiver.verifySender=false")))["processors"]["attribution"]
+    assert attribution["report_sender"] == {"verify": False, "trusted": ["10.0.5.0/24"]}
+
+
+def rule_for(policy: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """The peers a NetworkPolicy admits to ``port`` (TCP)."""
+    return [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]
+            if {"port": port, "protocol": "TCP"} in rule["ports"]]
+
+
+def test_network_policies_admit_only_who_needs_each_port(tmp_path: Path) -> None:
+    """The agents' OTLP ports from pods (not from outside the cluster), every metrics port from
+    Prometheus' namespace, the jobs tier and the gateway from their senders only."""
+    objects = template()
+    agent = one(objects, "NetworkPolicy", "agent")
+    agent_labels = one(objects, "DaemonSet", "agent")["spec"]["template"]["metadata"]["labels"]
+    assert agent["spec"]["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    assert agent["spec"]["policyTypes"] == ["Ingress"]
+    assert rule_for(agent, 4317) == rule_for(agent, 4318) == [{"namespaceSelector": {}}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert rule_for(agent, 9464) == prometheus
+    assert sorted(p["port"] for r in agent["spec"]["ingress"] for p in r["ports"]) == [4317, 4318, 9464]
+    jobs = one(objects, "NetworkPolicy", "jobs")
+    assert rule_for(jobs, 4317) == [{"podSelector": {"matchLabels": one(objects, "NetworkPolicy", "agent")["spec"][
+        "podSelector"]["matchLabels"]}}]
+    assert rule_for(jobs, 9464) == prometheus
+
+    fleet = template(next(p for p in EXAMPLES if p.stem == "fleet"))
+    gateway, jobs = one(fleet, "NetworkPolicy", "gateway"), one(fleet, "NetworkPolicy", "jobs")
+    gateway_labels = one(fleet, "Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    (sender,) = rule_for(jobs, 4317)
+    assert sender["podSelector"]["matchLabels"].items() <= gateway_labels.items()  # behind the gateway: it alone
+    (sender,) = rule_for(gateway, 4317)
+    assert sender["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    assert rule_for(gateway, 8888) == prometheus
+
+    values = tmp_path / "narrowed.yaml"
+    values.write_text(yaml.safe_dump({"networkPolicy": {
+        "otlpFrom": [{"namespaceSelector": {"matchLabels": {"ofu.dev/reports": "true"}}}],
+        "metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]}}))
+    narrowed = template(values)
+    agent = one(narrowed, "NetworkPolicy", "agent")
+    assert rule_for(agent, 4317) == [{"namespaceSelector": {"matchLabels": {"ofu.dev/reports": "true"}}}]
+    assert rule_for(agent, 9464) == [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    assert not by_kind(template(sets=("networkPolicy.enabled=false",)), "NetworkPolicy")
+
+
+@pytest.mark.parametrize(("sets", "probe"), [
+    ((), {"httpGet": {"path": "/metrics", "port": "metrics"}}),
+    (("prometheus.enabled=false", "otlp.endpoint=backend:4317"), {"tcpSocket": {"port": "otlp-grpc"}}),
+    (("prometheus.enabled=false", "otlp.endpoint=backend:4317", "agent.otlpReceiver.grpcPort=0"),
+     {"tcpSocket": {"port": "otlp-http"}}),
+], ids=["prometheus", "otlp-grpc", "otlp-http"])
+def test_the_agent_has_probes_whatever_is_enabled(sets: tuple[str, ...], probe: dict[str, Any]) -> None:
+    """Without the Prometheus endpoint the agent's probes connect to its OTLP receiver (issue 31, trial)."""
+    _, container = agent_of(template(sets=sets))
+    ports = {p["name"] for p in container["ports"]}
+    for kind in ("livenessProbe", "readinessProbe"):
+        assert probe.items() <= container[kind].items(), container[kind]
+        assert next(iter(probe.values()))["port"] in ports
+
+
+def test_a_helm_that_assumes_kubernetes_1_20_is_told_what_to_do() -> None:
+    """A Helm built with a plain `go install` assumes Kubernetes 1.20 for template and lint (no cluster
+    to ask): the chart refuses it, and Chart.yaml and the docs say why and what to pass."""
+    done = helm("template", "x", str(CHART), "--kube-version", "1.20.0", check=False)
+    assert done.returncode != 0 and "incompatible with Kubernetes v1.20.0" in done.stderr, done.stderr
+    chart_yaml = (CHART / "Chart.yaml").read_text()
+    section = doc_section("### Before you start")
+    for text in (chart_yaml, section):
+        assert "go install" in text and "1.20" in text and "--kube-version" in text
 
 
 def test_the_default_image_is_what_deploy_image_sh_builds() -> None:

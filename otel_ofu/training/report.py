@@ -30,7 +30,8 @@ log = logging.getLogger("otel_ofu.training")
 
 TFLOPS_METRIC = TFLOPS_REPORT_METRICS[0]
 DEFAULT_SERVICE_NAME = "training"
-# The otel-ofu node agent's OTLP ports: the Helm chart's agent.otlpReceiver, on the node's IP.
+# The otel-ofu node agent's OTLP ports: the Helm chart's agent.otlpReceiver (its node-local Service, and the
+# node's IP with agent.otlpReceiver.hostPort).
 AGENT_GRPC_PORT, AGENT_HTTP_PORT = 4317, 4318
 NODE_IP_ENV = "K8S_NODE_IP"  # downward API status.hostIP, as the chart's own pods get it
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -92,8 +93,8 @@ def default_endpoint(protocol: str, environ: Mapping[str, str] | None = None) ->
 
     The standard ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` when
     set (None: the SDK reads them); else, with ``K8S_NODE_IP`` set, the otel-ofu agent on this
-    node (``http://<node IP>:4317``, ``:4318`` for OTLP/HTTP: the Helm chart's host ports); else
-    None, the SDK's ``localhost``.
+    node (``http://<node IP>:4317``, ``:4318`` for OTLP/HTTP: the Helm chart's host ports, with
+    ``agent.otlpReceiver.hostPort``); else None, the SDK's ``localhost``.
     """
     env = os.environ if environ is None else environ
     if any(env.get(name, "").strip() for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
@@ -225,9 +226,11 @@ def start_mfu_reporter(*, every_n_steps: int = 1, export_interval_s: float | Non
                        environ: Mapping[str, str] | None = None) -> MfuReporter:
     """One call: a reporter exporting to otel-ofu's ``otlp`` receiver.
 
-    ``endpoint``: by default the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``, else the otel-ofu agent
-    on this node when ``K8S_NODE_IP`` is set (``http://$K8S_NODE_IP:4317``, the Helm chart's
-    host port), else ``localhost:4317`` (:func:`default_endpoint`). ``protocol``: ``grpc``
+    ``endpoint``: by default the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` (the Helm chart's
+    node-local Service: docs/audit.md), else the otel-ofu agent on this node when ``K8S_NODE_IP``
+    is set (``http://$K8S_NODE_IP:4317``, the chart's host port when it has one), else
+    ``localhost:4317`` (:func:`default_endpoint`). ``headers``: by default the standard
+    ``OTEL_EXPORTER_OTLP_HEADERS`` (the chart's token). ``protocol``: ``grpc``
     (default, or ``OTEL_EXPORTER_OTLP_PROTOCOL``) or ``http/protobuf``. ``export_interval_s``:
     how often values are sent (default ``OTEL_METRIC_EXPORT_INTERVAL``, else 30 s); each export
     carries the mean of the values reported since the last. ``resource``: extra attributes

@@ -49,8 +49,9 @@ receivers:
   {{- fail (printf "source must be dcgm_exporter, dcgm or nvml, not %q" .Values.source) }}
   {{- end }}
   {{- if .Values.agent.otlpReceiver.enabled }}
-  # What the node's training jobs report about themselves (docs/audit.md), on the pod's IP (and,
-  # with agent.otlpReceiver.hostPort, the node's). Reports only: anything else sent here is dropped.
+  # What the node's training jobs report about themselves (docs/audit.md), on the pod's IP (through
+  # the node-local Service; with agent.otlpReceiver.hostPort, the node's IP). Reports only: anything
+  # else sent here is dropped.
   otlp:
     protocols:
       {{- with .Values.agent.otlpReceiver.grpcPort }}
@@ -61,6 +62,11 @@ receivers:
       http:
         endpoint: ${env:K8S_POD_IP}:{{ . }}
       {{- end }}
+    {{- if include "otel-ofu.otlpAuth" . }}
+    # Authorization: Bearer <token>, the Secret's token (agent.otlpReceiver.auth).
+    auth:
+      bearer_token_file: /etc/otel-ofu/otlp-token/token
+    {{- end }}
     passthrough: false
     decode: [training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
   {{- end }}
@@ -97,6 +103,12 @@ processors:
       resource_claims: {{ .Values.attribution.dra.resourceClaims }}
     precision_key: {{ .Values.attribution.precisionKey | quote }}
     k8s_job_label: {{ .Values.attribution.jobLabel | quote }}
+    # A report is taken only from the pod it names (with kubernetes_api: the pods' addresses).
+    report_sender:
+      verify: {{ .Values.agent.otlpReceiver.verifySender }}
+      {{- with .Values.agent.otlpReceiver.trustedSenders }}
+      trusted: {{ toJson . }}
+      {{- end }}
     {{- with .Values.attribution.rules }}
     rules:
       {{- toYaml . | nindent 6 }}

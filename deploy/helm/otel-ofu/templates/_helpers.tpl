@@ -183,6 +183,36 @@ seccompProfile:
 {{- end }}
 {{- end }}
 
+{{/* "true" when the agents' OTLP receiver requires a bearer token (agent.otlpReceiver.auth). */}}
+{{- define "otel-ofu.otlpAuth" -}}
+{{- $r := .Values.agent.otlpReceiver }}
+{{- if and .Values.agent.enabled $r.enabled $r.auth.enabled }}
+{{- if and $r.auth.existingSecret $r.auth.jobNamespaces }}
+{{- fail "agent.otlpReceiver.auth.jobNamespaces copies the token Secret the chart creates; with existingSecret, copy your Secret into the jobs' namespaces yourself (docs/deploy.md, \"Training jobs report their MFU to the agent\")" }}
+{{- end }}true
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the agents' OTLP token (key "token"): existingSecret, or the chart's. */}}
+{{- define "otel-ofu.otlpTokenSecret" -}}
+{{- .Values.agent.otlpReceiver.auth.existingSecret | default (include "otel-ofu.componentName" (dict "root" . "component" "otlp-token")) }}
+{{- end }}
+
+{{/* The agent's probe, whatever is on: the Prometheus endpoint's /metrics (answers while the exporter's
+HTTP server and the process are alive), else a connection to the OTLP receiver; nothing without either
+(the agent then listens on no port). */}}
+{{- define "otel-ofu.agentProbe" -}}
+{{- $otlpPorts := include "otel-ofu.agentOtlpPorts" . | fromYamlArray }}
+{{- if .Values.prometheus.enabled }}
+httpGet:
+  path: /metrics
+  port: metrics
+{{- else if $otlpPorts }}
+tcpSocket:
+  port: {{ (first $otlpPorts).name }}
+{{- end }}
+{{- end }}
+
 {{/* Environment every otel-ofu container gets: its node, pod and namespace from the downward API. */}}
 {{- define "otel-ofu.downwardEnv" -}}
 - name: K8S_NODE_NAME
