@@ -149,6 +149,28 @@ def test_findings_open_close_and_survive_the_pipeline_shutdown():
     assert render.finding_text(job.closed_findings[0], T0, is_open=False) == "mfu_gap open when the job ended"
 
 
+@pytest.mark.parametrize(("close", "expected"), [
+    ({}, "mfu_gap cleared at {closed} (was reported MFU 54.7% vs OFU 26.3% (5m), flop formula overcount)"),
+    ({"ofu.finding.reason": "no_mfu_report", "ofu.finding.no_report_s": 330.0},
+     "mfu_gap closed at {closed}: no MFU report for 5m (was reported MFU 54.7% vs OFU 26.3% (5m), flop formula "
+     "overcount)"),
+])
+def test_a_closed_mfu_gap_says_why_and_no_longer_calls_its_cause_likely(close, expected):
+    """Issue 31 item 4: the jobs processor closes an mfu_gap whose job stopped reporting MFU; the console says
+    so, and a closed finding's cause is what it was opened for, not a likely one."""
+    state = FleetState()
+    state.update(Batch(points=ofu_points(gpu_resource(), T0, 0.26, job="moe"), events=[
+        finding_event("ofu.finding.open", "moe", T0, kind="mfu_gap", **{
+            "ofu.finding.cause": "flop_formula_overcount", "ofu.finding.mfu_reported": 0.547,
+            "ofu.finding.ofu": 0.263, "ofu.finding.window": "5m", "ofu.finding.since_unix_nano": T0 - 600 * S})]))
+    state.update(Batch(events=[finding_event("ofu.finding.close", "moe", T0 + 900 * S, kind="mfu_gap", **close)]))
+    job = state.view().jobs[0]
+    assert not job.open_findings
+    text = render.finding_text(job.closed_findings[0], T0 + 900 * S, is_open=False)
+    assert text == expected.format(closed=render.clock(T0 + 900 * S))
+    assert "likely" not in "\n".join(render.plain_lines(state.view()))
+
+
 def test_jobs_with_findings_come_first_then_lowest_ofu():
     state = FleetState()
     points = []

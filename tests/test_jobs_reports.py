@@ -213,3 +213,47 @@ def test_a_rank_is_one_reporter_before_and_after_attribution_names_its_jobs_kind
         book.observe([gpu(t - 20, 0.3), gpu(t - 10, 0.3), gpu(t, 0.3), ranked(t, None if t < 90 else "PyTorchJob")])
     # One rank: its first window is default_interval (10 s), then 30 s each: 100 s, not 10 + 30 + 10 + 30.
     assert book.jobs["train"].mfu_seconds == pytest.approx(100)
+
+
+def test_an_mfu_gap_closes_once_its_job_stops_reporting_mfu_and_says_why():
+    """Issue 31 item 4: a job reporting twice its OFU raises an mfu_gap, then stops reporting MFU (a hung
+    or removed reporter) while its GPUs run on. After one audit window (5m) with no report the finding
+    closes: the event says why and names no "likely" cause, job.finding goes to 0 and stays there (the
+    OfuJobMfuGap alert stops), and reports that come back are audited afresh."""
+    now = [float(T0)]
+    jobs = JobsProcessor(build_config(JobsConfig, {}), Context("jobs"), clock=lambda: now[0])
+    outs = []
+    for t in range(10, 45 * 60 + 1, 10):  # 45 minutes of GPU data; MFU in minutes 0-15 and 30-45
+        now[0] = T0 + t
+        points = [gpu(t, 0.26, "GPU-a"), gpu(t, 0.26, "GPU-b")]
+        if t <= 15 * 60 or t > 30 * 60:
+            points.append(report(t, 0.55))
+        outs.append(jobs.process(Batch(points=points)))
+    events = [e for out in outs for e in out.events if e.name.startswith("ofu.finding.")]
+    assert [e.name for e in events] == ["ofu.finding.open", "ofu.finding.close", "ofu.finding.open"]
+    close = dict(events[1].attributes)
+    assert close["ofu.finding.reason"] == "no_mfu_report"
+    # The first bin end a whole window (5m) after the last report, evaluated once a minute.
+    assert 300 <= close["ofu.finding.no_report_s"] < 360
+    assert 15 * 60 + 300 <= events[1].time_unix_nano / 1e9 - T0 < 15 * 60 + 360
+    assert "no MFU report for 5m" in events[1].body and "likely" not in events[1].body
+    assert "opened for flop_formula_overcount" in events[1].body
+    closed, reopened = (e.time_unix_nano / 1e9 - T0 for e in events[1:])
+    gauge = sorted((p.time_unix_nano / 1e9 - T0, p.value) for out in outs for p in out.points
+                   if p.name == "job.finding")
+    assert {value for t, value in gauge if t < closed} == {1.0}
+    assert [value for t, value in gauge if closed <= t < reopened] == [0.0]  # nothing to compare: no 1
+    assert reopened >= 30 * 60 + 300  # the audit's sustain again, not the streak from before the silence
+
+
+def test_a_cleared_mfu_gap_says_what_it_was_opened_for_not_a_likely_cause():
+    """Once the reports agree again, the close event's text must not still call the cause likely."""
+    jobs = JobsProcessor(fast_config(), Context("jobs"), clock=lambda: float(T0))
+    events = []
+    for t in range(10, 301, 10):
+        mfu = 0.55 if t <= 120 else 0.27
+        events += jobs.process(Batch(points=[gpu(t, 0.26, "GPU-a"), gpu(t, 0.26, "GPU-b"), report(t, mfu)])).events
+    opened_, closed = [e for e in events if e.name.startswith("ofu.finding.")]
+    assert "likely flop_formula_overcount" in opened_.body
+    assert closed.body.startswith("finding cleared (mfu_gap)") and "likely" not in closed.body
+    assert "the gap it was opened for (flop_formula_overcount) is gone" in closed.body

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
 from otel_ofu.core.loss import part_title
-from otel_ofu.jobs.findings import MFU_GAP, REGRESSION
+from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
 
 MISSING = "—"
 FINDING_MARK = "⚠"
@@ -104,7 +104,7 @@ def finding_text(finding: FindingState, data_ns: int, is_open: bool = True) -> s
     if finding.kind == MFU_GAP:
         text = f"reported MFU {pct(num('mfu_reported'))} vs OFU {pct(num('ofu'))}"
         text += f" ({n['window']})" if "window" in n else ""
-        if finding.cause:
+        if finding.cause and is_open:  # once closed, the cause is what it was opened for, no longer likely
             text += f", likely {finding.cause.replace('_', ' ')}"
     elif finding.kind == REGRESSION:
         ratio = num("ratio")
@@ -114,9 +114,13 @@ def finding_text(finding: FindingState, data_ns: int, is_open: bool = True) -> s
         text = finding.cause.replace("_", " ")
     if is_open:
         return f"{finding.kind}: {text}, since {clock(finding.since_ns)} ({span((data_ns - finding.since_ns) / 1e9)})"
-    if finding.close_reason == "job_end":
+    if finding.close_reason == JOB_END:
         return f"{finding.kind} open when the job ended"
-    return f"{finding.kind} cleared at {clock(finding.closed_ns or 0)} (was {text})"
+    was = f"{text}, {finding.cause.replace('_', ' ')}" if finding.kind == MFU_GAP and finding.cause else text
+    if finding.close_reason == NO_MFU_REPORT:
+        silent = f" for {span(finding.no_report_s)}" if finding.no_report_s is not None else ""
+        return f"{finding.kind} closed at {clock(finding.closed_ns or 0)}: no MFU report{silent} (was {was})"
+    return f"{finding.kind} cleared at {clock(finding.closed_ns or 0)} (was {was})"
 
 
 def header_facts(view: FleetView) -> tuple[str, str, str, str]:

@@ -101,7 +101,9 @@ class FindingState:
     since_ns: int
     numbers: dict[str, float | str] = field(default_factory=dict)
     closed_ns: int | None = None
-    close_reason: str = ""  # "job_end" when it closed with its job, else "cleared"
+    # "job_end" when it closed with its job, "no_mfu_report" when its job stopped reporting MFU, else "cleared"
+    close_reason: str = ""
+    no_report_s: float | None = None  # with no_mfu_report: how long the job had sent none
 
     @property
     def is_open(self) -> bool:
@@ -356,7 +358,9 @@ class FleetState:
             finding.close_reason = "job_end"
             job.findings[finding_id] = finding
             return False
-        finding.close_reason = "cleared"
+        finding.close_reason = str(numbers.get("reason") or "cleared")
+        silent = numbers.get("no_report_s")
+        finding.no_report_s = float(silent) if isinstance(silent, int | float) else None
         job.findings.pop(finding_id, None)
         job.closed[finding.kind] = finding
         return True

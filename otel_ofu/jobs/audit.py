@@ -6,7 +6,8 @@ job at 3 % OFU reporting 6 % (2x but 3 pp) and a job at 70 % reporting 78 % (8 p
 are not findings, while the paper's MoE case (54 % reported, 26 % measured) is. The sign
 gives the cause class: reported above measured means the FLOP formula counts work that did
 not run; measured far above reported means tensor work the formula leaves out (padding,
-activation recomputation).
+activation recomputation). A finding whose job stops reporting MFU closes once a whole window
+has passed without a report (reason ``no_mfu_report``): with nothing to compare it says nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from otel_ofu.jobs.findings import (
     CLOSE,
     FLOP_FORMULA_OVERCOUNT,
     MFU_GAP,
+    NO_MFU_REPORT,
     OPEN,
     UNCOUNTED_PADDING_OR_RECOMPUTE,
     Finding,
@@ -35,7 +37,8 @@ class AuditConfig:
 
     enabled: bool = True  # false turns the audit off
     # Both numbers are means over this window (OFU time-weighted over the job's GPUs): long
-    # enough to average iteration jitter.
+    # enough to average iteration jitter. An open finding closes when a whole window passes with
+    # no MFU report (reason no_mfu_report).
     window: Duration = field(default_factory=lambda: Duration(300))
     # A gap must exceed both thresholds. |MFU - OFU| in percentage points: well above the 1-3 pp
     # raw OFU reads over MFU from padded tiles, clock-sampling noise and non-tensor work.
@@ -89,9 +92,18 @@ class MfuAudit:
         self._clear_streak = 0
         self.open: Finding | None = None
 
-    def observe(self, t: float, ofu: float | None, mfu: float | None) -> list[Transition]:
-        """``t`` is the bin end; ``ofu``/``mfu`` the window means (None: not comparable yet)."""
-        if not self.config.enabled or ofu is None or mfu is None:
+    def observe(self, t: float, ofu: float | None, mfu: float | None,
+                last_report: float | None = None) -> list[Transition]:
+        """``t`` is the bin end; ``ofu``/``mfu`` the window means (None: not comparable yet);
+        ``last_report``: the end of the job's newest MFU report, if it ever sent one."""
+        if not self.config.enabled:
+            return []
+        if mfu is None and last_report is not None and t - last_report >= float(self.config.window) - 1e-9:
+            # No report in the whole window: the job stopped reporting (or hung). Nothing is compared,
+            # a streak does not carry over the silence, and an open finding closes: it would say no more.
+            self._streak, self._streak_dir = 0, 0
+            return [self._close_unreported(t, last_report)] if self.open is not None else []
+        if ofu is None or mfu is None:
             return []
         cfg = self.config
         direction = gap_direction(ofu, mfu, cfg.min_gap_pp, cfg.min_ratio)
@@ -108,6 +120,15 @@ class MfuAudit:
             out = [Transition(CLOSE, finding, t)]
             return out + self._track(t, direction, ofu, mfu)
         return self._track(t, direction, ofu, mfu)
+
+    def _close_unreported(self, t: float, last_report: float) -> Transition:
+        finding, self.open = self.open, None
+        assert finding is not None
+        finding.closed_at = t
+        finding.close_numbers = {"reason": NO_MFU_REPORT, "no_report_s": t - last_report,
+                                 "window": window_label(self.config.window)}
+        self._clear_streak = 0
+        return Transition(CLOSE, finding, t)
 
     def _track(self, t: float, direction: int, ofu: float, mfu: float) -> list[Transition]:
         if direction == 0:

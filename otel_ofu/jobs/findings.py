@@ -48,6 +48,9 @@ def cause_of(code: str) -> Cause:
 
 OPEN = "open"
 CLOSE = "close"
+# Why a finding closed other than by clearing (ofu.finding.reason on its close event).
+JOB_END = "job_end"  # its job ended while it was open
+NO_MFU_REPORT = "no_mfu_report"  # an mfu_gap whose job sent no MFU report for a whole audit window
 
 # What the jobs processor emits (events and attribute names); readers such as the console use them too.
 WINDOW = "ofu.window"

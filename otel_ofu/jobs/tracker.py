@@ -17,7 +17,7 @@ from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHisto
 from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, job_key
-from otel_ofu.jobs.findings import CLOSE, OPEN, REGRESSION, Finding, Transition
+from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
 from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part
 from otel_ofu.jobs.regression import RegressionDetector
 
@@ -169,7 +169,7 @@ class JobTracker:
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
-            found += self.audit.observe(bin_end, *self._audit_means(bin_end))
+            found += self.audit.observe(bin_end, *self._audit_means(bin_end), last_report=self._last_report())
             for transition in found:
                 if transition.action == OPEN:
                     self.findings.append(transition.finding)
@@ -205,6 +205,10 @@ class JobTracker:
             return None, None
         return self.ofu.mean(start, bin_end), self.mfu.mean(start, bin_end)
 
+    def _last_report(self) -> float | None:
+        """The end of the job's newest MFU report (None before its first)."""
+        return self.mfu.latest_end if self.mfu_seconds > 0 else None
+
     def _snapshot(self, bin_end: float, gpus: int, bin_ofu: float) -> Snapshot:
         ofu: dict[str, float] = {}
         mfu: dict[str, float] = {}
@@ -238,7 +242,7 @@ class JobTracker:
             if finding is not None:
                 detector.open = None
                 finding.closed_at = self.last_end
-                finding.close_numbers = {"reason": "job_end"}
+                finding.close_numbers = {"reason": JOB_END}
                 transitions.append(Transition(CLOSE, finding, self.last_end))
         summary = JobSummary(
             job_id=self.job_id, start=self.first_start, end=self.last_end, reason=reason, gpus=len(self.gpus),

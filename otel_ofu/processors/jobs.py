@@ -24,6 +24,7 @@ from collections.abc import Callable
 from otel_ofu.core.loss import USEFUL, LossTotals, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
 from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
@@ -36,8 +37,10 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     FINDING_CAUSE,
     FINDING_ID,
     FINDING_KIND,
+    JOB_END,
     JOB_END_REASON,
     MFU_GAP,
+    NO_MFU_REPORT,
     OPEN,
     WINDOW,
     Finding,
@@ -103,11 +106,23 @@ def finding_attributes(job_id: str, finding: Finding, transition: Transition) ->
 
 
 def finding_text(job_id: str, finding: Finding, action: str) -> str:
-    """One line a person can act on."""
-    n = finding.numbers if action == OPEN else {**finding.numbers, **finding.close_numbers}
+    """One line a person can act on. Only an open finding (or one its job ended with) names its cause as
+    likely: one that cleared or went unreported says what it was opened for."""
+    reason = finding.close_numbers.get("reason") if action == CLOSE else None
+    n = finding.numbers if action == OPEN or reason == NO_MFU_REPORT else {**finding.numbers, **finding.close_numbers}
     if finding.kind == MFU_GAP:
-        text = (f"job {job_id}: reported MFU {float(n['mfu_reported']):.1%} vs OFU {float(n['ofu']):.1%} over "
-                f"{n['window']} (gap {float(n['gap_pp']):+.1f} pp): likely {finding.cause}")
+        numbers = (f"reported MFU {float(n['mfu_reported']):.1%} vs OFU {float(n['ofu']):.1%} over {n['window']} "
+                   f"(gap {float(n['gap_pp']):+.1f} pp)")
+        if reason == NO_MFU_REPORT:
+            silent = window_label(round(float(finding.close_numbers["no_report_s"])))
+            return (f"finding closed, no MFU report for {silent} ({finding.kind}): job {job_id} sent no MFU report "
+                    f"for {silent}, so the audit compares nothing until it reports again (opened for "
+                    f"{finding.cause}: {numbers})")
+        text = f"job {job_id}: {numbers}"
+        if action == OPEN or reason == JOB_END:
+            text += f": likely {finding.cause}"
+        else:
+            text += f"; the gap it was opened for ({finding.cause}) is gone"
     elif "ofu" in n:
         text = (f"job {job_id}: OFU {float(n['ofu']):.1%} vs its baseline {float(n['baseline']):.1%} "
                 f"({float(n['ratio']):.2f}x slower)")
@@ -117,7 +132,7 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
         text = f"job {job_id}: {finding.kind}"
     if action == OPEN:
         return f"finding ({finding.kind}): {text}"
-    if finding.close_numbers.get("reason") == "job_end":
+    if reason == JOB_END:
         return f"finding closed with its job ({finding.kind}): {text}"
     return f"finding cleared ({finding.kind}): {text}"
 
@@ -174,7 +189,7 @@ def _close_marker_ns(tracker: JobTracker, transition: Transition) -> int:
     resolution), since one series must not hold two values at one timestamp.
     """
     closed_through = tracker.closed_through()
-    if transition.finding.close_numbers.get("reason") == "job_end" and closed_through is not None \
+    if transition.finding.close_numbers.get("reason") == JOB_END and closed_through is not None \
             and transition.time <= closed_through + 1e-9:
         return _ns(closed_through) + 1_000_000
     return _ns(transition.time)

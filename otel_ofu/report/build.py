@@ -49,10 +49,10 @@ from otel_ofu.core.model import (
     gpu_label,
     job_id_of,
 )
-from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
+from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.findings import MFU_GAP, cause_of
+from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
@@ -710,11 +710,13 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].findings[].time_unix_nano": "the same, in nanoseconds",
     "jobs[].findings[].minutes_into_job": "the same, from the job's start",
     "jobs[].findings[].since": "when the condition began",
-    "jobs[].findings[].closed": "when it cleared or closed with its job; null while open",
+    "jobs[].findings[].closed": "when it cleared, closed with its job or closed for want of MFU reports; null while "
+                                "open",
     "jobs[].findings[].numbers": "mapping: the numbers at open (`mfu_gap`: `mfu_reported`, `ofu`, `gap_pp`, "
                                  "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`)",
     "jobs[].findings[].close_numbers": "mapping: the numbers at close (`reason`: `job_end` when it closed with its "
-                                       "job)",
+                                       "job, `no_mfu_report` when the job sent no MFU report for a whole audit "
+                                       "window, with `no_report_s`, how long)",
     "gpus[].host": "the GPU's host",
     "gpus[].gpu": "its index on the host",
     "gpus[].uuid": "its UUID",
@@ -782,6 +784,10 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
         closed = "; still open"
     elif f.get("close_numbers", {}).get("reason") == "job_end":
         closed = "; open until the job ended"
+    elif f.get("close_numbers", {}).get("reason") == NO_MFU_REPORT:
+        silent = f["close_numbers"].get("no_report_s")
+        closed = f"; closed {f['closed']}: the job sent no MFU report" + \
+            (f" for {window_label(round(float(silent)))}" if isinstance(silent, int | float) else "")
     else:
         closed = f"; cleared {f['closed']}"
     explained = cause_of(f["cause"])

@@ -91,7 +91,11 @@ def plot_job_timeline(job: JobReport, path: Path, t0: float, t1: float) -> None:
         closed = _parse_iso(finding["closed"]) or s.end
         ax.axvspan((since - t0) / scale, (closed - t0) / scale, color=color, alpha=0.13, lw=0)
         ax.axvline((opened - t0) / scale, color=color, lw=1.4)
-        if finding.get("closed") and finding.get("close_numbers", {}).get("reason") != "job_end":
+        reason = finding.get("close_numbers", {}).get("reason")
+        if finding.get("closed") and reason == "no_mfu_report":
+            when = (f"raised at {(opened - t0) / scale:.0f}, closed at {(closed - t0) / scale:.0f} {unit}: "
+                    "no MFU report")
+        elif finding.get("closed") and reason != "job_end":
             when = f"raised at {(opened - t0) / scale:.0f}, cleared at {(closed - t0) / scale:.0f} {unit}"
         else:
             when = f"raised at {(opened - t0) / scale:.0f} {unit}, open until the end"
