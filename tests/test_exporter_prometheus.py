@@ -262,3 +262,47 @@ def test_two_overlapping_runs_of_one_job_are_two_series_without_resource_convers
     ofu = {dict(key[1])["ofu_job_run"]: value for key, (value, _) in scrape(exp)["job_ofu"]["samples"].items()
            if dict(key[1])["ofu_window"] == "5m"}
     assert ofu == {"uid-1": pytest.approx(0.4), "uid-2": pytest.approx(0.2)}
+
+
+def test_a_windows_loss_parts_replace_the_gpus_and_the_jobs_previous_set(exporter):
+    """Issue 31 item 5: a GPU's loss account changes shape from one window to the next (the clock's
+    cause flips, DRAM crosses the memory-bound threshold, SM activity goes blank and two parts merge,
+    the clock boosts above f_ref). What a scrape serves for the GPU is the newest window's parts alone,
+    adding up to 1 - gpu_ofu; and a job's job_ofu_loss per window adds up to 1 - job_ofu, also when the
+    dominant cause of a part changes. The old series used to stay until metric_expiration (5m)."""
+    from otel_ofu.core.model import GpuSample
+
+    exp = exporter()  # its clock stands still: nothing expires
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    jobs = JobsProcessor(build_config(JobsConfig, {}), Context("jobs"))
+    phases = [  # (SM clock MHz, clock event reasons, SM activity, DRAM activity) for 3 minutes each
+        (1500, 0x4, 0.8, 0.3),  # the power cap, not memory-bound: five parts
+        (1200, 0x40, 0.8, 0.7),  # hardware thermal, memory-bound: the same parts, both causes new
+        (1200, 0x40, None, 0.7),  # SM activity blank: sm_idle and non_tensor become one part
+        (1980, 0x0, 0.8, 0.2),  # boost at f_ref... and above it below
+        (2100, 0x0, 0.8, 0.2),
+    ]
+    t = 0
+    for clock, reasons, sm, dram in phases:
+        for _ in range(18):
+            t += 10
+            sample = GpuSample(T0 + t * 10**9, 10.0, "node-1", 0, "GPU-a", "NVIDIA H100 80GB HBM3", 0.5, clock,
+                               clock_event_reasons=reasons, sm_active=sm, gr_active=0.9, dram_active=dram,
+                               job_id="train", precision="bf16")
+            exp.export(jobs.process(ofu.process(Batch(samples=[sample]))))
+        got = scrape(exp)
+        [(_, (gpu_ofu, _))] = got["gpu_ofu"]["samples"].items()
+        parts = {dict(labels)["ofu_loss_part"]: value
+                 for (_, labels), (value, _) in got["gpu_ofu_loss"]["samples"].items()}
+        expected = 4 if sm is None else 5
+        assert len(got["gpu_ofu_loss"]["samples"]) == len(parts) == expected, got["gpu_ofu_loss"]["samples"]
+        assert sum(parts.values()) == pytest.approx(1 - gpu_ofu, abs=1e-12)
+        job_ofu = {dict(labels)["ofu_window"]: value for (_, labels), (value, _) in got["job_ofu"]["samples"].items()}
+        job_lost: dict[str, float] = {}
+        for (_, labels), (value, _) in got["job_ofu_loss"]["samples"].items():
+            window = dict(labels)["ofu_window"]
+            job_lost[window] = job_lost.get(window, 0.0) + value
+        assert set(job_lost) == set(job_ofu) == {"5m", "1h", "life"}
+        for window, lost in job_lost.items():
+            assert lost + job_ofu[window] == pytest.approx(1.0, abs=1e-9), window
+    assert parts["clock"] < 0  # the last phase boosts above f_ref: a gain, and still adds up

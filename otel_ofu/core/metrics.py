@@ -25,6 +25,10 @@ class MetricInfo:
     # Components that emit it, as "<section>/<type>" (e.g. "processors/ofu"), for the generated
     # reference (docs/components); a metric defined in a component's own module needs none.
     emitted_by: tuple[str, ...] = ()
+    # The points of one resource at one time are its whole set of series (a window's loss parts): a
+    # series missing from a newer time has ended, so an exporter that serves each series' latest value
+    # (prometheus) drops it then instead of serving its old value beside the new set.
+    whole_set: bool = False
 
 
 _METRICS = (
@@ -54,7 +58,8 @@ _METRICS = (
                "The loss account: the share of the dense peak lost to each part (ofu.loss.part: engine_idle, "
                "sm_idle, non_tensor, clock, padding, or steps merged where a counter is missing); the parts add up "
                "to 1 - gpu.ofu. The clock part carries its event reason, the non-tensor part whether it was "
-               "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account."),
+               "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account.",
+               whole_set=True),
     MetricInfo("gpu.sm.activity", RATIO, "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
     MetricInfo("gpu.graphics_engine.activity", RATIO, "gauge",
                "Input: graphics/compute engine activity ratio (DCGM 1001 GR_ENGINE_ACTIVE, GPM GRAPHICS_UTIL), when "

@@ -13,7 +13,12 @@ so a finished job's series disappear and Prometheus marks them stale at the next
 GPU's job identity (``ofu.job.id``, ``ofu.precision``) and its pod are on its resource: when a
 GPU's points arrive under a new resource (another job, pod or container: the same GPU by
 :func:`~otel_ofu.core.model.gpu_key`), the series of its previous one are dropped at once (a GPU
-holds one job at a time; summing by job must not count it twice for 5 minutes). ``job_labels``
+holds one job at a time; summing by job must not count it twice for 5 minutes). Likewise a
+metric whose points at one time are a resource's whole set (``MetricInfo.whole_set``: a GPU
+window's ``gpu.ofu.loss`` parts, a job's ``job.ofu.loss``) replaces that resource's previous set
+at once: a part or cause that is not in the newer window (the clock's cause changed, DRAM crossed
+the memory-bound threshold, SM activity went blank and two parts merged) is no longer served, so
+the served parts still add up to 1 - OFU. ``job_labels``
 keeps the job identity as labels also with ``resource_to_telemetry_conversion`` off.
 Points are served without timestamps by default (``send_timestamps``): a point's time is
 when its counter window ended, which under the simulator's time acceleration or a replay is
@@ -204,6 +209,14 @@ class _GpuResource:
 
 
 @dataclass(slots=True)
+class _SeriesSet:
+    """The series of one resource's whole-set metric (MetricInfo.whole_set) at its newest time."""
+
+    time_unix_nano: int
+    labels: set[tuple[tuple[str, str], ...]] = field(default_factory=set)
+
+
+@dataclass(slots=True)
 class _Family:
     counter: bool
     help: str
@@ -221,6 +234,8 @@ class PrometheusExporter(Exporter):
         # such resource is, so that a job or pod change drops the series of the previous one.
         self._gpu_jobs: dict[GpuKey, tuple[Attributes, int]] = {}
         self._series_of: dict[Attributes, _GpuResource] = {}
+        # (family, resource) of a whole-set metric -> the series of its newest time: an older one's go
+        self._sets: dict[tuple[str, Attributes], _SeriesSet] = {}
         self.clock: Callable[[], float] = time.monotonic  # a seam for expiration tests
         self._expired_at = -math.inf
         self._server: Any = None
@@ -267,6 +282,8 @@ class PrometheusExporter(Exporter):
             self._targets[target] = now
         if not self._follow_job(point):
             return
+        if info is not None and info.whole_set and not self._replace_set(name, family, point, labels):
+            return
         current = family.series.get(labels)
         if current is None or point.time_unix_nano >= current.time_unix_nano:
             family.series[labels] = _Series(float(point.value), point.time_unix_nano, now)
@@ -307,6 +324,24 @@ class PrometheusExporter(Exporter):
         self._gpu_jobs[gpu] = (resource, max(point.time_unix_nano, previous[1] if previous else 0))
         return True
 
+    def _replace_set(self, name: str, family: _Family, point: MetricPoint,
+                     labels: tuple[tuple[str, str], ...]) -> bool:
+        """A point of a whole-set metric: the first of a newer time drops the resource's series of the time
+        before (the rest of the new set follows in the same batch); False for a point older than the set."""
+        key = (name, point.resource)
+        held = self._sets.get(key)
+        t = point.time_unix_nano
+        if held is not None and t == held.time_unix_nano:
+            held.labels.add(labels)
+            return True
+        if held is not None and t < held.time_unix_nano:
+            return False  # a late window's part: the set it belonged to was replaced
+        if held is not None:
+            for old in held.labels - {labels}:
+                family.series.pop(old, None)
+        self._sets[key] = _SeriesSet(t, {labels})
+        return True
+
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
             if len(self._warned) >= WARNED_SIZE:
@@ -333,6 +368,10 @@ class PrometheusExporter(Exporter):
                 del self._families[name]
         for labels in [k for k, t in self._targets.items() if t < limit]:
             del self._targets[labels]
+        for key, series_set in list(self._sets.items()):
+            family = self._families.get(key[0])
+            if family is None or not any(labels in family.series for labels in series_set.labels):
+                del self._sets[key]  # every series of the set expired (or went with its GPU's old job)
         for resource, held in list(self._series_of.items()):
             live = {(n, labels) for n, labels in held.series
                     if n in self._families and labels in self._families[n].series}

@@ -67,7 +67,7 @@ for _info in (
     MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
                "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
                "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
-               "`unknown`: OFU that came without its account."),
+               "`unknown`: OFU that came without its account.", whole_set=True),
     MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
                "started: share x GPU time; the parts add up to job.wasted_gpu_hours."),
     MetricInfo("fleet.gpu_hours", "h", "sum", "Every GPU-hour this jobs processor has seen since it started, by "
