@@ -352,3 +352,26 @@ def test_the_jobs_panel_names_each_jobs_largest_loss(monkeypatch):
     assert "largest loss engine idle 60%" in text and "largest loss clock 40% (hw thermal)" in text
     assert "largest loss" in _rich_text(view, monkeypatch, no_color=True) and "clock 40% (hw thermal)" in \
         _rich_text(view, monkeypatch, no_color=True)
+
+
+def test_a_clock_boost_above_f_ref_reads_as_a_gain_never_as_a_negative_loss(monkeypatch):
+    """Issue 31 item 6: a job whose SM clock boosts above f_ref has a negative clock part; the console says
+    what it gained, and a job that lost nothing else still names no negative "largest loss"."""
+    state = FleetState(clock=Clock())
+    a, b = gpu_resource(index="0", uuid="GPU-0"), gpu_resource(index="1", uuid="GPU-1")
+    for k in range(4):
+        t = T0 + k * 10 * S
+        state.update(Batch(points=[
+            *ofu_points(a, t, 0.93, job="boosted", clock_mhz=1980.0),
+            *loss_points(a, t, "boosted", [("engine_idle", 0.1, None), ("clock", -0.05, "none"),
+                                           ("padding", 0.02, None)]),
+            *ofu_points(b, t, 1.05, job="all-boost", clock_mhz=1980.0),
+            *loss_points(b, t, "all-boost", [("engine_idle", 0.0, None), ("clock", -0.05, "none")]),
+        ]))
+    view = state.view()
+    text = "\n".join(render.plain_lines(view, gpus=False))
+    assert "largest loss engine idle 10%; clock boost: +5% gained" in text
+    assert "job all-boost: 1 GPUs, OFU 105.0% now, 105.0% over the job, clock boost: +5% gained" in text
+    assert "-5%" not in text
+    rich = _rich_text(view, monkeypatch, no_color=True)
+    assert "clock boost: +5% gained" in rich and "-5%" not in rich

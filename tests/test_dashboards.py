@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,51 @@ def test_the_fleet_table_links_to_the_job_view():
                          for link in links)
     job_column = next(o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "Job")
     assert any(p["id"] == "links" for p in job_column["properties"])
+
+
+# Panels that show loss parts: the recording rules of parts and the jobs processor's GPU-hours by part.
+LOSS_PART_SOURCES = (dashboards.FLEET_PARTS, dashboards.JOB_PARTS, "job_ofu_loss_gpu_hours_total")
+
+
+def test_every_loss_panel_shows_a_clock_gain_as_a_series_of_its_own():
+    """Issue 31 item 6: where a panel shows loss parts, the clock part below 0 (a boost above f_ref) is its own
+    series named as a gain, and the parts' series keep only losses: no "-0.02 GPU h lost"."""
+    seen = 0
+    for path in FILES:
+        for panel in panels(load(path)):
+            reading = [t["expr"] for t in panel["targets"] if any(s in t["expr"] for s in LOSS_PART_SOURCES)]
+            if not reading:
+                continue
+            seen += 1
+            gains = [e for e in reading if dashboards.CLOCK_GAIN in e]
+            assert len(gains) == 1, panel["title"]
+            assert all(">= 0" in e for e in reading if e not in gains), panel["title"]
+    assert seen >= 4  # the fleet's stacked parts and GPU hours by part, the job's stacked parts and its table
+
+
+@pytest.mark.parametrize(("gain_sign", "gained"), [("", -0.125), ("-", 0.125)], ids=["stacked", "amount"])
+def test_the_lost_and_gained_queries_split_a_clock_gain_from_the_losses_in_prometheus(tmp_path, gain_sign, gained):
+    """The two queries every loss panel runs (tools.dashboards.lost_and_gained), evaluated by promtool on a GPU
+    boosting above f_ref: the losses without the negative clock part, the gain alone under its own name."""
+    from tests.e2e_util import prometheus_binary, unavailable
+    from tools.demo_prometheus import promtool_binary
+
+    promtool = promtool_binary(prometheus_binary())
+    if not promtool:
+        unavailable("promtool not installed: run collector/install-prometheus.sh (Debian's prometheus package)")
+    lost, gain = (t["expr"] for t in dashboards.lost_and_gained("sum by (ofu_loss_part) (parts)",
+                                                                gain_sign=gain_sign))
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": 'parts{hw_id="a", ofu_loss_part="clock"}', "values": "-0.125x5"},
+                         {"series": 'parts{hw_id="a", ofu_loss_part="padding"}', "values": "0.0625x5"},
+                         {"series": 'parts{hw_id="b", ofu_loss_part="padding"}', "values": "0.0625x5"}],
+        "promql_expr_test": [
+            {"expr": lost, "eval_time": "3m", "exp_samples": [{"labels": '{ofu_loss_part="padding"}', "value": 0.125}]},
+            {"expr": gain, "eval_time": "3m",
+             "exp_samples": [{"labels": f'{{ofu_loss_part="{dashboards.CLOCK_GAIN}"}}', "value": gained}]},
+        ]}]}
+    path = tmp_path / "gain.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

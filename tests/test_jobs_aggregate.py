@@ -99,11 +99,14 @@ def test_wasted_gpu_hours_arithmetic():
     assert t.flops_known
 
 
-def test_waste_clamps_ofu_to_unit_interval():
+def test_waste_is_one_minus_ofu_unclamped_as_the_loss_parts_add_up():
+    """A window above OFU 1 (the SM clock boosting above f_ref: a negative clock part) wastes less than nothing:
+    waste is what its loss parts add up to (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
     t = JobTotals()
-    t.add(100, 1.02)  # a little above 1 (correction, noise): no negative waste
-    t.add(100, -0.01)
-    assert t.wasted_gpu_seconds == pytest.approx(0 + 100)
+    t.add(100, 1.02)
+    t.add(100, 0.4)
+    assert t.wasted_gpu_seconds == pytest.approx(-2 + 60)
+    assert t.wasted_gpu_seconds + t.ofu_gpu_seconds == pytest.approx(t.gpu_seconds)
 
 
 def test_empty_totals():

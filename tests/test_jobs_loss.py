@@ -92,3 +92,74 @@ def test_part_attributes_are_read_once_per_tuple():
     window_parts(points)
     cached = jobs_loss._PART_OF.get(id(points[0].attributes))
     assert cached is not None and cached[0] is points[0].attributes
+
+
+_RATIO_OR_BLANK = st.one_of(st.none(), st.floats(0, 1))
+_WINDOW = st.tuples(st.floats(0, 1), st.floats(900, 1980), _RATIO_OR_BLANK, _RATIO_OR_BLANK, _RATIO_OR_BLANK,
+                    st.sampled_from([None, 0x0, 0x4, 0x40]), st.booleans())
+# The SM clock boosting to its maximum (1980 MHz) above the H100's f_ref (1830 MHz), tensor pipes nearly always
+# busy: OFU above 1, a negative clock part.
+_BOOSTED = (0.99, 1980.0, 1.0, 1.0, 0.2, 0x0, True)
+
+
+@settings(max_examples=120, deadline=None)
+@given(windows=st.lists(_WINDOW, min_size=1, max_size=40), boosted_at=st.integers(0, 40))
+def test_a_jobs_loss_gpu_hours_add_up_to_its_wasted_gpu_hours_also_above_ofu_1(windows, boosted_at):
+    """Issue 31 item 6: job.ofu.loss.gpu_hours, summed over parts, is job.wasted_gpu_hours, over any windows
+    (blank GR/SM/DRAM, any clock cause, windows without their loss points) including some whose OFU is
+    above 1; the waste used to clamp such a window to 0 while its parts added up to 1 - OFU < 0."""
+    from otel_ofu.core.model import Batch, GpuSample
+    from otel_ofu.jobs.config import JobsConfig
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.processors.jobs import JobsProcessor
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+
+    windows = [*windows[:boosted_at], _BOOSTED, *windows[boosted_at:]]
+    t0 = 1_800_000_000
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    # One bin per window: each window's snapshot holds every window so far.
+    jobs = JobsProcessor(build_config(JobsConfig, {"resolution": "10s"}), Context("jobs"), clock=lambda: t0)
+    last: dict[tuple, float] = {}
+    ofus = []
+    for k, (tpa, clock, gr, sm, dram, reasons, with_loss) in enumerate(windows):
+        sample = GpuSample((t0 + 10 * (k + 1)) * 10**9, 10.0, "node-0", 0, "GPU-0", "NVIDIA H100 80GB HBM3", tpa,
+                           clock, clock_event_reasons=reasons, sm_active=sm, gr_active=gr, dram_active=dram,
+                           job_id="train", precision="bf16")
+        points = ofu.process(Batch(samples=[sample])).points
+        ofus += [p.value for p in points if p.name == "gpu.ofu"]
+        if not with_loss:  # an agent that sends no gpu.ofu.loss: the part "unknown"
+            points = [p for p in points if p.name != "gpu.ofu.loss"]
+        for p in jobs.process(Batch(points=points)).points:
+            if p.name in ("job.ofu.loss.gpu_hours", "job.wasted_gpu_hours", "job.gpu_seconds"):
+                last[(p.name, dict(p.attributes).get("ofu.loss.part"))] = p.value
+    assert len(ofus) == len(windows) and max(ofus) > 1
+    parts = [v for (name, _), v in last.items() if name == "job.ofu.loss.gpu_hours"]
+    wasted = last[("job.wasted_gpu_hours", None)]
+    assert math.fsum(parts) == pytest.approx(wasted, rel=1e-9, abs=1e-12)
+    # ... and the waste and the useful GPU time (OFU x time, above 1 too) are all of the job's GPU time
+    gpu_hours = last[("job.gpu_seconds", None)] / 3600
+    assert gpu_hours == pytest.approx(len(windows) * 10 / 3600)
+    assert wasted + math.fsum(o * 10 for o in ofus) / 3600 == pytest.approx(gpu_hours, rel=1e-9)
+
+
+def test_a_jobs_end_says_what_its_clock_boost_gained():
+    """The job end event of a job whose SM clock boosted above f_ref names the gain as one."""
+    from otel_ofu.core.model import Batch, GpuSample
+    from otel_ofu.jobs.config import JobsConfig
+    from otel_ofu.pipeline.component import Context
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.processors.jobs import JobsProcessor
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+
+    t0 = 1_800_000_000
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    jobs = JobsProcessor(build_config(JobsConfig, {}), Context("jobs"), clock=lambda: t0)
+    for k in range(360):  # an hour at the maximum clock, 1980 MHz against the H100's 1830 MHz f_ref
+        sample = GpuSample((t0 + 10 * (k + 1)) * 10**9, 10.0, "node-0", 0, "GPU-0", "NVIDIA H100 80GB HBM3", 0.8,
+                           1980.0, clock_event_reasons=0, sm_active=0.9, gr_active=0.95, job_id="train",
+                           precision="bf16")
+        jobs.process(ofu.process(Batch(samples=[sample])))
+    (end,) = [e for e in jobs.flush().events if e.name == "ofu.job.end"]
+    assert "(clock boost: +0.07 GPU h gained)" in end.body  # 0.8 x (1980 / 1830 - 1) of a GPU hour
+    assert "-0.0" not in end.body

@@ -56,13 +56,29 @@ PART_COLORS = {
     "engine_idle": "#d62728", "engine_idle+sm_idle": "#e377c2", "engine_idle+sm_idle+non_tensor": "#bc80bd",
     "sm_idle": "#ff7f0e", "sm_idle+non_tensor": "#ffbb78", "non_tensor": "#9467bd", "clock": "#1f77b4",
     "padding": "#8c564b", "unknown": "#c7c7c7", "useful": "#2ca02c", "useful (OFU)": "#2ca02c",
-    "unallocated": "#7f7f7f",
+    "unallocated": "#7f7f7f", "clock boost (gained)": "#aec7e8",
 }
 PART_HELP = ("engine_idle: no kernel ran (input pipeline, host, waiting for other ranks); sm_idle: kernels on few "
              "SMs (launch gaps, small grids); non_tensor: SMs busy without tensor work (elementwise, softmax, "
              "communication, memory-bound kernels); clock: SMs below the reference clock (power cap, cooling); "
+             "clock boost (gained): SMs above it, GPU time gained, not lost; "
              "padding: tensor work 2MNK does not count (GEMM shapes). A name with + is two steps a missing counter "
              "keeps together (sm_idle+non_tensor without SM_ACTIVE).")
+
+
+# The clock part below 0 (the SM clock boosting above f_ref), shown as a series of its own named as the gain it is,
+# never as a negative loss (docs/method.md#wasted-gpu-hours-and-the-clock-gain).
+CLOCK_GAIN = "clock boost (gained)"
+
+
+def lost_and_gained(parts: str, *, gain_sign: str = "", sort: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+    """Two targets from a query of loss parts by ofu_loss_part: each part where it is a loss (>= 0), and the clock
+    part where it is below 0 as CLOCK_GAIN (``gain_sign="-"``: as a positive amount gained)."""
+    lost = f"{parts} >= 0"
+    gained = f"{gain_sign}({parts}) {'>' if gain_sign else '<'} 0"
+    return [target(f"sort_desc({lost})" if sort else lost, "{{ofu_loss_part}}", **kwargs),
+            target(f'label_replace({gained}, "ofu_loss_part", "{CLOCK_GAIN}", "", "")', "{{ofu_loss_part}}",
+                   **kwargs)]
 
 
 def part_colors() -> list[dict[str, Any]]:
@@ -343,17 +359,18 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
                        "Where the selected GPUs' time goes, in GPUs, stacked: for the jobs' GPUs each part of the "
                        "loss account (the dense peak split into parts that add up with OFU to 1, "
                        "docs/method.md#where-the-flops-go-the-loss-account) and their OFU (useful); GPUs with no "
-                       f"job whole as unallocated. Recording rule {FLEET_PARTS} (5-minute means). " + PART_HELP,
-                       GPUS, [target(f"sum by (ofu_loss_part) ({FLEET_PARTS}{{{FLEET_NO_PRECISION}}})",
-                                     "{{ofu_loss_part}}")],
+                       f"job whole as unallocated. Recording rule {FLEET_PARTS} (5-minute means). A clock boost "
+                       "above the reference clock shows below 0 as clock boost (gained). " + PART_HELP,
+                       GPUS, lost_and_gained(f"sum by (ofu_loss_part) ({FLEET_PARTS}{{{FLEET_NO_PRECISION}}})"),
                        width=16, height=9, fill=70, stack=True, minimum=None, overrides=part_colors()),
             Panel("bargauge", "GPU hours by part over the range",
                   "The selected GPUs' GPU hours over the dashboard's range by where they went, the biggest first: "
                   f"each part of the jobs' loss account, useful (OFU) and unallocated (no job); {FLEET_PARTS} per "
-                  "minute, summed and divided by 60. What to fix first is the biggest part that is not useful.",
-                  GPU_HOURS, [target(f"sort_desc(sum by (ofu_loss_part) (sum_over_time({FLEET_PARTS}"
-                                     f"{{{FLEET_NO_PRECISION}}}[$__range:1m])) / 60)", "{{ofu_loss_part}}",
-                                     instant=True)],
+                  "minute, summed and divided by 60. What to fix first is the biggest part that is not useful. "
+                  "clock boost (gained): GPU hours the SM clock gained above the reference clock.",
+                  GPU_HOURS, lost_and_gained(f"sum by (ofu_loss_part) (sum_over_time({FLEET_PARTS}"
+                                             f"{{{FLEET_NO_PRECISION}}}[$__range:1m])) / 60", gain_sign="-",
+                                             sort=True, instant=True),
                   8, 9, thresholds=[{"color": "orange", "value": None}],
                   options={"orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
                            "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
@@ -468,23 +485,31 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                        "stacked with its OFU (useful) so the stack is 100 %: the dense peak split into parts, each "
                        "GPU-time weighted over its GPUs (recording rules "
                        f"{JOB_PARTS} and {JOB_OFU_5M}; docs/method.md#where-the-flops-go-the-loss-account). The "
-                       "part that grows when OFU falls says where to look. " + PART_HELP, PERCENT,
-                       [target(f"sum by (ofu_loss_part) ({JOB_PARTS}{{{JOB_NS}}})", "{{ofu_loss_part}}"),
+                       "part that grows when OFU falls says where to look. A clock boost above the reference clock "
+                       "shows below 0 as clock boost (gained), the stack above 0 then 100 % plus that gain. "
+                       + PART_HELP, PERCENT,
+                       [*lost_and_gained(f"sum by (ofu_loss_part) ({JOB_PARTS}{{{JOB_NS}}})"),
                         target(f"max({JOB_OFU_5M}{{{JOB_NS}}})", "useful (OFU)")],
                        width=16, height=9, fill=70, stack=True, minimum=None, overrides=part_colors()),
             Panel("table", "Largest losses since the job started",
                   "Each part of the job's loss account in GPU hours since it started, the biggest first, from "
-                  "otel-ofu's jobs processor (job_ofu_loss_gpu_hours_total; the parts add up to its wasted GPU "
-                  "hours). unknown: GPU time whose OFU came without its loss points. " + PART_HELP, GPU_HOURS,
-                  [target(f"sort_desc(max by (ofu_loss_part) (job_ofu_loss_gpu_hours_total{{{JOB_ONLY}}}))",
-                          instant=True, fmt="table")], width=8, height=9,
+                  "otel-ofu's jobs processor (job_ofu_loss_gpu_hours_total; its wasted GPU hours are the GPU hours "
+                  "lost less those gained). unknown: GPU time whose OFU came without its loss points. "
+                  + PART_HELP, GPU_HOURS,
+                  lost_and_gained(f"max by (ofu_loss_part) (job_ofu_loss_gpu_hours_total{{{JOB_ONLY}}})",
+                                  gain_sign="-", sort=True, instant=True, fmt="table"), width=8, height=9,
                   options={"showHeader": True, "cellHeight": "sm",
-                           "footer": {"show": True, "reducer": ["sum"], "fields": ""}},
+                           "footer": {"show": True, "reducer": ["sum"], "fields": ""},
+                           "sortBy": [{"displayName": "GPU hours lost", "desc": True}]},
                   defaults={"decimals": 2, "noValue": "no loss account (the jobs processor sends it)",
                             "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False}},
-                  extra={"transformations": [{"id": "organize", "options": {
-                      "excludeByName": {"Time": True},
-                      "renameByName": {"ofu_loss_part": "Part", "Value": "GPU hours lost"}}}]}),
+                  extra={"transformations": [
+                      {"id": "merge", "options": {}},
+                      {"id": "organize", "options": {
+                          "excludeByName": {"Time": True},
+                          "indexByName": {"ofu_loss_part": 0, "Value #A": 1, "Value #B": 2},
+                          "renameByName": {"ofu_loss_part": "Part", "Value #A": "GPU hours lost",
+                                           "Value #B": "GPU hours gained"}}}]}),
             timeseries("GPU hours and waste since the job started",
                        "otel-ofu's jobs processor's running totals for the job: GPU hours it has held and wasted GPU "
                        "hours (GPU time x (1 - OFU)) since it started (job_gpu_seconds_total, "

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
-from otel_ofu.core.loss import part_title
+from otel_ofu.core.loss import CLOCK, amount_words, part_title
 from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
 
 MISSING = "—"
@@ -202,16 +202,23 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
     for finding in job.closed_findings:
         findings.append(("\n" if findings else "") + "✓ " + finding_text(finding, data_ns, is_open=False), "dim")
     return [name, str(job.gpus), pct(job.ofu_now), pct(job.ofu_life), pct(job.mfu_reported),
-            largest_loss_text(job), sparkline(job.trend, scale), findings]
+            largest_loss_text(job, "\n"), sparkline(job.trend, scale), findings]
 
 
-def largest_loss_text(job: JobRow) -> str:
-    """``non-tensor 63% (memory bound)``: where the job's GPU time went most, after useful work."""
+def _gain_shown(job: JobRow) -> bool:
+    """A clock gain worth a word: one that prints as at least 1%."""
+    return job.clock_gain is not None and job.clock_gain >= 0.005
+
+
+def largest_loss_text(job: JobRow, separator: str = "; ") -> str:
+    """``non-tensor 63% (memory bound)``: where the job's GPU time went most, after useful work; and what its
+    clock gained above f_ref, as a gain (``clock boost: +2% gained``), never as a negative loss."""
+    gain = amount_words(CLOCK, -job.clock_gain, "%", 0) if job.clock_gain and _gain_shown(job) else ""
     if job.largest_loss is None:
-        return MISSING
+        return gain or MISSING
     part, share, cause = job.largest_loss
     why = f" ({cause.replace('_', ' ')})" if cause not in (None, "unknown", "none") else ""
-    return f"{part_title(part)} {share:.0%}{why}"
+    return f"{part_title(part)} {share:.0%}{why}" + (separator + gain if gain else "")
 
 
 def gpu_table(view: FleetView, limit: int) -> Table:
@@ -262,7 +269,8 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
     for job in view.jobs:
         mfu = f", reported MFU {pct(job.mfu_reported)}" if job.mfu_reported is not None else ""
         state = " (ended)" if job.ended else ""
-        loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else ""
+        loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else \
+            f", {largest_loss_text(job)}" if _gain_shown(job) else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
                      f"{pct(job.ofu_life)} over the job{mfu}{loss}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]

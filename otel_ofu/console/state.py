@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from otel_ofu.core.loss import LossTotals
+from otel_ofu.core.loss import CLOCK, LossTotals
 from otel_ofu.core.model import (
     DROP_REASON,
     GPU_INDEX,
@@ -145,6 +145,8 @@ class JobRow:
     closed_findings: list[FindingState]
     ended: bool
     largest_loss: tuple[str, float, str | None] | None = None  # its largest loss part, share, dominant cause
+    # The share of its GPU time its SM clock gained above f_ref (boost: a negative clock part), else None
+    clock_gain: float | None = None
 
 
 @dataclass(frozen=True)
@@ -413,11 +415,13 @@ class FleetState:
         mfu = job.mfu.get(LIFE) if not job.mfu else job.mfu[min(job.mfu, key=_window_order)]
         closed = [f for f in job.closed.values() if f.kind not in {o.kind for o in job.findings.values()}]
         largest = job.loss.largest_loss()
+        clock = job.loss.shares().get(CLOCK, 0.0)
         return JobRow(job.job_id, len(rows) or job.reported_gpus or 0,
                       sum(values) / len(values) if values and not job.ended else None,
                       job.life_ofu if job.life_ofu is not None else job.totals.ofu_mean, mfu, trend,
                       sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
-                      (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None)
+                      (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None,
+                      -clock if clock < 0 else None)
 
 
 def _window_order(label: str) -> float:

@@ -366,8 +366,9 @@ class LossTotals:
         return max(found)[1] if found else None
 
     def largest_loss(self) -> tuple[str, float] | None:
-        """The loss part (not useful, not unallocated) with the most GPU time, and its share."""
-        shares = {p: v for p, v in self.shares().items() if p not in (USEFUL, UNALLOCATED)}
+        """The loss part (not useful, not unallocated) with the most GPU time, and its share; None when no part
+        lost any (a clock gain is not a loss)."""
+        shares = {p: v for p, v in self.shares().items() if p not in (USEFUL, UNALLOCATED) and v > 0}
         if not shares:
             return None
         part = max(shares, key=lambda p: (shares[p], -part_order(p)))
@@ -433,6 +434,27 @@ _SPLIT_BY = {ENGINE_IDLE + MERGE + SM_IDLE: "GR_ENGINE_ACTIVE", SM_IDLE + MERGE 
 def part_title(part: str) -> str:
     """A part's short name for people; merged parts as ``SMs idle or non-tensor``."""
     return " or ".join(PART_TITLES.get(step, step) for step in part.split(MERGE))
+
+
+#: What a negative clock part is called for people: the SM clock ran above f_ref (boost), a gain.
+CLOCK_GAIN_TITLE = "clock boost"
+
+
+def is_gain(part: str, value: float) -> bool:
+    """A part that gained rather than lost: the clock part below 0 (the SM clock above f_ref)."""
+    return part == CLOCK and value < 0
+
+
+def amount_words(part: str, value: float, unit: str = "GPU h", decimals: int = 2) -> str:
+    """A part's amount as people should read it: ``clock: 0.12 GPU h lost``, or for a negative clock part
+    ``clock boost: +0.02 GPU h gained``, never ``-0.02 GPU h lost``. ``unit`` "%" takes a share."""
+    if unit == "%":
+        number = f"{abs(value):.{decimals}%}"
+    else:
+        number = f"{abs(value):.{decimals}f} {unit}"
+    if is_gain(part, value):
+        return f"{CLOCK_GAIN_TITLE}: +{number} gained"
+    return f"{part_title(part)}: {number} lost"
 
 
 def part_meaning(part: str) -> str:

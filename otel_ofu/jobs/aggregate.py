@@ -194,10 +194,12 @@ class JobTotals:
     flop_gpu_seconds: float = 0.0  # the GPU time whose FLOPs are known (precision known)
 
     def add(self, seconds: float, ofu: float, flops_per_s: float | None = None) -> None:
-        """One GPU window. Waste is GPU time x (1 - OFU), with OFU clamped to [0, 1]."""
+        """One GPU window. Waste is GPU time x (1 - OFU), not clamped: exactly what the window's loss parts
+        add up to, so a window above OFU 1 (the SM clock boosting above f_ref: a negative clock part, a
+        gain) wastes less than nothing (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
         self.gpu_seconds += seconds
         self.ofu_gpu_seconds += ofu * seconds
-        self.wasted_gpu_seconds += seconds * (1.0 - min(1.0, max(0.0, ofu)))
+        self.wasted_gpu_seconds += seconds * (1.0 - ofu)
         if flops_per_s is not None:
             self.flop += flops_per_s * seconds
             self.flop_gpu_seconds += seconds

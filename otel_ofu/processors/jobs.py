@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from otel_ofu.core.loss import USEFUL, LossTotals, part_title
+from otel_ofu.core.loss import CLOCK, USEFUL, LossTotals, amount_words, is_gain, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
 from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.aggregate import window_label
@@ -63,13 +63,16 @@ for _info in (
     MetricInfo("job.flops.achieved", "{flop}/s", "gauge", "The job's achieved FLOP/s, all its GPUs together, over "
                "the window in ofu.window."),
     MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
-               "job held but did not use."),
+               "job held but did not use. Not clamped: exactly the sum of job.ofu.loss.gpu_hours, a clock boost above "
+               "f_ref (a negative clock part) subtracted (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
     MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
                "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
                "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
                "`unknown`: OFU that came without its account.", whole_set=True),
     MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
-               "started: share x GPU time; the parts add up to job.wasted_gpu_hours."),
+               "started: share x GPU time; the parts add up to job.wasted_gpu_hours. The clock part is negative "
+               "where the SM clock boosted above f_ref: GPU time gained (it may then fall: read it with max or last, "
+               "not rate or increase)."),
     MetricInfo("fleet.gpu_hours", "h", "sum", "Every GPU-hour this jobs processor has seen since it started, by "
                "where it went (ofu.loss.part): `useful` (OFU), each loss part of the jobs, `unknown`, and "
                "`unallocated` (GPU time of no job). Summed over instances and parts: the fleet's GPU time."),
@@ -377,8 +380,10 @@ class JobsProcessor(Processor):
         gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
         largest = summary.loss.largest_loss()
         where = f" (largest loss: {part_title(largest[0])}, {largest[1]:.0%})" if largest else ""
+        clock = summary.loss.gpu_hours().get(CLOCK, 0.0)
+        gain = f" ({amount_words(CLOCK, clock)})" if is_gain(CLOCK, clock) else ""
         return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
-                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}, {len(summary.findings)} finding(s)")
+                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}, {len(summary.findings)} finding(s)")
 
     @staticmethod
     def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:

@@ -10,7 +10,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.loss import ACCOUNT_PARTS, UNALLOCATED, USEFUL, part_order, part_title
+from otel_ofu.core.loss import (
+    ACCOUNT_PARTS,
+    CLOCK,
+    CLOCK_GAIN_TITLE,
+    UNALLOCATED,
+    USEFUL,
+    is_gain,
+    part_order,
+    part_title,
+)
 from otel_ofu.report.build import JobReport, Report
 from otel_ofu.report.loss import cause_words, largest_record, lost_gpu_hours
 
@@ -190,7 +199,14 @@ def plot_fleet_distribution(report: Report, path: Path, bucket: float = 0.02) ->
 
 
 def _stack(ax: Any, y: float, hours: dict[str, float], labelled: set[str], height: float = 0.7) -> float:
-    """One horizontal bar of GPU-hours stacked by part (account order); returns its length."""
+    """One horizontal bar of GPU-hours stacked by part (account order); returns its length. A clock gain (the
+    SM clock above f_ref) is drawn left of 0, labelled as a gain: the useful part holds what it added."""
+    gain = -hours.get(CLOCK, 0.0)
+    if gain > 0:
+        label = None if CLOCK_GAIN_TITLE in labelled else f"{CLOCK_GAIN_TITLE} (gained)"
+        labelled.add(CLOCK_GAIN_TITLE)
+        ax.barh(y, -gain, left=0.0, height=height, color=PART_COLORS[CLOCK], label=label, edgecolor="white",
+                lw=0.4, hatch="xx")
     left = 0.0
     for part in ACCOUNT_PARTS:
         value = hours.get(part, 0.0)
@@ -226,7 +242,8 @@ def plot_loss_breakdown(report: Report, path: Path) -> None:
                     f"{cause_words(largest['cause'])}", va="center", fontsize=8.5)
     ax.set_yticks(range(len(shown)), [j.summary.job_id for j in shown], fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlim(0, longest * 1.35 if longest else 1)
+    gained = max([0.0, *(-j.summary.loss.gpu_hours().get(CLOCK, 0.0) for j in shown)])
+    ax.set_xlim(-gained * 1.1, longest * 1.35 if longest else 1)
     ax.set_xlabel("GPU hours")
     more = f" ({len(jobs) - len(shown)} more jobs in the table)" if len(jobs) > len(shown) else ""
     ax.set_title("Where each job's GPU-hours went: the dense peak split into parts that add up to its GPU time\n"
@@ -235,13 +252,14 @@ def plot_loss_breakdown(report: Report, path: Path) -> None:
     total = _stack(fleet_ax, 0, fleet.gpu_hours(), labelled, height=0.6)
     useful = fleet.part_seconds.get(USEFUL, 0.0) / 3600.0
     fleet_ax.set_yticks([0], [f"fleet, every GPU\n({report.gpu_count} GPUs)"], fontsize=9)
-    fleet_ax.set_xlim(0, total * 1.02 if total else 1)
+    fleet_ax.set_xlim(min(0.0, fleet.gpu_hours().get(CLOCK, 0.0) * 1.1), total * 1.02 if total else 1)
     fleet_ax.set_xlabel(f"GPU hours: {total:.1f} in all, {useful:.1f} useful ({useful / total:.0%})" if total
                         else "GPU hours")
     fleet_ax.grid(axis="x", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = fleet_ax.get_legend_handles_labels()
     order = {part_title(part): part_order(part) for part in ACCOUNT_PARTS}
+    order[f"{CLOCK_GAIN_TITLE} (gained)"] = part_order(CLOCK)
     legend = sorted(zip(handles + more_handles, labels + more_labels), key=lambda hl: order.get(hl[1], 99))
     ax.legend([h for h, _ in legend], [label for _, label in legend], fontsize=8.5, loc="upper left",
               bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="part", title_fontsize=9)
@@ -260,20 +278,22 @@ def plot_fleet_waterfall(report: Report, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(13, 5.2), dpi=110)
     ax.bar(0, total, color="#4c4c4c", width=0.7)
     ax.text(0, total, f"{total:.1f} h", ha="center", va="bottom", fontsize=8.5)
-    level = total
-    for k, (part, value) in enumerate(steps, 1):
+    level = top = total
+    for k, (part, value) in enumerate(steps, 1):  # a clock gain is a step up
         ax.bar(k, -value, bottom=level, color=PART_COLORS.get(part, "#17becf"), width=0.7)
-        ax.text(k, level, f"-{value:.1f} h\n{value / total:.0%}" if total else "", ha="center", va="bottom",
-                fontsize=8.5)
+        words = f"+{-value:.1f} h\ngained" if is_gain(part, value) else f"-{value:.1f} h\n{value / total:.0%}"
+        ax.text(k, max(level, level - value), words if total else "", ha="center", va="bottom", fontsize=8.5)
         level -= value
+        top = max(top, level)
     useful = hours.get(USEFUL, 0.0)
     ax.bar(len(steps) + 1, useful, color=PART_COLORS[USEFUL], width=0.7, hatch="//", edgecolor="white")
     ax.text(len(steps) + 1, useful, f"{useful:.1f} h\n{useful / total:.0%}" if total else "", ha="center",
             va="bottom", fontsize=8.5)
-    names = ["all GPU time", *(part_title(p).replace(" or ", " or\n") for p, _ in steps), "useful (OFU)"]
+    names = ["all GPU time", *(CLOCK_GAIN_TITLE if is_gain(p, v) else part_title(p).replace(" or ", " or\n")
+                               for p, v in steps), "useful (OFU)"]
     ax.set_xticks(range(len(names)), names, fontsize=8.5)
     ax.set_ylabel("GPU hours")
-    ax.set_ylim(0, total * 1.12 if total else 1)
+    ax.set_ylim(0, top * 1.12 if total else 1)
     no_job = hours.get(UNALLOCATED, 0.0)
     ax.set_title(f"Fleet: where {total:.1f} GPU hours on {report.gpu_count} GPUs went, part by part\n"
                  f"({no_job:.1f} h had no job; the rest is the jobs' loss account, "
