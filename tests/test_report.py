@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from otel_ofu.cli.main import main
+from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import Batch as PointBatch
 from otel_ofu.core.model import MetricPoint, attrs
 from otel_ofu.exporters.file import FileExporter, FileExporterConfig
@@ -20,6 +21,7 @@ from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
 from otel_ofu.report.build import REPORT_FIELDS, build_report, json_field_paths, metric_points
+from otel_ofu.report.loss import breakdown_lines, largest_record, recommendations
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "collector-config" / "demo.yaml"
@@ -378,6 +380,59 @@ def test_the_breakdown_table_and_what_to_fix_first(recording, capsys):
     assert "input-starved-vit" in "".join(lines[fix:fix + 6]) and "input pipeline" in "".join(lines[fix:fix + 6])
     # the regression finding says which part grew, and what that points at
     assert "engine idle grew from" in out and "the input pipeline or the host, not the kernels" in out
+
+
+def _account(gpu_hours: float, parts: dict[str, float], ofu: float) -> LossTotals:
+    """A job's life account: ``parts`` and ``ofu`` as shares of ``gpu_hours`` (they add up to 1)."""
+    totals = LossTotals()
+    totals.add_parts(parts.items(), ofu, gpu_hours * 3600)
+    return totals
+
+
+def test_a_clock_boost_reads_as_a_gain_in_the_breakdown_never_as_a_negative_loss():
+    """Issue 31 item 6: the SM clock above f_ref makes the clock part negative; the table says "gained",
+    its lost GPU h are net of it, and it is never a largest loss nor a thing to fix."""
+    boosted = _account(1.0, {"engine_idle": 0.10, "clock": -0.05, "padding": 0.02}, 0.93)
+    fleet = LossTotals()
+    fleet.merge(boosted)
+    lines = breakdown_lines([("boosted", boosted)], fleet)
+    table = "\n".join(lines)
+    row = next(line for line in lines if line.startswith("boosted"))
+    assert "0.05 gained" in row and "-0.05" not in table
+    assert row.split()[1] == "0.07"  # lost GPU h, net of the gain: 0.10 + 0.02 - 0.05
+    assert "GPU h gained, not lost" in table
+    assert "lost to clock" not in table and row.rstrip().endswith("engine idle 10%")
+    only_gain = _account(1.0, {"engine_idle": 0.0, "clock": -0.05}, 1.05)
+    assert largest_record(only_gain) is None  # a gain is no loss
+
+
+def test_what_to_fix_first_skips_crumbs_and_labels_padding_estimated_with_the_fleet_factor():
+    """Trial item of issue 31: no advice about 0.00 GPU h; advice on padding made with the fleet's tile factor
+    (the same for every job on those GPUs) says it is that estimate; a job's own factor is named as such."""
+    fleet_c, own_c = 0.977, 0.864
+    raw = 0.5  # padding = raw x (1 - c_tile), useful = raw x c_tile
+    typical = _account(4.0, {"engine_idle": 0.5, "padding": raw * (1 - fleet_c)}, raw * fleet_c)
+    ragged = _account(2.0, {"non_tensor": 0.5, "padding": raw * (1 - own_c)}, raw * own_c)
+    crumb = _account(0.004, {"engine_idle": 0.9}, 0.1)  # 0.0036 GPU h: prints as 0.00
+    jobs = [("typical", typical), ("ragged", ragged), ("crumb", crumb)]
+    fleet = LossTotals()
+    for _, loss in jobs:
+        fleet.merge(loss)
+    factors = {"typical": fleet_c, "ragged": fleet_c, "crumb": fleet_c}
+    tips = recommendations(jobs, fleet, top=20, fleet_factors=factors)
+    assert all(t["gpu_hours"] >= 0.01 for t in tips) and "crumb" not in {t["job_id"] for t in tips}
+    padding = {t["job_id"]: t for t in tips if t["part"] == "padding"}
+    assert padding["typical"]["estimate"] == "fleet_tile_factor"
+    assert padding["typical"]["tile_factor"] == pytest.approx(fleet_c)
+    assert padding["ragged"]["estimate"] == "tile_factor" and padding["ragged"]["tile_factor"] == pytest.approx(own_c)
+    assert {t["estimate"] for t in tips if t["part"] != "padding"} == {None}
+    lines = breakdown_lines(jobs, fleet, factors)
+    advice = lines[lines.index("What to fix first (by GPU-hours lost):") + 1:]
+    assert not any("0.00 GPU h" in line for line in advice)
+    assert advice[-1] == "  (1 smaller item, each under 0.01 GPU h, not listed)"
+    said = {line.split(":")[0].split(". ")[1]: line for line in advice if "lost to padding" in line}
+    assert "[an estimate: the fleet's tile factor for a typical job on these GPUs (c_tile 0.977)" in said["typical"]
+    assert "[an estimate from the tile factor c_tile 0.864, not a measurement]" in said["ragged"]
 
 
 def test_the_csv_names_each_jobs_largest_loss(recording, tmp_path, capsys):

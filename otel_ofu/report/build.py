@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from otel_ofu.core import specs, tiles
 from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, LossTotals
 from otel_ofu.core.model import (
     GPU_INDEX,
@@ -619,7 +620,8 @@ def report_json(report: Report) -> dict[str, Any]:
                   "job_ofu_mean": ofu_seconds / attributed if attributed else None,
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours()},
-        "recommendations": recommendations(_job_losses(report), book.fleet_loss),
+        "recommendations": recommendations(_job_losses(report), book.fleet_loss,
+                                           fleet_factors=_fleet_tile_factors(report)),
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
@@ -628,6 +630,27 @@ def report_json(report: Report) -> dict[str, Any]:
 def _job_losses(report: Report) -> list[tuple[str, LossTotals]]:
     """Each job's life account, by job id: what the breakdown and the recommendations read."""
     return [(j.summary.job_id, j.summary.loss) for j in report.jobs]
+
+
+def _fleet_tile_factors(report: Report) -> dict[str, float]:
+    """Job -> the built-in tile factor (core/tiles.py) of its GPUs' models at its precisions, where that is one
+    number: a padding part made with it is the fleet's estimate for a typical job, not the job's own."""
+    models: dict[str, set[str]] = {}
+    for gpu in report.gpus:
+        for job in gpu.jobs:
+            models.setdefault(job, set()).add(gpu.model)
+    out: dict[str, float] = {}
+    for job in report.jobs:
+        s = job.summary
+        factors = set()
+        for model in models.get(s.job_id, ()):
+            spec = specs.find_spec(model)
+            for precision in s.precisions:
+                factors.add(tiles.correction_factor(spec.architecture if spec else None,
+                                                    specs.normalize_precision(precision)))
+        if len(factors) == 1:
+            out[s.job_id] = factors.pop()
+    return out
 
 
 # The JSON of ``otel-ofu report --json``, field by field: docs/report.md's list is generated from
@@ -664,17 +687,26 @@ REPORT_FIELDS: dict[str, str] = {
     "fleet.ofu_mean": "the fleet's OFU: time-weighted over every GPU's time, with a job or not (idle GPUs count, "
                       "at their OFU); what a fleet OFU panel shows, and the figure the table prints first",
     "fleet.job_ofu_mean": "OFU over the GPU time jobs held only: how well the jobs use what they hold",
-    "fleet.wasted_gpu_hours": "GPU time x (1 - OFU), jobs together",
+    "fleet.wasted_gpu_hours": "GPU time x (1 - OFU), jobs together (not clamped: the sum of their loss parts, a "
+                              "clock gain subtracted; docs/method.md#wasted-gpu-hours-and-the-clock-gain)",
     "fleet.loss_gpu_hours": "mapping: every GPU-hour by where it went: `useful` (OFU), each loss part of the jobs "
                             "(docs/method.md#where-the-flops-go-the-loss-account), `unknown` (OFU that came "
                             "without its account), `unallocated` (no job); they add up to `gpu_hours`",
-    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first",
+    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
+                                "5, none under 0.01 GPU h",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
     "recommendations[].cause": "its dominant cause (the clock's event reason, memory-bound or not); null for the "
                                "other parts",
     "recommendations[].gpu_hours": "GPU-hours lost to it",
     "recommendations[].share": "its share of the job's GPU time",
     "recommendations[].advice": "what to look at first, worded by part",
+    "recommendations[].estimate": "for `padding`, how it was estimated (the counters cannot see GEMM shapes): "
+                                  "`fleet_tile_factor` (the built-in factor for a typical job on its GPUs, the same "
+                                  "for every job there: not its own shapes) or `tile_factor` (another factor: the "
+                                  "job's own under `tile_correction.jobs`, or a site's fit); null for other parts or "
+                                  "when not known",
+    "recommendations[].tile_factor": "for `padding`, the tile correction c_tile its padding was made with; null "
+                                     "otherwise",
     "jobs[].job_id": "the job (`ofu.job.id`); jobs are sorted by wasted GPU hours",
     "jobs[].start": "its first window's start",
     "jobs[].end": "its last window's end",
@@ -690,11 +722,12 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].flops": "floating-point operations its tensor cores did (OFU x the dense peak at its precision); null "
                     "when its precision is unknown",
     "jobs[].flops_per_gpu_s": "flops per GPU second of known precision",
-    "jobs[].wasted_gpu_hours": "GPU time x (1 - OFU)",
+    "jobs[].wasted_gpu_hours": "GPU time x (1 - OFU), not clamped: exactly what its loss parts add up to",
     "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
     "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
     "jobs[].loss": "mapping: its loss account, part -> share of its GPU time (`useful` is its OFU; they add up to 1)",
-    "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`)",
+    "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`); `clock` "
+                             "is negative where the SM clock boosted above f_ref: GPU hours gained",
     "jobs[].largest_loss.part": "the part that lost it the most GPU time",
     "jobs[].largest_loss.share": "that part's share of its GPU time",
     "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
@@ -916,7 +949,7 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
         out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
         out += flops_hint(report)
         out.append("")
-        out += breakdown_lines(_job_losses(report), report.book.fleet_loss)
+        out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report))
         out.append("")
     else:
         out.append(no_jobs_hint(report, fleet["gpus"]))

@@ -3,7 +3,9 @@
 Works on :class:`otel_ofu.core.loss.LossTotals` (a job's life account, the book's fleet account),
 so :mod:`.build` (JSON and text) and :mod:`.plots` share one reading of them. A part's GPU-hours
 are its share x GPU time; the parts, OFU (``useful``) and, for the fleet, the GPU time of no
-job (``unallocated``) add up to every GPU-hour.
+job (``unallocated``) add up to every GPU-hour. The clock part is negative where the SM clock
+boosted above f_ref: a gain, shown as one (``0.02 gained``), and the GPU-hours lost are net of it
+(docs/method.md#wasted-gpu-hours-and-the-clock-gain).
 """
 
 from __future__ import annotations
@@ -12,15 +14,27 @@ from typing import Any
 
 from otel_ofu.core.loss import (
     ACCOUNT_PARTS,
+    CLOCK_GAIN_TITLE,
+    PADDING,
+    UNACCOUNTED,
     UNALLOCATED,
     USEFUL,
     LossTotals,
     advice,
+    is_gain,
     part_order,
     part_title,
 )
 
 TOP_RECOMMENDATIONS = 5  # how many (job, part) pairs the report's advice lists
+# An item of "what to fix first" holds at least this many GPU-hours (36 GPU-seconds): less prints as
+# 0.00-0.01 GPU h and is not where to start; the advice says how many smaller items it left out.
+MIN_RECOMMENDATION_GPU_HOURS = 0.01
+# How the padding part of an item was estimated (the counters cannot see GEMM shapes): with the
+# built-in factor for a typical job on the job's GPUs, the same for every job there, or with another
+# factor (a job's own under the ofu processor's tile_correction.jobs, or a site's fit).
+FLEET_TILE_FACTOR = "fleet_tile_factor"
+TILE_FACTOR = "tile_factor"
 
 
 def largest_record(loss: LossTotals) -> dict[str, Any] | None:
@@ -39,23 +53,74 @@ def lost_gpu_hours(loss: LossTotals) -> dict[str, float]:
     return {part: hours for part, hours in loss.gpu_hours().items() if part != USEFUL}
 
 
-def recommendations(jobs: list[tuple[str, LossTotals]], fleet: LossTotals,
-                    top: int = TOP_RECOMMENDATIONS) -> list[dict[str, Any]]:
-    """The biggest (job, part) losses in GPU-hours, and the fleet's unallocated time: what to fix first."""
+def tile_factor(loss: LossTotals) -> float | None:
+    """The tile correction c_tile a job's padding part was made with: useful / (useful + padding), since
+    padding = raw x (1 - c_tile) and useful = raw x c_tile. None when it has no padding part or some of its
+    GPU time came without its account (then useful holds time the padding part does not)."""
+    padding = loss.part_seconds.get(PADDING)
+    useful = loss.part_seconds.get(USEFUL, 0.0)
+    if padding is None or UNACCOUNTED in loss.part_seconds or useful + padding <= 0:
+        return None
+    return useful / (useful + padding)
+
+
+def _estimate(loss: LossTotals, fleet_factor: float | None) -> tuple[str, float] | None:
+    """How a padding part was estimated: (FLEET_TILE_FACTOR or TILE_FACTOR, c_tile); None when unknown."""
+    factor = tile_factor(loss)
+    if factor is None:
+        return None
+    fleet = fleet_factor is not None and abs(factor - fleet_factor) < 5e-4  # the table's factors: 3 decimals
+    return (FLEET_TILE_FACTOR if fleet else TILE_FACTOR), factor
+
+
+def _items(jobs: list[tuple[str, LossTotals]], fleet: LossTotals,
+           fleet_factors: dict[str, float] | None) -> list[dict[str, Any]]:
+    """Every (job, part) that lost GPU-hours, and the fleet's unallocated time, the biggest first."""
     items = []
     for job, loss in jobs:
         for part, hours in lost_gpu_hours(loss).items():
             if hours > 0:
                 cause = loss.dominant_cause(part)
+                estimate = _estimate(loss, (fleet_factors or {}).get(job)) if part == PADDING else None
                 items.append({"job_id": job, "part": part, "cause": cause, "gpu_hours": hours,
                               "share": loss.part_seconds[part] / loss.seconds if loss.seconds else None,
-                              "advice": advice(part, cause)})
+                              "advice": advice(part, cause),
+                              "estimate": estimate[0] if estimate else None,
+                              "tile_factor": estimate[1] if estimate else None})
     unallocated = fleet.part_seconds.get(UNALLOCATED, 0.0) / 3600.0
     if unallocated > 0:
         items.append({"job_id": None, "part": UNALLOCATED, "cause": None, "gpu_hours": unallocated,
-                      "share": fleet.part_seconds[UNALLOCATED] / fleet.seconds, "advice": advice(UNALLOCATED)})
+                      "share": fleet.part_seconds[UNALLOCATED] / fleet.seconds, "advice": advice(UNALLOCATED),
+                      "estimate": None, "tile_factor": None})
     items.sort(key=lambda item: (-item["gpu_hours"], str(item["job_id"]), part_order(item["part"])))
-    return items[:top]
+    return items
+
+
+def recommendations(jobs: list[tuple[str, LossTotals]], fleet: LossTotals, top: int = TOP_RECOMMENDATIONS,
+                    fleet_factors: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The biggest (job, part) losses in GPU-hours, and the fleet's unallocated time: what to fix first.
+
+    Items under MIN_RECOMMENDATION_GPU_HOURS are left out. ``fleet_factors``: job -> the built-in tile
+    factor of its GPUs and precision, to tell a padding part estimated with it (the same for every job)
+    from one made with the job's own factor.
+    """
+    return _listed(_items(jobs, fleet, fleet_factors), top)
+
+
+def _listed(items: list[dict[str, Any]], top: int = TOP_RECOMMENDATIONS) -> list[dict[str, Any]]:
+    return [item for item in items if item["gpu_hours"] >= MIN_RECOMMENDATION_GPU_HOURS][:top]
+
+
+def _estimate_words(tip: dict[str, Any]) -> str:
+    if tip["estimate"] == FLEET_TILE_FACTOR:
+        return (f" [an estimate: the fleet's tile factor for a typical job on these GPUs (c_tile "
+                f"{tip['tile_factor']:.3f}), the same for every job, not this job's GEMM shapes; declare the job's "
+                "own under the ofu processor's tile_correction.jobs before acting on it]")
+    if tip["estimate"] == TILE_FACTOR:
+        return f" [an estimate from the tile factor c_tile {tip['tile_factor']:.3f}, not a measurement]"
+    if tip["part"] == PADDING:
+        return " [an estimate from the tile correction, not a measurement]"
+    return ""
 
 
 def cause_words(cause: str | None) -> str:
@@ -63,11 +128,15 @@ def cause_words(cause: str | None) -> str:
     return "" if cause in (None, "unknown", "none") else f" ({str(cause).replace('_', ' ')})"
 
 
-def _cell(hours: float | None) -> str:
-    return "-" if hours is None else f"{hours:.2f}"
+def _cell(part: str, hours: float | None) -> str:
+    """A table cell: GPU-hours lost, or gained for a negative clock part (``0.02 gained``)."""
+    if hours is None:
+        return "-"
+    return f"{-hours:.2f} gained" if is_gain(part, hours) else f"{hours:.2f}"
 
 
-def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals) -> list[str]:
+def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals,
+                    fleet_factors: dict[str, float] | None = None) -> list[str]:
     """The breakdown table (GPU-hours lost per part, jobs by GPU-hours lost, the fleet last) and the advice."""
     jobs = sorted(jobs, key=lambda item: (-sum(lost_gpu_hours(item[1]).values()), item[0]))
     present = {part for _, loss in jobs for part, hours in lost_gpu_hours(loss).items()}
@@ -80,13 +149,13 @@ def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals) -> li
         largest = largest_record(loss)
         where = "-" if largest is None else \
             f"{part_title(largest['part'])} {largest['share']:.0%}{cause_words(largest['cause'])}"
-        rows.append((job, f"{sum(lost.values()):.2f}", *(_cell(lost.get(p)) for p in parts), where))
+        rows.append((job, f"{sum(lost.values()):.2f}", *(_cell(p, lost.get(p)) for p in parts), where))
     fleet_lost = lost_gpu_hours(fleet)
     biggest = max(fleet_lost.items(), key=lambda kv: kv[1], default=None)
-    where = "-" if biggest is None or not fleet.seconds else \
+    where = "-" if biggest is None or biggest[1] <= 0 or not fleet.seconds else \
         f"{part_title(biggest[0])} {biggest[1] * 3600 / fleet.seconds:.0%}"
-    rows.append(("fleet (every GPU)", f"{sum(fleet_lost.values()):.2f}", *(_cell(fleet_lost.get(p)) for p in parts),
-                 where))
+    rows.append(("fleet (every GPU)", f"{sum(fleet_lost.values()):.2f}",
+                 *(_cell(p, fleet_lost.get(p)) for p in parts), where))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     numeric = set(range(1, len(header) - 1))
 
@@ -97,8 +166,15 @@ def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals) -> li
     out = ["Where the GPU-hours went (GPU h lost to each part: share of the dense peak x GPU time; "
            "docs/method.md#where-the-flops-go-the-loss-account):",
            line(rows[0]), line(tuple("-" * w for w in widths)), *(line(r) for r in rows[1:])]
-    tips = recommendations(jobs, fleet)
-    if tips:
+    if any(is_gain(p, h) for _, loss in jobs for p, h in lost_gpu_hours(loss).items()) or \
+            any(is_gain(p, h) for p, h in fleet_lost.items()):
+        out.append(f"  clock \"gained\": a {CLOCK_GAIN_TITLE}, the SM clock above the clock the peak is quoted at "
+                   "(f_ref): GPU h gained, not lost; lost GPU h are net of it "
+                   "(docs/method.md#wasted-gpu-hours-and-the-clock-gain)")
+    every = _items(jobs, fleet, fleet_factors)
+    tips = _listed(every)
+    small = len(every) - len(_listed(every, len(every)))
+    if every:
         out += ["", "What to fix first (by GPU-hours lost):"]
         for n, tip in enumerate(tips, 1):
             share = f" ({tip['share']:.0%})" if tip["share"] is not None else ""
@@ -107,5 +183,8 @@ def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals) -> li
                            f"{tip['advice']}")
                 continue
             out.append(f"  {n}. {tip['job_id']}: {tip['gpu_hours']:.2f} GPU h{share} lost to "
-                       f"{part_title(tip['part'])}{cause_words(tip['cause'])}: {tip['advice']}")
+                       f"{part_title(tip['part'])}{cause_words(tip['cause'])}: {tip['advice']}{_estimate_words(tip)}")
+        if small:
+            out.append(f"  ({small} smaller item{'s' if small != 1 else ''}, each under "
+                       f"{MIN_RECOMMENDATION_GPU_HOURS} GPU h, not listed)")
     return out
