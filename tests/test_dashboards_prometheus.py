@@ -27,6 +27,8 @@ PREFER = {"job": "moe-236b", "namespace": "pretraining"}
 NO_DEMO_DATA = {
     "otel_ofu_pipeline_dropped_total": "no processor or exporter fails in the demo",
     "otel_ofu_scrape_up": "the demo's sim receiver scrapes no endpoint",
+    '"clock boost (gained)"': "no model's GPUs of the demo boost above f_ref as a whole (some jobs' do, a little: "
+                              "the job view's gain has data)",
 }
 
 
