@@ -63,8 +63,8 @@ NOTICED_METRICS: dict[str, str] = {
         "dcgm.gpu.utilization", "dcgm.gpu.memory.bytes_used", "dcgm.gpu.profiling.sm_utilization",
         "dcgm.gpu.profiling.sm_occupancy", "dcgm.gpu.profiling.pipe_utilization", "dcgm.gpu.profiling.dram_utilization",
         "dcgm.gpu.profiling.pcie_traffic_rate", "dcgm.gpu.profiling.nvlink_traffic_rate")},
-    # Its docs/METRICS.md: every per-GPU series joins nvidia_smi_gpu_info by uuid; the clock and utilization
-    # are among nvidia-smi's query fields on every GPU.
+    # Its metrics page (METRICS.md in utkuozdemir/nvidia_gpu_exporter): every per-GPU series joins
+    # nvidia_smi_gpu_info by uuid; the clock and utilization are among nvidia-smi's query fields on every GPU.
     **{name: NVIDIA_SMI_EXPORTER for name in (
         "nvidia_smi_gpu_info", "nvidia_smi_clocks_current_sm_clock_hz", "nvidia_smi_utilization_gpu_ratio")},
 }
