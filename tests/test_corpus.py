@@ -274,3 +274,18 @@ def test_a_page_without_tensor_activity_warns_once_naming_the_field_endpoint_and
     (debug,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no OFU for pcie-node-5")]
     assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in debug and "missing" in debug
     assert re.search(r"ending \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", debug)
+
+
+def test_the_profiling_fields_the_docs_say_dcgm_exporters_default_counters_carry_are_on_its_page():
+    """Issue 31 item 18: docs/otlp-receiver.md said dcgm-exporter's default counters CSV has no profiling
+    field, untrue since release 4.0.0 (its etc/default-counters.csv gained the DCP block). The fields the
+    docs now name are those of the corpus page derived from that CSV at 4.5.3-4.8.2 (tests/data/real/README.md):
+    no more, no fewer."""
+    text = " ".join((Path(__file__).parent.parent / "docs" / "otlp-receiver.md").read_text().split())
+    claim = re.search(r"dcgm-exporter's default counters CSV \(`etc/default-counters\.csv`\) has carried (.+?) since "
+                      r"release 4\.0\.0", text)
+    assert claim, "docs/otlp-receiver.md no longer says which profiling fields dcgm-exporter's default counters carry"
+    named = set(re.findall(r"`(DCGM_FI_PROF_\w+)`", claim.group(1)))
+    page = (REAL / "dcgm-exporter" / "4.5.3-4.8.2_h100_kubernetes.prom").read_text()
+    assert named == set(re.findall(r"^# TYPE (DCGM_FI_PROF_\w+) ", page, re.M))
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in named  # what OFU needs

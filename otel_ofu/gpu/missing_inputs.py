@@ -1,14 +1,14 @@
 """The inputs every GPU window needs for OFU (tensor pipe activity, the SM clock): which are
 missing from a source, and what to change there so that it sends them.
 
-Why: a source that sends GPUs without one of them (dcgm-exporter's default counters CSV has no
-profiling field, so no tensor activity) gives no OFU, and otherwise only the drop counter
-(``gpu.ofu.dropped{ofu.drop.reason=missing}``) would say so. Profiling metrics missing from the
-counters CSV is the most common misconfiguration; the receivers say it once per source, at
-WARNING, with the fix (and again only after it came back and went away). Some GPU sources can
-give no OFU whatever their settings (:data:`SOURCES_WITHOUT_OFU`: an exporter of nvidia-smi's
-fields, the dcgm receiver's first metric names); the otlp receiver says once per host what it
-got, what that lacks, and what to run instead.
+Why: a source that sends GPUs without one of them (a dcgm-exporter before 4.0, whose default
+counters CSV has no profiling field, or a custom CSV without the tensor activity line) gives no
+OFU, and otherwise only the drop counter (``gpu.ofu.dropped{ofu.drop.reason=missing}``) would say
+so. Profiling metrics missing from the counters CSV is the most common misconfiguration; the
+receivers say it once per source, at WARNING, with the fix (and again only after it came back and
+went away). Some GPU sources can give no OFU whatever their settings (:data:`SOURCES_WITHOUT_OFU`:
+an exporter of nvidia-smi's fields, the dcgm receiver's first metric names); the otlp receiver says
+once per host what it got, what that lacks, and what to run instead.
 """
 
 from __future__ import annotations
