@@ -496,21 +496,25 @@ def run(protocol: str, otelcol: str, nodes: list[Node], windows: int, per_reques
 
 def stage_in_process(protocol: str) -> tuple[object, list]:
     """The stage's request path in this process, as the service wires it from processor-stage.yaml:
-    the otlp receiver's ``accept`` (decode, join, pass-through), the ``ofu`` processor, the
+    the otlp receiver's ``accept`` (decode, join, pass-through), the ``attribution`` and ``ofu`` processors, the
     exporter's payload (gzipped for ``http``). Returns (receiver, payloads made)."""
     from otel_ofu.core.model import Batch
     from otel_ofu.otlp.payload import metrics_payload
     from otel_ofu.pipeline.component import Context
     from otel_ofu.pipeline.config import build_config, substitute_env
+    from otel_ofu.processors.attribution import FACTORY as ATTRIBUTION
     from otel_ofu.processors.ofu import FACTORY as OFU
     from otel_ofu.receivers.otlp import FACTORY as OTLP
 
     config = substitute_env(stage_config(protocol, 0), {})
+    attribution = ATTRIBUTION.create(build_config(ATTRIBUTION.config_type, config["processors"]["attribution"]),
+                                     Context("attribution"))
     ofu = OFU.create(build_config(OFU.config_type, config["processors"]["ofu"]), Context("ofu"))
     payloads: list = []
 
     def consume(batch: Batch) -> None:
-        payload = metrics_payload(ofu.process(batch).points_and_rows(), batch.passthrough)  # as the exporter does
+        batch = ofu.process(attribution.process(batch))
+        payload = metrics_payload(batch.points_and_rows(), batch.passthrough)  # as the exporter does
         if payload is not None and protocol == "http":
             payload = (gzip.compress(payload[0], compresslevel=GZIP_LEVEL, mtime=0), payload[1])
         payloads.append(payload)

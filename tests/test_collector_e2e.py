@@ -206,7 +206,7 @@ def test_collector_prometheus_receiver_scraping_dcgm_exporter_feeds_otel_ofu(ote
 
 def test_a_node_scraped_without_profiling_fields_is_said_once_by_the_processing_stage(otelcol, tmp_path, processes):
     """The Collector's prometheus receiver scrapes a dcgm-exporter page without profiling fields (the
-    corpus page of an H100 PCIe node on dcgm-exporter's default counters CSV): otel-ofu behind it says
+    corpus page of an H100 PCIe node on a counters CSV without the DCGM_FI_PROF_* lines): otel-ofu behind it says
     once, at WARNING, which host's GPUs arrive without tensor activity and how to turn it on, while the
     drop counter names the reason."""
     page = ROOT / "tests" / "data" / "real" / "dcgm-exporter" / "4.5.3-4.8.2_h100-pcie_no-profiling.prom"
@@ -277,3 +277,34 @@ def test_gpu_sources_that_give_no_ofu_are_each_said_once_by_the_processing_stage
     assert len(v1_said) == 1, v1_said
     assert "host a3-highgpu-8g-017 " in v1_said[0] and "no SM clock" in v1_said[0]
     assert "receiver_version: 2" in v1_said[0]
+
+
+def test_the_processing_stage_names_each_gpus_job_from_the_pod_labels_the_collector_forwards(otelcol, tmp_path,
+                                                                                           processes):
+    """Issue 31 item 3: the Collector's prometheus receiver scrapes a Kubernetes node's dcgm-exporter page (the
+    corpus page of dcgm-exporter 4.x with pod, namespace and container labels on the GPUs a pod holds, derived:
+    tests/data/real/README.md) and forwards it to processor-stage.yaml: each GPU's OFU names its pod's job from
+    those labels, and the GPU no pod holds is "none", where the stage used to say "unknown" for all three."""
+    page = ROOT / "tests" / "data" / "real" / "dcgm-exporter" / "4.5.3-4.8.2_h100_kubernetes.prom"
+    exporter = PageServer({"/metrics": page.read_bytes()})
+    try:
+        sink = tmp_path / "collector.jsonl"
+        start_processor_stage(otelcol, tmp_path, processes, sink, dcgm_exporter_port=exporter.port)
+
+        def ofu_back():
+            points = {dict(p.resource)["hw.id"]: p for p in read_points(sink) if p.name == "gpu.ofu"}
+            return points if len(points) == 3 else None
+
+        ofu = wait_for("the three GPUs' OFU back in the Collector's file", ofu_back, timeout=120,
+                       diagnostics=diagnostics(processes))
+    finally:
+        exporter.close()
+    pod_job = "k8s:training/Pod/llama3-70b-worker-0"
+    resources = {hw_id: dict(p.resource) for hw_id, p in ofu.items()}
+    jobs = {hw_id: (r.get("ofu.job.id"), r.get("ofu.job.source")) for hw_id, r in resources.items()}
+    assert jobs == {"GPU-1f3c9a52-7d04-4e8b-a1c6-0b5e2d7f9a31": (pod_job, "scrape"),
+                    "GPU-1f3c9a52-7d04-4e8b-a1c6-0b5e2d7f9a32": ("none", "scrape"),  # idle: no pod labels
+                    "GPU-1f3c9a52-7d04-4e8b-a1c6-0b5e2d7f9a33": (pod_job, "scrape")}
+    held = resources["GPU-1f3c9a52-7d04-4e8b-a1c6-0b5e2d7f9a31"]
+    assert (held["k8s.namespace.name"], held["k8s.pod.name"], held["k8s.container.name"]) == (
+        "training", "llama3-70b-worker-0", "pytorch")
