@@ -210,7 +210,7 @@ DOC = ROOT / "docs" / "backends.md"
 COLUMNS = {
     "otel-ofu `prometheus`": lambda roads: roads.live["exporter"],
     "Collector `prometheus`": lambda roads: roads.collector_scrape,
-    "Collector `prometheusremotewrite`": lambda roads: roads.live["collector_remote_write"],
+    "Collector `prometheus_remote_write`": lambda roads: roads.live["collector_remote_write"],
     "Prometheus 3 OTLP, defaults": lambda roads: roads.prometheus_otlp_defaults,
     "Prometheus 3 OTLP, settings": lambda roads: roads.live["prometheus_otlp"],
     "VictoriaMetrics OTLP, defaults": lambda roads: roads.victoriametrics_otlp_defaults,

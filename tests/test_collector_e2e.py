@@ -78,6 +78,32 @@ def test_every_collector_config_passes_otelcol_validate(otelcol):
         assert f"ok      collector-config/{config.name}" in done.stdout, done.stdout
 
 
+def test_no_collector_config_uses_what_the_pinned_collector_deprecates(otelcol, tmp_path):
+    """Issue 31 item 18: every component is named by its type, not by a deprecated alias the Collector still
+    accepts with a warning (``prometheusremotewrite``, ``otlp`` for the exporter, ``loadbalancing``: ``otelcol
+    components`` lists only the types), and every config still validates with each feature gate that is off by
+    default turned on: those that turn deprecated settings off (``resource_to_telemetry_conversion``, the remote
+    write exporter's top-level HTTP settings) are the ones a later release flips."""
+    components = yaml.safe_load(subprocess.run([otelcol, "components"], capture_output=True, text=True,
+                                               timeout=60, check=True).stdout)
+    listed = {kind: {c["name"] for c in components.get(kind) or []}
+              for kind in ("receivers", "processors", "exporters", "extensions", "connectors")}
+    table = subprocess.run([otelcol, "featuregate"], capture_output=True, text=True, timeout=60, check=True).stdout
+    gates = [line.split()[0] for line in table.splitlines()[1:] if line.split()[1:2] == ["false"]]
+    assert "exporter.prometheusremotewrite.DisableResourceToTelemetryConversion" in gates
+    env = {**os.environ, "OFU_COLLECTOR_FILE_PATH": str(tmp_path / "sink.jsonl"),
+           "OFU_JOBS_ENDPOINTS": "[127.0.0.1:14317, 127.0.0.1:14327]"}
+    for path in sorted(CONFIGS.glob("otelcol-*.yaml")):
+        config = yaml.safe_load(path.read_text())
+        for kind, names in listed.items():
+            unknown = {name.split("/")[0] for name in config.get(kind) or {}} - names
+            assert not unknown, f"{path.name}: {kind} {sorted(unknown)} are not types of this Collector (aliases?)"
+        done = subprocess.run([otelcol, "validate", f"--config=file:{path}",
+                               "--feature-gates=" + ",".join(f"+{gate}" for gate in gates)],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, f"{path.name}: {done.stdout}{done.stderr}"
+
+
 def test_sidecar_exports_ofu_to_the_collector_with_resources(otelcol, tmp_path, processes):
     """(a) otel-ofu (sim -> ofu -> otlp exporter) sends to a Collector that writes a file."""
     grpc_port, http_port = free_ports(2)

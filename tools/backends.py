@@ -6,7 +6,7 @@ hour of the same fleet:
 - ``exporter``: otel-ofu's ``prometheus`` exporter, scraped (its exposition recorded after each
   export and backfilled, as in tools/demo_prometheus.py), into Prometheus 3;
 - ``collector_remote_write``: OTLP to a Collector (collector-config/otelcol-backend-prometheus.yaml)
-  whose ``prometheusremotewrite`` exporter writes into Prometheus 3;
+  whose ``prometheus_remote_write`` exporter writes into Prometheus 3;
 - ``collector_scrape``: the same Collector's ``prometheus`` exporter
   (collector-config/otelcol-backend-scrape.yaml), scraped at the end: its names and labels only
   (a scrape holds each series' latest point, not the hour);
