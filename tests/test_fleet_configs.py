@@ -83,3 +83,26 @@ def test_the_node_tier_sends_its_gpus_to_the_backend_and_the_gateway() -> None:
     rendered = yaml.safe_load(one(fleet_objects(), "ConfigMap", "agent")["data"]["config.yaml"])["service"]
     assert rendered["pipelines"]["metrics"]["exporters"] == ["prometheus", "otlp", "otlp/gateway"]
     assert rendered["pipelines"]["metrics/self"]["exporters"] == ["prometheus", "otlp"]
+
+
+def test_every_hop_of_the_fleet_sends_one_request_at_a_time() -> None:
+    """Issue 31 (Done when): a backlog (the backend or a jobs instance down, restarting) drains oldest first. With
+    several requests in flight it arrives out of order: Prometheus refuses a series' point older than its last
+    ("out of order sample", the whole remote write request dropped), and the jobs processor skips a GPU's window
+    at or before its last one (tests/test_fleet_e2e.py::
+    test_the_documented_fleet_loses_no_point_through_outages_and_a_killed_jobs_instance saw both)."""
+    node = yaml.safe_load((CONFIGS / "fleet-node.yaml").read_text())["exporters"]
+    jobs = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())["exporters"]
+    gateway = yaml.safe_load((CONFIGS / "otelcol-gateway.yaml").read_text())["exporters"]
+    agent = yaml.safe_load(one(fleet_objects(), "ConfigMap", "agent")["data"]["config.yaml"])["exporters"]
+    chart_jobs = yaml.safe_load(one(fleet_objects(), "ConfigMap", "jobs")["data"]["config.yaml"])["exporters"]
+    relay = yaml.safe_load(one(fleet_objects(), "ConfigMap", "gateway")["data"]["relay.yaml"])["exporters"]
+    queues = {"fleet-node.yaml otlp/backend": node["otlp/backend"]["sending_queue"],
+              "fleet-node.yaml otlp/gateway": node["otlp/gateway"]["sending_queue"],
+              "fleet-jobs.yaml otlp/backend": jobs["otlp/backend"]["sending_queue"],
+              "otelcol-gateway.yaml": gateway["load_balancing/jobs"]["protocol"]["otlp"]["sending_queue"],
+              "chart agent otlp": agent["otlp"]["sending_queue"],
+              "chart agent otlp/gateway": agent["otlp/gateway"]["sending_queue"],
+              "chart jobs otlp": chart_jobs["otlp"]["sending_queue"],
+              "chart gateway": relay["load_balancing/jobs"]["protocol"]["otlp"]["sending_queue"]}
+    assert {where: queue.get("num_consumers") for where, queue in queues.items()} == dict.fromkeys(queues, 1)

@@ -139,6 +139,7 @@ exporters:
     sending_queue:
       enabled: true
       queue_size: {{ .Values.otlp.sendingQueue.queueSize }}
+      num_consumers: 1  # in order: the jobs processor skips a GPU's window at or before its last one
       {{- if .Values.otlp.sendingQueue.hostPath }}
       storage: /var/lib/otel-ofu/queue
       {{- end }}
@@ -159,6 +160,7 @@ exporters:
     sending_queue:
       enabled: true
       queue_size: {{ .Values.otlp.sendingQueue.queueSize }}
+      num_consumers: 1  # in order: the jobs processor skips a GPU's window at or before its last one
   {{- end }}
 service:
   telemetry:
@@ -239,7 +241,9 @@ service:
 {{- define "otel-ofu.gatewayDefaultConfig" -}}
 {{- /* The same pipelines as collector-config/otelcol-gateway.yaml (tests/test_fleet_configs.py), with
 the k8s or dns resolver for the jobs tier instead of a static list. */}}
-{{- $protocol := dict "otlp" (dict "timeout" "10s" "tls" (dict "insecure" true)) }}
+{{- /* One request at a time to each jobs instance: what waited while it restarted arrives in order (the jobs
+processor skips a GPU's window at or before its last one as a duplicate). */}}
+{{- $protocol := dict "otlp" (dict "timeout" "10s" "tls" (dict "insecure" true) "sending_queue" (dict "num_consumers" 1)) }}
 {{- if .Values.jobs.authSecretName }}
 {{- $_ := set $protocol.otlp "headers" (dict "authorization" "Bearer ${env:OFU_JOBS_TOKEN}") }}
 {{- end }}

@@ -292,6 +292,7 @@ retry_on_failure:
 sending_queue:
   enabled: true
   queue_size: {{ $o.sendingQueue.queueSize }}
+  num_consumers: 1  # in order: a backlog drains oldest first (a backend refuses a series' older point after a newer one)
   {{- with .storage }}
   storage: {{ . }}
   {{- end }}
