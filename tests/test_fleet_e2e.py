@@ -14,9 +14,11 @@ on whole minutes, so each request (one minute) closes its minute's bin of every 
 from __future__ import annotations
 
 import math
+import re
 import signal
 import time
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -32,10 +34,13 @@ from tests.e2e_util import (
     free_ports,
     otel_ofu_command,
     port_open,
+    prometheus3_binary,
+    read_points,
     require_alive,
     wait_for,
 )
 from tests.otlp_backends import GrpcBackend
+from tools.demo_prometheus import Prometheus
 from tools.fleet_sim import NodeTier
 
 CONFIGS = ROOT / "collector-config"
@@ -338,3 +343,269 @@ def test_the_shipped_node_tier_sends_each_gpu_window_to_the_backend_once(otelcol
     (start,) = {dict(e.attributes)[JOB_ID] for e in backend.events() if e.name == "ofu.job.start"}
     job_gpus = {dict(p.resource)[JOB_ID] for p in backend.collect() if p.name == "gpu.ofu"}
     assert start in job_gpus and "none" in job_gpus  # the idle GPU's series too, from the node
+
+
+# --- the documented fleet end to end: outages, a killed jobs instance, Prometheus 3 and the alerts ------
+
+SIM_ACCELERATION = 30  # simulated seconds per wall second: a 10 s window every third of a second
+SIM_WINDOW_S = 10  # fleet-node.yaml's collection_interval, fleet-jobs.yaml's default_interval
+RULES = [ROOT / "deploy" / "prometheus" / f"otel-ofu.{kind}.yml" for kind in ("rules", "alerts")]
+# What gives data up: otel-ofu at ERROR (dropping items, a refusal), the Collectors' queue ("Exporting failed.
+# Dropping data.", after a permanent error such as Prometheus' 400 "out of order sample"). (The remote write
+# exporter also logs a retried 503 at error level: Prometheus starting.)
+DROP_LINE = re.compile(r" ERROR |Dropping data|Permanent error")
+
+
+def fleet_node_config(tmp_path: Path, record: Path, start: datetime, reference_port: int) -> Path:
+    """collector-config/fleet-node.yaml with the sim for its receiver (two nodes of four GPUs, a job on six of
+    them and a short one on one, time running SIM_ACCELERATION times faster from ``start``), its own metrics
+    every 2 s instead of 30 s, and beside its two OTLP exporters a file exporter (the record of what it made) and
+    a third OTLP one, as the gateway's, to a reference jobs instance that nothing interrupts."""
+    config = yaml.safe_load((CONFIGS / "fleet-node.yaml").read_text())
+    assert config["receivers"]["dcgm_exporter"]["collection_interval"] == f"{SIM_WINDOW_S}s"
+    config["receivers"] = {
+        "sim": {"nodes": 2, "gpus_per_node": 4, "time_acceleration": SIM_ACCELERATION,
+                "collection_interval": f"{SIM_WINDOW_S}s", "start_time": start.isoformat(),
+                "jobs": [{"id": "llm-pretrain", "scenario": "steady", "gpus": 6, "precision": "bf16"},
+                         {"id": "short-eval", "scenario": "steady", "gpus": 1, "duration": "8m"}]},
+        "selftelemetry": {"collection_interval": "2s"}}
+    config["exporters"]["file/record"] = {"path": str(record)}
+    config["exporters"]["otlp/reference"] = {**config["exporters"]["otlp/gateway"],
+                                             "endpoint": f"127.0.0.1:{reference_port}"}
+    metrics = config["service"]["pipelines"]["metrics"]
+    metrics["receivers"] = ["sim"]
+    metrics["exporters"] += ["file/record", "otlp/reference"]
+    path = tmp_path / "fleet-node.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def fleet_jobs_config(tmp_path: Path) -> Path:
+    """collector-config/fleet-jobs.yaml with its own metrics every 2 s, and a file exporter (${env:OFU_RECORD})
+    beside the backend's: the record of what each run of the instance made."""
+    config = yaml.safe_load((CONFIGS / "fleet-jobs.yaml").read_text())
+    assert config["processors"]["jobs"]["default_interval"] == f"{SIM_WINDOW_S}s"
+    config["receivers"]["selftelemetry"]["collection_interval"] = "2s"
+    config["exporters"]["file/record"] = {"path": "${env:OFU_RECORD}"}
+    config["service"]["pipelines"]["metrics"]["exporters"].append("file/record")
+    path = tmp_path / "fleet-jobs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def recorded(paths: list[Path], name: str, key) -> dict[tuple, set[float]]:
+    """The values each key of ``name``'s points took in the records (two values for one key: a re-sent
+    window that changed)."""
+    out: dict[tuple, set[float]] = defaultdict(set)
+    for path in paths:
+        for p in read_points(path):
+            if p.name == name:
+                out[key(p)].add(p.value)
+    return out
+
+
+def stored(api: Prometheus, series: str, key, at: float, span_s: float) -> dict[tuple, float]:
+    """Every raw sample of ``series`` Prometheus holds in the ``span_s`` seconds up to ``at``, by ``key``."""
+    out = {}
+    for s in api.query(f"{series}[{int(span_s)}s]", at):
+        for t, v in s["values"]:
+            out[key(s["metric"], round(float(t) * 1000))] = float(v)
+    return out
+
+
+def test_the_documented_fleet_loses_no_point_through_outages_and_a_killed_jobs_instance(otelcol, tmp_path, processes,
+                                                                                      request):
+    """Issue 31 (Done when, and item 2): the fleet of docs/fleet.md with its shipped configs, the real Collector
+    and a real Prometheus 3 with the shipped rules and alerts evaluated every second: node agent (fleet-node.yaml,
+    the sim for its receiver) -> gateway (otelcol-gateway.yaml) -> jobs instance (fleet-jobs.yaml), node and jobs
+    -> backend Collector (otelcol-backend-prometheus.yaml) -> Prometheus 3's remote write receiver.
+
+    Prometheus goes down for longer than a remote write request's default deadline (the Collector keeps what it
+    accepted); then the backend Collector goes down (otel-ofu keeps its outputs in its queues on disk) and
+    meanwhile the jobs instance is killed (SIGKILL) and restarted on its state. When all is back: every gpu.ofu
+    and job.ofu point the node and the jobs instance made (their file records) is in Prometheus with the value
+    made, the same as a jobs instance fed the node's points directly and never interrupted (so no input was lost
+    on the way either), each job's 5m OFU has every minute, nothing was dropped (otel-ofu's self-telemetry, the
+    logs), the job events went to the backend's logs pipeline, every rule evaluated without error and no alert
+    fired."""
+    prometheus = prometheus3_binary()
+    prom_port, backend_port, jobs_port, reference_port = free_ports(4)
+    api = Prometheus(f"http://127.0.0.1:{prom_port}")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"evaluation_interval": "1s"}, "rule_files": [str(p) for p in RULES]}))
+    runs = {"prometheus": 0, "backend": 0, "jobs": 0}
+
+    def start(name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
+        runs[name] = runs.get(name, 0) + 1
+        proc = Process(name, args, tmp_path / f"{name}-{runs[name]}.log", env)
+        processes.append(proc)
+        return proc
+
+    def diagnostics() -> str:
+        return "\n".join(p.tail() for p in processes)
+
+    def start_prometheus() -> Process:
+        proc = start("prometheus", [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                    f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.enable-remote-write-receiver",
+                                    f"--web.listen-address=127.0.0.1:{prom_port}"])
+        wait_for("Prometheus to be ready", lambda: require_alive(*processes) or api.ready(), diagnostics=diagnostics)
+        return proc
+
+    def start_backend() -> Process:
+        proc = start("backend", [otelcol, f"--config=file:{CONFIGS / 'otelcol-backend-prometheus.yaml'}"],
+                     {"OFU_BACKEND_GRPC_ENDPOINT": f"127.0.0.1:{backend_port}",
+                      "OFU_PROMETHEUS_WRITE_URL": f"http://127.0.0.1:{prom_port}/api/v1/write"})
+        wait_for("the backend Collector", lambda: require_alive(*processes) or port_open(backend_port),
+                 diagnostics=diagnostics)
+        return proc
+
+    jobs_config = fleet_jobs_config(tmp_path)
+    jobs_records: list[Path] = []
+
+    def start_jobs() -> Process:
+        jobs_records.append(tmp_path / f"jobs-record-{len(jobs_records) + 1}.jsonl")
+        proc = start("jobs", otel_ofu_command(jobs_config),
+                     {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{jobs_port}", "OFU_STATE_DIR": str(tmp_path / "jobs-state"),
+                      "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{backend_port}", "OFU_RECORD": str(jobs_records[-1])})
+        wait_for("the jobs instance", lambda: require_alive(*processes) or port_open(jobs_port),
+                 diagnostics=diagnostics)
+        return proc
+
+    def stop(proc: Process) -> None:
+        assert proc.stop() == 0, proc.tail()
+        processes.remove(proc)
+
+    node_record = tmp_path / "node-record.jsonl"
+    reference_record = tmp_path / "reference-record.jsonl"
+    reference_sink = Sink().start()
+    request.addfinalizer(reference_sink.stop)
+
+    seen: dict = {"offset": 0, "windows": set()}
+
+    def node_windows() -> int:
+        """How many windows of its first GPU the node has made so far (the record read on from where the last
+        call stopped: it grows to megabytes)."""
+        if node_record.exists():
+            with open(node_record, "rb") as f:
+                f.seek(seen["offset"])
+                text = f.read()
+            whole = text[:text.rfind(b"\n") + 1]
+            seen["offset"] += len(whole)
+            for line in whole.decode().splitlines():
+                if not line.startswith('{"resourceMetrics"'):
+                    continue
+                seen["windows"] |= {p.time_unix_nano for p in otlp.from_request(otlp.from_json_line(line))
+                                    if p.name == "gpu.ofu" and dict(p.resource)["gpu.index"] == "0"
+                                    and dict(p.resource)["host.name"].endswith("0")}
+        return len(seen["windows"])
+
+    def node_makes(windows: int) -> None:
+        """Wait until the node has made ``windows`` more windows (simulated time moving on)."""
+        target = node_windows() + windows
+        wait_for(f"the node to make {windows} more windows", lambda: require_alive(*processes) or
+                 node_windows() >= target, timeout=120, interval=0.5, diagnostics=diagnostics)
+
+    prom = start_prometheus()
+    backend = start_backend()
+    jobs = start_jobs()
+    gateway = start_gateway(otelcol, tmp_path, [jobs_port], processes)
+    reference = start("reference", otel_ofu_command(jobs_config),
+                      {"OFU_JOBS_GRPC_ENDPOINT": f"127.0.0.1:{reference_port}",
+                       "OFU_STATE_DIR": str(tmp_path / "reference-state"),
+                       "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{reference_sink.port}", "OFU_RECORD": str(reference_record)})
+    wait_for("the reference jobs instance", lambda: require_alive(*processes) or port_open(reference_port),
+             diagnostics=diagnostics)
+    # Simulated time ends about now: Prometheus keeps what is within an hour of its newest sample.
+    sim_start = datetime.now(UTC) - timedelta(minutes=40)
+    node = start("node", otel_ofu_command(fleet_node_config(tmp_path, node_record, sim_start, reference_port)),
+                 {"OFU_GATEWAY_ENDPOINT": f"127.0.0.1:{gateway}", "OFU_BACKEND_ENDPOINT": f"127.0.0.1:{backend_port}",
+                  "OFU_QUEUE_DIR": str(tmp_path / "node-queue")})
+    wait_for("the jobs' OFU in Prometheus", lambda: require_alive(*processes) or api.query(
+        'job_ofu{ofu_job_id="llm-pretrain", ofu_window="5m"}[1h]', time.time()),
+        timeout=120, interval=0.5, diagnostics=diagnostics)
+
+    # Prometheus down for longer than a remote write request's default deadline (5 s): the Collector retries.
+    stop(prom)
+    node_makes(8 * 60 // SIM_WINDOW_S)  # eight simulated minutes: 16 s
+    prom = start_prometheus()
+    node_makes(60 // SIM_WINDOW_S)
+    # The backend Collector down (it sends what it holds first): the node and the jobs instance queue on disk;
+    # meanwhile the jobs instance dies without a word and comes back on its state.
+    stop(backend)
+    node_makes(2 * 60 // SIM_WINDOW_S)
+    jobs.proc.send_signal(signal.SIGKILL)
+    jobs.proc.wait(10)
+    processes.remove(jobs)
+    node_makes(60 // SIM_WINDOW_S)
+    jobs = start_jobs()
+    node_makes(2 * 60 // SIM_WINDOW_S)
+    backend = start_backend()
+    node_makes(3 * 60 // SIM_WINDOW_S)
+    stop(node)  # its queues drain before it exits
+
+    def gpu_key(p: MetricPoint) -> tuple:
+        return dict(p.resource)["hw.id"], p.time_unix_nano // 10**6
+
+    def job_key(p: MetricPoint) -> tuple:
+        return dict(p.resource)[JOB_ID], dict(p.attributes)["ofu.window"], p.time_unix_nano // 10**6
+
+    gpus_made = recorded([node_record], "gpu.ofu", gpu_key)
+    jobs_made = recorded(jobs_records, "job.ofu", job_key)
+    # Queries at the end of simulated time or now, whichever is later (a loaded machine runs the sim ahead).
+    end = max(time.time(), max(t for _, t in gpus_made) / 1000) + 1
+    span_s = end - sim_start.timestamp() + 600
+
+    def in_prometheus() -> tuple[dict, dict]:
+        return (stored(api, "gpu_ofu", lambda m, t: (m["hw_id"], t), end, span_s),
+                stored(api, "job_ofu", lambda m, t: (m["ofu_job_id"], m["ofu_window"], t), end, span_s))
+
+    def everything_stored() -> tuple[dict, dict] | None:
+        gpus, jobs_ofu = in_prometheus()
+        return (gpus, jobs_ofu) if gpus_made.keys() <= gpus.keys() and jobs_made.keys() <= jobs_ofu.keys() else None
+
+    def missing() -> str:
+        gpus, jobs_ofu = in_prometheus()
+        return (f"gpu_ofu missing {sorted(gpus_made.keys() - gpus.keys())[:10]}; "
+                f"job_ofu missing {sorted(jobs_made.keys() - jobs_ofu.keys())[:10]}\n{diagnostics()}")
+
+    gpus, jobs_ofu = wait_for("every point the node and the jobs instance made to be in Prometheus",
+                              everything_stored, timeout=120, interval=1, diagnostics=missing)
+
+    # Each point once, with the value made (a window made twice with two values: the restart changed it).
+    assert len(gpus_made) == 8 * node_windows() and all(len(v) == 1 for v in gpus_made.values())
+    assert {k: next(iter(v)) for k, v in gpus_made.items()} == {k: gpus[k] for k in gpus_made}
+    assert {k: v for k, v in jobs_made.items() if len(v) > 1} == {}
+    assert {k: next(iter(v)) for k, v in jobs_made.items()} == {k: jobs_ofu[k] for k in jobs_made}
+    # What the jobs instance made through the outages and the kill is what the reference made.
+    stop(reference)
+    made_there = recorded([reference_record], "job.ofu", job_key)
+    assert made_there.keys() == jobs_made.keys()
+    assert_close({k: jobs_ofu[k] for k in made_there}, {k: next(iter(v)) for k, v in made_there.items()}, "job.ofu")
+    # Each GPU's windows and each job's minutes without a gap, through the outages and the kill.
+    for hw_id in {hw for hw, _ in gpus_made}:
+        times = sorted(t for hw, t in gpus if hw == hw_id)
+        assert times == list(range(times[0], times[-1] + 1, SIM_WINDOW_S * 1000)), hw_id
+    minutes = sorted(t for job, window, t in jobs_ofu if job == "llm-pretrain" and window == "5m")
+    assert len(minutes) >= 20 and minutes == list(range(minutes[0], minutes[-1] + 1, 60_000))
+    assert {"llm-pretrain", "short-eval"} <= {job for job, _, _ in jobs_ofu}
+
+    # Nothing dropped: otel-ofu's own counters (each run's), and no drop or refusal in any log.
+    for counter in ("otel_ofu_exporter_dropped_total", "otel_ofu_pipeline_dropped_total"):
+        assert api.query(f"max_over_time({counter}[{int(span_s)}s]) > 0", end) == [], counter
+    assert api.query(f"otel_ofu_exporter_sent_total[{int(span_s)}s]", end)  # the counters did arrive
+    for log in sorted(tmp_path.glob("*.log")):
+        errors = [line for line in log.read_text(errors="replace").splitlines() if DROP_LINE.search(line)]
+        assert errors == [], (log.name, errors[:5])
+    # The job events reached the backend's logs pipeline (the Collector's log, Prometheus stores none).
+    backend_log = "".join(path.read_text(errors="replace") for path in sorted(tmp_path.glob("backend-*.log")))
+    assert "ofu.job.start" in backend_log and "ofu.job.end" in backend_log
+
+    # The shipped rules evaluated without error (the recording rules' groups every minute: maybe not yet since
+    # Prometheus came back), every alert every second, and no alert fired (OtelOfuDroppingData has no `for`).
+    rules = [r for g in api._get("/api/v1/rules", {})["groups"] for r in g["rules"]]
+    assert [(r["name"], r.get("lastError")) for r in rules if r["health"] == "err"] == []
+    alerts = {r["name"]: r["health"] for r in rules if r["type"] == "alerting"}
+    assert "OtelOfuDroppingData" in alerts and set(alerts.values()) == {"ok"}, alerts
+    fired = api.query(f"ALERTS{{alertstate='firing'}}[{int(span_s)}s]", end)
+    assert fired == [], [s["metric"] for s in fired]
+    assert api.query(f"ALERTS{{alertname='OtelOfuDroppingData'}}[{int(span_s)}s]", end) == []
