@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from otel_ofu.core.exact import exact, to_float
 from otel_ofu.core.values import TPA_TOLERANCE, clean, clean_ratio
 
 # The steps of the chain, top to bottom, then the two below TPA.
@@ -308,12 +309,27 @@ class LossTotals:
 
     ``seconds`` is the GPU time with an account; the part seconds add up to it. Causes are
     kept as seconds x share per (part, cause), so the dominant cause of a part is the one
-    behind most of its loss.
+    behind most of its loss. Every sum is exact (core.exact): the same windows give the same
+    bits in any order, and one account can be taken from another exactly (:meth:`subtract`).
     """
 
-    seconds: float = 0.0
-    part_seconds: dict[str, float] = field(default_factory=dict)
-    cause_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+    exact_seconds: int = 0
+    exact_parts: dict[str, int] = field(default_factory=dict)
+    exact_causes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return to_float(self.exact_seconds)
+
+    @property
+    def part_seconds(self) -> dict[str, float]:
+        """Each part's GPU seconds (seconds x share)."""
+        return {part: to_float(count) for part, count in self.exact_parts.items()}
+
+    @property
+    def cause_seconds(self) -> dict[tuple[str, str], float]:
+        """Each (part, cause)'s GPU seconds."""
+        return {key: to_float(count) for key, count in self.exact_causes.items()}
 
     def add(self, account: LossAccount, seconds: float) -> None:
         self.add_parts(account.parts, account.ofu, seconds,
@@ -324,45 +340,69 @@ class LossTotals:
         """One window given as parts (what the ``gpu.ofu.loss`` points of a window say)."""
         if seconds <= 0:
             return
-        self.seconds += seconds
-        totals = self.part_seconds
+        self.exact_seconds += exact(seconds)
+        totals = self.exact_parts
         for part, share in parts:
-            totals[part] = totals.get(part, 0.0) + share * seconds
+            count = exact(share * seconds)
+            totals[part] = totals.get(part, 0) + count
             cause = causes.get(part) if causes else None
             if cause is not None:
                 key = (part, cause)
-                self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + share * seconds
-        totals[USEFUL] = totals.get(USEFUL, 0.0) + ofu * seconds
+                self.exact_causes[key] = self.exact_causes.get(key, 0) + count
+        totals[USEFUL] = totals.get(USEFUL, 0) + exact(ofu * seconds)
 
     def add_unallocated(self, seconds: float) -> None:
         """GPU time no job held: all of it is the part ``unallocated`` (fleet level)."""
         if seconds <= 0:
             return
-        self.seconds += seconds
-        self.part_seconds[UNALLOCATED] = self.part_seconds.get(UNALLOCATED, 0.0) + seconds
+        count = exact(seconds)
+        self.exact_seconds += count
+        self.exact_parts[UNALLOCATED] = self.exact_parts.get(UNALLOCATED, 0) + count
 
     def merge(self, other: LossTotals, factor: float = 1.0) -> None:
-        """Add ``other`` (times ``factor``: the share of it that counts, e.g. part of a bin)."""
-        self.seconds += other.seconds * factor
-        for part, value in other.part_seconds.items():
-            self.part_seconds[part] = self.part_seconds.get(part, 0.0) + value * factor
-        for key, value in other.cause_seconds.items():
-            self.cause_seconds[key] = self.cause_seconds.get(key, 0.0) + value * factor
+        """Add ``other`` (times ``factor``: the share of it that counts, e.g. part of a bin).
+
+        With a factor each of its sums is read back, scaled and added as one term: the same in
+        any order of merging too.
+        """
+        if factor == 1.0:
+            self.exact_seconds += other.exact_seconds
+            for part, count in other.exact_parts.items():
+                self.exact_parts[part] = self.exact_parts.get(part, 0) + count
+            for key, count in other.exact_causes.items():
+                self.exact_causes[key] = self.exact_causes.get(key, 0) + count
+            return
+        self.exact_seconds += exact(to_float(other.exact_seconds) * factor)
+        for part, count in other.exact_parts.items():
+            self.exact_parts[part] = self.exact_parts.get(part, 0) + exact(to_float(count) * factor)
+        for key, count in other.exact_causes.items():
+            self.exact_causes[key] = self.exact_causes.get(key, 0) + exact(to_float(count) * factor)
+
+    def subtract(self, other: LossTotals) -> None:
+        """Take ``other`` out again, exactly (a job's life account without its bins still open)."""
+        self.exact_seconds -= other.exact_seconds
+        for part, count in other.exact_parts.items():
+            self.exact_parts[part] = self.exact_parts.get(part, 0) - count
+        for key, count in other.exact_causes.items():
+            self.exact_causes[key] = self.exact_causes.get(key, 0) - count
+
+    def copy(self) -> LossTotals:
+        return LossTotals(self.exact_seconds, dict(self.exact_parts), dict(self.exact_causes))
 
     def shares(self) -> dict[str, float]:
         """Each part's share of the GPU time, in account order."""
-        if self.seconds <= 0:
+        seconds = self.seconds
+        if seconds <= 0:
             return {}
-        return {part: self.part_seconds[part] / self.seconds
-                for part in sorted(self.part_seconds, key=part_order)}
+        return {part: to_float(self.exact_parts[part]) / seconds for part in sorted(self.exact_parts, key=part_order)}
 
     def gpu_hours(self) -> dict[str, float]:
         """Each part in GPU-hours, in account order."""
-        return {part: self.part_seconds[part] / 3600.0 for part in sorted(self.part_seconds, key=part_order)}
+        return {part: to_float(self.exact_parts[part]) / 3600.0 for part in sorted(self.exact_parts, key=part_order)}
 
     def dominant_cause(self, part: str) -> str | None:
         """The cause behind most of a part's loss (the clock's reason, memory-bound or not)."""
-        found = [(value, cause) for (p, cause), value in self.cause_seconds.items() if p == part and value > 0]
+        found = [(count, cause) for (p, cause), count in self.exact_causes.items() if p == part and count > 0]
         return max(found)[1] if found else None
 
     def largest_loss(self) -> tuple[str, float] | None:

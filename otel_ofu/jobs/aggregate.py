@@ -4,6 +4,10 @@ Each GPU window is a segment [start, end] carrying one OFU value. A job's OFU ov
 interval is the GPU-time-weighted mean of the segments' overlap with it. Weighting by time
 rather than counting points keeps the mean right when windows are uneven (a 30 s scrape
 counts three times a 10 s one) and when a window straddles the interval's edge.
+
+Every sum is exact (core.exact) or taken with ``math.fsum``: the same windows give the same
+bits in whatever order they arrived, so a window the processor emits again (after a restart,
+a retried request) carries the value it had (docs/reliability.md, "Restarts").
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import bisect
 import math
 from array import array
 from dataclasses import dataclass
+
+from otel_ofu.core.exact import exact, to_float
 
 
 def window_label(seconds: float) -> str:
@@ -30,8 +36,10 @@ def window_label(seconds: float) -> str:
 class _Segment:
     start: float
     end: float
-    weight: float  # GPUs (1 per GPU window), or 1 for a job-level series such as reported MFU
-    weighted: float  # sum of value x weight
+    weight_count: int  # GPUs (1 per GPU window), or 1 for a job-level series such as reported MFU: exact
+    weighted_count: int  # sum of value x weight: exact
+    weight: float  # the two read back (core.exact.to_float)
+    weighted: float
 
 
 class TimeWeightedSeries:
@@ -53,23 +61,26 @@ class TimeWeightedSeries:
         return len(self._segments)
 
     def __getstate__(self) -> dict:
-        """For the jobs state on disk: the segments as one packed float array, not an object each.
+        """For the jobs state on disk: the segments' times as one packed float array and their sums as
+        one list of integers, not an object each.
 
         Why: an hour of a large job is hundreds of thousands of segments; pickling them as
         objects made a checkpoint cost seconds.
         """
         state = dict(self.__dict__)
         del state["_by_key"]
-        state["_segments"] = array("d", [x for s in self._segments for x in (s.start, s.end, s.weight, s.weighted)]
-                                   ).tobytes()
+        state["_segments"] = array("d", [x for s in self._segments for x in (s.start, s.end)]).tobytes()
+        state["_counts"] = [x for s in self._segments for x in (s.weight_count, s.weighted_count)]
         return state
 
     def __setstate__(self, state: dict) -> None:
         packed = array("d")
         packed.frombytes(state.pop("_segments"))
+        counts = iter(state.pop("_counts"))
         self.__dict__.update(state)
-        values = iter(packed)
-        self._segments = [_Segment(*segment) for segment in zip(values, values, values, values)]
+        times = iter(packed)
+        self._segments = [_Segment(start, end, weight, weighted, to_float(weight), to_float(weighted))
+                          for start, end, weight, weighted in zip(times, times, counts, counts)]
         self._by_key = {(s.start, s.end): s for s in self._segments}
 
     def add(self, start: float, end: float, value: float, weight: float = 1.0) -> None:
@@ -77,11 +88,15 @@ class TimeWeightedSeries:
             raise ValueError(f"a segment needs end > start, got [{start}, {end}]")
         key = (start, end)
         segment = self._by_key.get(key)
+        weight_count, weighted_count = exact(weight), exact(value * weight)
         if segment is not None:
-            segment.weight += weight
-            segment.weighted += value * weight
+            segment.weight_count += weight_count
+            segment.weighted_count += weighted_count
+            segment.weight = to_float(segment.weight_count)
+            segment.weighted = to_float(segment.weighted_count)
         else:
-            segment = _Segment(start, end, weight, value * weight)
+            segment = _Segment(start, end, weight_count, weighted_count, to_float(weight_count),
+                               to_float(weighted_count))
             self._by_key[key] = segment
             bisect.insort(self._segments, segment, key=lambda s: s.end)
         self.first_start = min(self.first_start, start)
@@ -101,16 +116,19 @@ class TimeWeightedSeries:
         """(integral of value x weight dt, integral of weight dt) over [a, b].
 
         For OFU: (OFU GPU-seconds, GPU-seconds). For FLOP/s with weight 1: (FLOP, GPU-seconds).
+        Summed with ``math.fsum``: the same in any order of the segments (those ending together
+        are kept in the order they came).
         """
-        value_time = weight_time = 0.0
+        value_times: list[float] = []
+        weight_times: list[float] = []
         i = bisect.bisect_right(self._segments, a, key=lambda s: s.end)
         for segment in self._segments[i:]:
             overlap = min(segment.end, b) - max(segment.start, a)
             if overlap <= 0:
                 continue
-            value_time += segment.weighted * overlap
-            weight_time += segment.weight * overlap
-        return value_time, weight_time
+            value_times.append(segment.weighted * overlap)
+            weight_times.append(segment.weight * overlap)
+        return math.fsum(value_times), math.fsum(weight_times)
 
     def next_data(self, t: float) -> float | None:
         """The earliest time at or after ``t`` that a segment covers; None when none reaches past ``t``.
@@ -130,7 +148,7 @@ class TimeWeightedSeries:
 class WeightedHistogram:
     """Values weighted by time in fixed-width buckets: bounded memory, quantiles to a bucket.
 
-    Values outside [low, high) are clamped to the edge buckets.
+    Values outside [low, high) are clamped to the edge buckets. The weights are exact sums (core.exact).
     """
 
     def __init__(self, width: float = 0.001, low: float = 0.0, high: float = 1.5):
@@ -138,8 +156,12 @@ class WeightedHistogram:
             raise ValueError("need width > 0 and high > low")
         self.width, self.low, self.high = width, low, high
         self._last = int(round((high - low) / width)) - 1
-        self._weights: dict[int, float] = {}
-        self.total = 0.0
+        self._weights: dict[int, int] = {}  # bucket -> exact weight
+        self.exact_total = 0
+
+    @property
+    def total(self) -> float:
+        return to_float(self.exact_total)
 
     def add(self, value: float, weight: float) -> None:
         if weight <= 0 or math.isnan(value):
@@ -148,65 +170,95 @@ class WeightedHistogram:
         if not math.isfinite(position):  # a huge value (1e308) overflows: it falls in an edge bin (found fuzzing)
             position = 0.0 if position < 0 else float(self._last)
         index = min(self._last, max(0, math.floor(position)))
-        self._weights[index] = self._weights.get(index, 0.0) + weight
-        self.total += weight
+        count = exact(weight)
+        self._weights[index] = self._weights.get(index, 0) + count
+        self.exact_total += count
 
     def merge(self, other: WeightedHistogram) -> None:
         if (other.width, other.low, other.high) != (self.width, self.low, self.high):
             raise ValueError("histograms differ in their buckets")
-        for index, weight in other._weights.items():
-            self._weights[index] = self._weights.get(index, 0.0) + weight
-        self.total += other.total
+        for index, count in other._weights.items():
+            self._weights[index] = self._weights.get(index, 0) + count
+        self.exact_total += other.exact_total
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0..1), interpolated linearly inside its bucket; None when empty."""
         if not 0 <= q <= 1:
             raise ValueError("q must be within [0, 1]")
-        if self.total <= 0:
+        if self.exact_total <= 0:
             return None
-        target = q * self.total
-        cumulative = 0.0
+        target = exact(q * self.total)
+        cumulative = 0
         for index in sorted(self._weights):
-            weight = self._weights[index]
-            if cumulative + weight >= target:
-                inside = (target - cumulative) / weight
+            count = self._weights[index]
+            if cumulative + count >= target and count > 0:
+                inside = to_float(target - cumulative) / to_float(count)
                 return self.low + (index + inside) * self.width
-            cumulative += weight
+            cumulative += count
         return self.low + (max(self._weights) + 1) * self.width
 
     def buckets(self, width: float | None = None) -> list[tuple[float, float]]:
         """(left edge, weight) per non-empty bucket, re-binned to ``width`` (a multiple of ours)."""
         factor = max(1, round((width or self.width) / self.width))
-        out: dict[int, float] = {}
-        for index, weight in self._weights.items():
-            out[index // factor] = out.get(index // factor, 0.0) + weight
-        return [(self.low + k * factor * self.width, w) for k, w in sorted(out.items())]
+        out: dict[int, int] = {}
+        for index, count in self._weights.items():
+            out[index // factor] = out.get(index // factor, 0) + count
+        return [(self.low + k * factor * self.width, to_float(w)) for k, w in sorted(out.items())]
 
 
 @dataclass
 class JobTotals:
-    """A job's life so far: GPU time, OFU x GPU time, waste and FLOPs."""
+    """A job's life so far: GPU time, OFU x GPU time, waste and FLOPs, as exact sums (core.exact): the same
+    windows give the same bits in any order, and :meth:`subtract` takes some out again exactly."""
 
-    gpu_seconds: float = 0.0
-    ofu_gpu_seconds: float = 0.0
-    wasted_gpu_seconds: float = 0.0
-    flop: float = 0.0
-    flop_gpu_seconds: float = 0.0  # the GPU time whose FLOPs are known (precision known)
+    exact_gpu_seconds: int = 0
+    exact_ofu_gpu_seconds: int = 0
+    exact_wasted_gpu_seconds: int = 0
+    exact_flop: int = 0
+    exact_flop_gpu_seconds: int = 0  # the GPU time whose FLOPs are known (precision known)
 
     def add(self, seconds: float, ofu: float, flops_per_s: float | None = None) -> None:
         """One GPU window. Waste is GPU time x (1 - OFU), not clamped: exactly what the window's loss parts
         add up to, so a window above OFU 1 (the SM clock boosting above f_ref: a negative clock part, a
         gain) wastes less than nothing (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
-        self.gpu_seconds += seconds
-        self.ofu_gpu_seconds += ofu * seconds
-        self.wasted_gpu_seconds += seconds * (1.0 - ofu)
+        self.exact_gpu_seconds += exact(seconds)
+        self.exact_ofu_gpu_seconds += exact(ofu * seconds)
+        self.exact_wasted_gpu_seconds += exact(seconds * (1.0 - ofu))
         if flops_per_s is not None:
-            self.flop += flops_per_s * seconds
-            self.flop_gpu_seconds += seconds
+            self.exact_flop += exact(flops_per_s * seconds)
+            self.exact_flop_gpu_seconds += exact(seconds)
+
+    def merge(self, other: JobTotals, sign: int = 1) -> None:
+        """Add ``other`` exactly (``sign`` -1: take it out again)."""
+        self.exact_gpu_seconds += sign * other.exact_gpu_seconds
+        self.exact_ofu_gpu_seconds += sign * other.exact_ofu_gpu_seconds
+        self.exact_wasted_gpu_seconds += sign * other.exact_wasted_gpu_seconds
+        self.exact_flop += sign * other.exact_flop
+        self.exact_flop_gpu_seconds += sign * other.exact_flop_gpu_seconds
+
+    @property
+    def gpu_seconds(self) -> float:
+        return to_float(self.exact_gpu_seconds)
+
+    @property
+    def ofu_gpu_seconds(self) -> float:
+        return to_float(self.exact_ofu_gpu_seconds)
+
+    @property
+    def wasted_gpu_seconds(self) -> float:
+        return to_float(self.exact_wasted_gpu_seconds)
+
+    @property
+    def flop(self) -> float:
+        return to_float(self.exact_flop)
+
+    @property
+    def flop_gpu_seconds(self) -> float:
+        return to_float(self.exact_flop_gpu_seconds)
 
     @property
     def ofu_mean(self) -> float | None:
-        return self.ofu_gpu_seconds / self.gpu_seconds if self.gpu_seconds > 0 else None
+        return self.ofu_gpu_seconds / self.gpu_seconds if self.exact_gpu_seconds > 0 else None
 
     @property
     def gpu_hours(self) -> float:
@@ -218,7 +270,17 @@ class JobTotals:
 
     @property
     def flops_known(self) -> bool:
-        return self.flop_gpu_seconds > 0
+        return self.exact_flop_gpu_seconds > 0
+
+
+def bin_pieces(start: float, end: float, resolution: float) -> list[tuple[int, float]]:
+    """The bins of ``resolution`` seconds that ``[start, end]`` overlaps, each with the overlap (seconds)."""
+    pieces = []
+    for k in range(math.floor(start / resolution), math.floor((end - 1e-9) / resolution) + 1):
+        overlap = min(end, (k + 1) * resolution) - max(start, k * resolution)
+        if overlap > 0:
+            pieces.append((k, overlap))
+    return pieces
 
 
 def segment_start(t: float, previous_end: float | None, previous_interval: float | None, default_interval: float,

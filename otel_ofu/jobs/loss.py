@@ -19,6 +19,7 @@ from typing import Any
 
 from otel_ofu.core.loss import UNACCOUNTED, USEFUL, LossTotals, advice, part_title
 from otel_ofu.core.model import LOSS_CAUSE, LOSS_PART, Attributes, MetricPoint
+from otel_ofu.jobs.aggregate import bin_pieces
 from otel_ofu.pipeline.caches import Cache
 
 LOSS_METRIC = "gpu.ofu.loss"
@@ -81,20 +82,24 @@ class LossBins:
         self._keep = max(1, math.ceil(retention_s / resolution) + 2)
         self.bins: dict[int, LossTotals] = {}
 
-    def add(self, start: float, end: float, parts: Parts | None, ofu: float, weight: float = 1.0) -> None:
-        res = self.resolution
-        first, last = math.floor(start / res), math.floor((end - 1e-9) / res)
-        for k in range(first, last + 1):
-            overlap = min(end, (k + 1) * res) - max(start, k * res)
-            if overlap > 0:
-                totals = self.bins.get(k)
-                if totals is None:
-                    totals = self.bins[k] = LossTotals()
-                add_window(totals, parts, ofu, overlap * weight)
+    def add(self, start: float, end: float, parts: Parts | None, ofu: float, weight: float = 1.0
+            ) -> list[tuple[int, float, LossTotals]]:
+        """One window, split at bin edges; returns each bin's piece of it: its GPU seconds and account."""
+        pieces = []
+        for k, overlap in bin_pieces(start, end, self.resolution):
+            piece = LossTotals()
+            seconds = overlap * weight
+            add_window(piece, parts, ofu, seconds)
+            totals = self.bins.get(k)
+            if totals is None:
+                totals = self.bins[k] = LossTotals()
+            totals.merge(piece)
+            pieces.append((k, seconds, piece))
         newest = max(self.bins)
         if len(self.bins) > self._keep:
             for k in [k for k in self.bins if k <= newest - self._keep]:
                 del self.bins[k]
+        return pieces
 
     def between(self, a: float, b: float) -> LossTotals:
         """The account of [a, b] (bins overlapping it; a bin cut by the interval counts by its share)."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from otel_ofu.core.model import Attributes, MetricPoint
 
-STATE_VERSION = 3  # 3: GPUs are keyed by core.model.gpu_key (before: their resource without job identity)
+STATE_VERSION = 4  # 4: sums kept exact (core.exact) and bins not closed yet apart; 3: GPUs keyed by core.model.gpu_key
 _FRAME = struct.Struct("<II")  # payload length, crc32
 _MAGIC = b"OFUJOBS1"
 _SNAPSHOT_MODULES = ("otel_ofu.jobs.", "otel_ofu.pipeline.config")

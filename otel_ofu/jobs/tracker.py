@@ -2,6 +2,12 @@
 
 :class:`otel_ofu.jobs.book.JobBook` keeps one :class:`JobTracker` per ``ofu.job.id`` and feeds
 it GPU windows and reported MFU; the tracker closes the job's bins and evaluates each.
+
+A bin's values are a pure function of the windows it was closed with: every sum is exact
+(core.exact), so their order does not matter, and the life values stamped at a bin's end count
+the job's time up to that end only. A window that reaches past it (it came in the batch that
+closed the bin, or that batch held the next windows too) counts in the next bin's life values
+for that part: how requests happened to be cut does not change what is emitted.
 """
 
 from __future__ import annotations
@@ -11,14 +17,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_ofu.core import specs
+from otel_ofu.core.exact import exact, to_float
 from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import Attributes, GpuKey
-from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, window_label
+from otel_ofu.jobs.aggregate import JobTotals, TimeWeightedSeries, WeightedHistogram, bin_pieces, window_label
 from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
-from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part
+from otel_ofu.jobs.loss import LossBins, Parts, grown_part
 from otel_ofu.jobs.regression import RegressionDetector
 
 LIFE = "life"
@@ -65,6 +72,21 @@ class JobSummary:
     loss: LossTotals = field(default_factory=LossTotals)  # its loss account over its life (core.loss)
 
 
+@dataclass
+class _OpenBin:
+    """What a bin not closed yet holds of a job's life sums, so that a snapshot can leave it out exactly."""
+
+    totals: JobTotals = field(default_factory=JobTotals)
+    loss: LossTotals = field(default_factory=LossTotals)
+    exact_mfu_seconds: int = 0
+    exact_mfu_weighted: int = 0
+
+
+def _mean(weighted: int, seconds: int) -> float | None:
+    """A time-weighted mean from two exact sums (core.exact); None without time."""
+    return to_float(weighted) / to_float(seconds) if seconds > 0 else None
+
+
 class JobTracker:
     """One job: its series, life totals, per-bin evaluation and its two detectors."""
 
@@ -78,9 +100,10 @@ class JobTracker:
         self.ofu = TimeWeightedSeries(retention)
         self.flops = TimeWeightedSeries(retention)
         self.mfu = TimeWeightedSeries(retention)
+        # Life sums, everything so far (exact: core.exact); the bins not closed yet hold their own part of them.
         self.totals = JobTotals()
-        self.mfu_seconds = 0.0
-        self.mfu_weighted = 0.0
+        self.exact_mfu_seconds = 0
+        self.exact_mfu_weighted = 0
         self.histogram = WeightedHistogram()
         self.loss = LossTotals()  # the loss account over its life
         self.loss_bins = LossBins(float(config.resolution), retention)  # ... and by bin, for windows and findings
@@ -96,6 +119,7 @@ class JobTracker:
         self._res = float(config.resolution)
         self._next_bin: int | None = None
         self._bin_gpus: dict[int, set[GpuKey]] = {}
+        self._open: dict[int, _OpenBin] = {}  # bins not closed yet that hold some of the life sums
         self.audit = MfuAudit(config.audit, self._res)
         self.regression = RegressionDetector(config.regression, self._res)
         self.findings: list[Finding] = []
@@ -107,27 +131,45 @@ class JobTracker:
         ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
         ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
         seconds = (end - start) * weight
-        add_window(self.loss, loss, ofu, seconds)
-        self.loss_bins.add(start, end, loss, ofu, weight)
+        self._touch(start, end)
+        assert self._next_bin is not None
+        # Its life sums bin by bin, as the loss bins split it: a snapshot leaves out what the open bins hold.
+        for k, piece_seconds, piece_loss in self.loss_bins.add(start, end, loss, ofu, weight):
+            piece = JobTotals()
+            piece.add(piece_seconds, ofu, flops_per_s)
+            self.totals.merge(piece)
+            self.loss.merge(piece_loss)
+            if k >= self._next_bin:
+                open_bin = self._open.get(k)
+                if open_bin is None:
+                    open_bin = self._open[k] = _OpenBin()
+                open_bin.totals.merge(piece)
+                open_bin.loss.merge(piece_loss)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
         self.ofu.add(start, end, ofu, weight)
         if flops_per_s is not None:
             self.flops.add(start, end, flops_per_s, weight)
-        self.totals.add(seconds, ofu, flops_per_s)
         self.histogram.add(ofu, seconds)
         key = precision or specs.UNKNOWN_PRECISION
         self.precisions[key] = self.precisions.get(key, 0.0) + seconds
         self.gpus.add(gpu)
-        self._touch(start, end)
-        assert self._next_bin is not None
         for k in range(max(self._next_bin, math.floor(start / self._res)), math.floor((end - 1e-9) / self._res) + 1):
             self._bin_gpus.setdefault(k, set()).add(gpu)
 
     def add_mfu(self, start: float, end: float, value: float) -> None:
         self.mfu.add(start, end, value)
-        self.mfu_seconds += end - start
-        self.mfu_weighted += value * (end - start)
+        next_bin = self._next_bin if self._next_bin is not None else -math.inf
+        for k, overlap in bin_pieces(start, end, self._res):
+            seconds, weighted = exact(overlap), exact(value * overlap)
+            self.exact_mfu_seconds += seconds
+            self.exact_mfu_weighted += weighted
+            if k >= next_bin:
+                open_bin = self._open.get(k)
+                if open_bin is None:
+                    open_bin = self._open[k] = _OpenBin()
+                open_bin.exact_mfu_seconds += seconds
+                open_bin.exact_mfu_weighted += weighted
 
     def _touch(self, start: float, end: float) -> None:
         self.first_start = min(self.first_start, start)
@@ -141,8 +183,12 @@ class JobTracker:
         return job_key(self.job_id, self.run)
 
     @property
+    def mfu_seconds(self) -> float:
+        return to_float(self.exact_mfu_seconds)
+
+    @property
     def mfu_life(self) -> float | None:
-        return self.mfu_weighted / self.mfu_seconds if self.mfu_seconds > 0 else None
+        return _mean(self.exact_mfu_weighted, self.exact_mfu_seconds)
 
     def open_findings(self) -> list[Finding]:
         return [f for f in (self.audit.open, self.regression.open) if f is not None]
@@ -156,6 +202,8 @@ class JobTracker:
         while (self._next_bin + 1) * self._res <= self.last_end + 1e-9:
             k = self._next_bin
             self._next_bin += 1
+            for closed in [b for b in self._open if b <= k]:
+                del self._open[closed]  # its part of the life sums is now in the life values
             gpus = self._bin_gpus.pop(k, set())
             bin_end = (k + 1) * self._res
             bin_ofu = self.ofu.mean(k * self._res, bin_end)
@@ -166,6 +214,8 @@ class JobTracker:
                     self._next_bin = skip_to
                     for empty in [b for b in self._bin_gpus if b < skip_to]:
                         del self._bin_gpus[empty]
+                    for empty in [b for b in self._open if b < skip_to]:
+                        del self._open[empty]
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
@@ -209,7 +259,22 @@ class JobTracker:
         """The end of the job's newest MFU report (None before its first)."""
         return self.mfu.latest_end if self.mfu_seconds > 0 else None
 
+    def _life_through_closed_bins(self) -> tuple[JobTotals, LossTotals, int, int]:
+        """The life sums without what the bins not closed yet hold (exact): the job up to the last bin's end.
+
+        Returns (totals, loss account, exact MFU seconds, exact MFU x seconds).
+        """
+        totals, loss = replace(self.totals), self.loss.copy()
+        mfu_seconds, mfu_weighted = self.exact_mfu_seconds, self.exact_mfu_weighted
+        for open_bin in self._open.values():
+            totals.merge(open_bin.totals, -1)
+            loss.subtract(open_bin.loss)
+            mfu_seconds -= open_bin.exact_mfu_seconds
+            mfu_weighted -= open_bin.exact_mfu_weighted
+        return totals, loss, mfu_seconds, mfu_weighted
+
     def _snapshot(self, bin_end: float, gpus: int, bin_ofu: float) -> Snapshot:
+        totals, life, mfu_seconds, mfu_weighted = self._life_through_closed_bins()
         ofu: dict[str, float] = {}
         mfu: dict[str, float] = {}
         rate: dict[str, float] = {}
@@ -221,18 +286,16 @@ class JobTracker:
                 mfu[label] = value
             flop, _ = self.flops.integral(start, bin_end)
             span = bin_end - max(start, self.first_start)
-            if self.totals.flops_known and span > 0:
+            if totals.flops_known and span > 0:
                 rate[label] = flop / span
-        if self.totals.ofu_mean is not None:
-            ofu[LIFE] = self.totals.ofu_mean
-        if self.mfu_life is not None:
-            mfu[LIFE] = self.mfu_life
+        if totals.ofu_mean is not None:
+            ofu[LIFE] = totals.ofu_mean
+        if (mfu_life := _mean(mfu_weighted, mfu_seconds)) is not None:
+            mfu[LIFE] = mfu_life
         loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
-        life = LossTotals()
-        life.merge(self.loss)
         loss[LIFE] = life
         return Snapshot(self.job_id, bin_end, gpus, bin_ofu, self.mfu.mean(bin_end - self._res, bin_end), ofu, mfu,
-                        rate, replace(self.totals), self.regression.baseline, self.open_findings(), loss)
+                        rate, totals, self.regression.baseline, self.open_findings(), loss)
 
     def end(self, reason: str) -> tuple[JobSummary, list[Transition]]:
         """The job's summary; findings still open close with it."""
