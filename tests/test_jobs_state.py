@@ -83,6 +83,58 @@ def test_a_batch_sent_again_after_a_crash_is_not_counted_twice(windows, uninterr
     assert job_results([lost])[0] == job_results(after[:1])[0]
 
 
+def series_values(batches: list[Batch]) -> dict[tuple, set[str]]:
+    """Each job series at each timestamp: the values (exact bits) it was sent with."""
+    found: dict[tuple, set[str]] = {}
+    for b in batches:
+        for p in b.points:
+            if p.name.startswith("job."):
+                found.setdefault((p.name, p.resource, p.attributes, p.time_unix_nano), set()).add(p.value.hex())
+    return found
+
+
+CLOSES_A_BIN = 59  # window 59 ends at T0 + 600 s: it closes the tenth minute's bin
+
+
+def test_a_bin_made_before_a_crash_is_sent_again_as_it_was_never_made_from_other_data(windows, uninterrupted,
+                                                                                     tmp_path):
+    """Issue 31, item 1: the dead process's queue held a job's bin; the restarted one emitted that bin again
+    from other data, one value apart, and Prometheus refused the request (duplicate sample for timestamp).
+
+    The process works a batch that closes a bin (its outputs reach the exporters' disk queue) and is killed
+    before the exporters' mark. Its source polls (the sim, DCGM): that window never comes again, the next
+    one does. The batch was journaled before it went out, so the restart replays it (its bin stays closed)
+    and sends its outputs again with the values they had; no job series gets two values at one timestamp,
+    and nothing is lost.
+    """
+    first = processor(tmp_path)
+    before = outputs(first, windows[:CLOSES_A_BIN])
+    lost = first.process(Batch(points=list(windows[CLOSES_A_BIN])))  # queued by the exporters, then kill -9
+    assert any(p.name == "job.ofu" for p in lost.points)
+    first.state.close()
+    after = outputs(processor(tmp_path), windows[CLOSES_A_BIN + 1:])
+    sent = before + [lost] + after
+    assert {key: values for key, values in series_values(sent).items() if len(values) > 1} == {}
+    assert set(job_results(sent)[0]) == set(uninterrupted[0])
+    assert job_results([lost])[0] == job_results(after[:1])[0]  # sent again, as it was
+
+
+def test_outputs_to_send_again_survive_another_crash_and_go_out_at_shutdown(windows, tmp_path):
+    """Killed again before the restart got a batch: the next start still has them; a clean stop sends them."""
+    first = processor(tmp_path)
+    outputs(first, windows[:CLOSES_A_BIN])
+    lost = first.process(Batch(points=list(windows[CLOSES_A_BIN])))
+    first.state.close()
+    processor(tmp_path).state.close()  # started (a checkpoint), killed before its first batch
+    third = processor(tmp_path)
+    final = third.flush()  # a clean stop before any batch
+    assert final is not None and job_results([final])[0] == job_results([lost])[0]
+    third.shutdown()
+    fourth = processor(tmp_path)  # the export at shutdown has no mark: sent once more, the same
+    assert set(job_results(outputs(fourth, windows[CLOSES_A_BIN + 1:CLOSES_A_BIN + 2]))[0]) >= \
+        set(job_results([lost])[0])
+
+
 def test_shutdown_keeps_the_jobs_and_a_restart_continues_them(windows, uninterrupted, tmp_path):
     first = processor(tmp_path)
     before = outputs(first, windows[:120])
@@ -128,7 +180,7 @@ def test_a_snapshot_naming_a_foreign_class_is_refused(tmp_path):
     state = JobState(tmp_path, "x", "fp")
     state.checkpoint({"evil": pickle.loads(pickle.dumps(print))})  # builtins.print: not a jobs state class
     fresh = JobState(tmp_path, "x", "fp")
-    assert fresh.load() == (None, [])
+    assert fresh.load() == (None, [], ([], []))
 
 
 def test_storage_must_be_a_directory(tmp_path):

@@ -2,15 +2,19 @@
 
 Why: a jobs-tier instance killed (SIGKILL, OOM, node loss) and restarted must resume its jobs
 (lifetime aggregates, regression baselines, open findings) without losing or double counting
-what it had accepted. The processor journals the points it used from each batch *after* the
-batch's outputs reached its exporters (the sending queue, on disk in a jobs tier) and before
-the receiver acknowledges the request. So after a crash:
+what it had accepted, and must never emit a job's bin again with another value (a backend
+refuses a second value at a timestamp it holds). The processor journals each batch *before*
+its outputs go to the exporters (write-ahead): the points it used, and the job points and
+events it made of them. Once the exporters took the batch (the sending queue, on disk in a
+jobs tier) a mark says so. So after a crash:
 
-- a batch acknowledged is in the journal: replayed on start, its outputs not sent again
-  (they were queued before the journal entry was written);
-- a batch not acknowledged is sent again by the gateway; if it had been queued already its
-  outputs go out twice (the same points, the same times: a backend keeps one), and the jobs'
-  state counts its points once (a GPU's window at or before the last one seen is skipped).
+- every batch the processor worked is in the journal and replayed on start: its bins are closed
+  in the state and are never made again from other data;
+- a batch whose outputs have no mark may not have reached the exporters: its outputs are read
+  back from the journal and sent again, as they were (the same points, the same values: a
+  backend keeps one);
+- a batch the receiver had not acknowledged is sent again by the gateway; the jobs' state
+  counts its points once (a GPU's window already covered is skipped).
 
 The snapshot is written to a temporary file, synced and renamed over the old one (atomic),
 every ``checkpoint_interval`` or when the journal passes ``max_journal_bytes``; the journal then
@@ -35,7 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.core.model import Attributes, MetricPoint
+from otel_ofu.core.model import Attributes, Event, MetricPoint
 
 STATE_VERSION = 4  # 4: sums kept exact (core.exact) and bins not closed yet apart; 3: GPUs keyed by core.model.gpu_key
 _FRAME = struct.Struct("<II")  # payload length, crc32
@@ -43,6 +47,18 @@ _MAGIC = b"OFUJOBS1"
 _SNAPSHOT_MODULES = ("otel_ofu.jobs.", "otel_ofu.pipeline.config")
 _SNAPSHOT_CLASSES = frozenset({("otel_ofu.core.loss", "LossTotals")})  # a job's loss account (core.loss)
 _BUILTINS = frozenset({"set", "frozenset", "dict", "list", "tuple", "float", "int", "str", "bool", "complex"})
+
+
+# Journal records: a batch (its points, clock and outputs), outputs alone (a previous run's, to send
+# again), and the mark that the exporters took the outputs of every record before it.
+_BATCH, _OUTPUTS = "batch", "outputs"
+_EXPORTED = ("exported",)
+Outputs = tuple[list[MetricPoint], list[Event]]  # job points and events
+
+
+def _point(row: tuple, names: dict[int, str], resources: dict[int, Attributes]) -> MetricPoint:
+    n, v, t, r, a, u, m, s = row
+    return MetricPoint(names[n], v, t, resources[r], resources[a], u, m, s)
 
 
 class StateError(Exception):
@@ -96,8 +112,9 @@ class JobState:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def load(self) -> tuple[Any | None, list[tuple[float, list[MetricPoint]]]]:
-        """The saved book (None: start fresh) and the journal's batches to replay into it, in order.
+    def load(self) -> tuple[Any | None, list[tuple[float, list[MetricPoint]]], Outputs]:
+        """The saved book (None: start fresh), the journal's batches to replay into it, in order, and the
+        outputs the journal has no mark for (to send again).
 
         Each batch comes with the processor's clock reading when it was first observed, so the
         replay sees what the processor saw.
@@ -115,9 +132,11 @@ class JobState:
                 book = None
                 if self.journal_path.exists():
                     self._set_aside(self.journal_path)
-                return None, []
-        batches = self._read_journal() if self.journal_path.exists() else []
-        return book, batches
+                return None, [], ([], [])
+        if not self.journal_path.exists():
+            return book, [], ([], [])
+        batches, unsent = self._read_journal()
+        return book, batches, unsent
 
     def _read_snapshot(self) -> Any:
         data = self.snapshot_path.read_bytes()
@@ -133,9 +152,10 @@ class JobState:
         self.generation = int(generation)
         return _SnapshotUnpickler(io.BytesIO(body[header_end + 1:])).load()
 
-    def _read_journal(self) -> list[tuple[float, list[MetricPoint]]]:
+    def _read_journal(self) -> tuple[list[tuple[float, list[MetricPoint]]], Outputs]:
         data = self.journal_path.read_bytes()
         batches: list[tuple[float, list[MetricPoint]]] = []
+        unsent: Outputs = ([], [])
         resources: dict[int, Attributes] = {}
         names: dict[int, str] = {}
         i = 0
@@ -155,45 +175,73 @@ class JobState:
                 first = False
                 if record != ("generation", self.generation):
                     self.log.info("jobs journal %s continues another snapshot: not replayed", self.journal_path)
-                    return []
+                    return [], ([], [])
                 good = i
                 continue
-            now, new_names, new_resources, points = record
+            if record == _EXPORTED:
+                unsent = ([], [])
+                good = i
+                continue
+            kind, now, new_names, new_resources, rows, output_rows, events = record
             names.update(new_names)
             resources.update(new_resources)
-            batches.append((now, [MetricPoint(names[n], v, t, resources[r], resources[a], u, m, s)
-                                  for n, v, t, r, a, u, m, s in points]))
+            if kind == _BATCH:
+                batches.append((now, [_point(row, names, resources) for row in rows]))
+            unsent[0].extend(_point(row, names, resources) for row in output_rows)
+            unsent[1].extend(Event(name, t, resources[r], resources[a], body, severity)
+                             for name, t, r, a, body, severity in events)
             good = i
         if good < len(data):
             self.log.warning("jobs journal %s: %d bytes at its end were cut short by a crash and are ignored "
                              "(their requests were never acknowledged, so the gateway sends them again)",
                              self.journal_path, len(data) - good)
-        return batches
+        return batches, unsent
 
     # --- writing ----------------------------------------------------------------------------
 
-    def append(self, now: float, points: list[MetricPoint]) -> None:
-        """Journal one batch's points (those the jobs book reads) and the clock it was observed at, in order."""
+    def append(self, now: float, points: list[MetricPoint], outputs: Outputs) -> None:
+        """Journal one batch before its outputs go out: the points the jobs book read, the clock it was
+        observed at, and the job points and events made of it."""
+        self._write_record(_BATCH, now, points, outputs)
+
+    def append_outputs(self, outputs: Outputs) -> None:
+        """Journal outputs to send again (a previous run's, not marked as exported), without a batch."""
+        self._write_record(_OUTPUTS, 0.0, [], outputs)
+
+    def mark_exported(self) -> None:
+        """The exporters took the outputs of every record so far."""
+        if self._journal is not None:
+            self._write_frame(_EXPORTED)
+
+    def _write_record(self, kind: str, now: float, points: list[MetricPoint], outputs: Outputs) -> None:
         if self._journal is None:
             self._open_journal()
         new_names: dict[int, str] = {}
         new_resources: dict[int, Attributes] = {}
-        rows = []
-        for p in points:
-            n = self._names.get(p.name)
+
+        def name_id(name: str) -> int:
+            n = self._names.get(name)
             if n is None:
-                n = self._names[p.name] = len(self._names)
-                new_names[n] = p.name
-            ids = []
-            for attributes in (p.resource, p.attributes):
-                r = self._resources.get(attributes)
-                if r is None:
-                    r = self._resources[attributes] = len(self._resources)
-                    new_resources[r] = attributes
-                ids.append(r)
-            rows.append((n, p.value, p.time_unix_nano, ids[0], ids[1], p.unit, p.monotonic,
-                         p.start_time_unix_nano))
-        self._write_frame((now, new_names, new_resources, rows))
+                n = self._names[name] = len(self._names)
+                new_names[n] = name
+            return n
+
+        def resource_id(attributes: Attributes) -> int:
+            r = self._resources.get(attributes)
+            if r is None:
+                r = self._resources[attributes] = len(self._resources)
+                new_resources[r] = attributes
+            return r
+
+        def row(p: MetricPoint) -> tuple:
+            return (name_id(p.name), p.value, p.time_unix_nano, resource_id(p.resource), resource_id(p.attributes),
+                    p.unit, p.monotonic, p.start_time_unix_nano)
+
+        output_points, events = outputs
+        self._write_frame((kind, now, new_names, new_resources, [row(p) for p in points],
+                           [row(p) for p in output_points],
+                           [(e.name, e.time_unix_nano, resource_id(e.resource), resource_id(e.attributes), e.body,
+                             e.severity) for e in events]))
 
     def checkpoint(self, book: Any) -> None:
         """Write ``book`` atomically as the new snapshot, then start an empty journal."""

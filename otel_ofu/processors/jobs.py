@@ -47,7 +47,7 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     Transition,
 )
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
-from otel_ofu.jobs.state import JobState, layout_fingerprint
+from otel_ofu.jobs.state import JobState, Outputs, layout_fingerprint
 from otel_ofu.jobs.tracker import LIFE, JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
@@ -211,33 +211,41 @@ class JobsProcessor(Processor):
         # fleet.gpu_hours: this instance's (summed over instances: the fleet's), once per resolution bin
         host = socket.gethostname()
         self._fleet_resource = attrs({"service.name": "otel-ofu", "service.instance.id": f"{host}:{os.getpid()}"})
-        # The last batch's points and its clock reading, journaled once exported.
-        self._pending: tuple[float, list[MetricPoint]] | None = None
+        # Outputs a previous run journaled but may not have handed to the exporters: sent with the next batch.
+        self._unsent: Outputs = ([], [])
+        self._unmarked = False  # journal records whose outputs the exporters have not taken yet
         self._last_checkpoint = 0.0
 
     def start(self) -> None:
-        """With ``storage``: load the saved jobs, replay the journal since, and checkpoint at once."""
+        """With ``storage``: load the saved jobs, replay the journal since, and checkpoint at once.
+
+        Outputs the journal has no export mark for go out again with the first batch, as they were.
+        """
         if self.config.storage is None:
             return
         self.state = JobState(self.config.storage, self.context.component_id, state_fingerprint(self.config),
                               self.log)
-        book, batches = self.state.load()
+        book, batches, unsent = self.state.load()
         if book is not None:
             self.book = book
-        for now, points in batches:  # their outputs were exported before they were journaled
+        for now, points in batches:  # their outputs are in the journal: not made again
             self.book.observe(points, now)
             self._fleet_points()  # ... fleet.gpu_hours too: the next goes out when it would have
         if book is not None or batches:
             self.log.info("resumed %d job(s) from %s (%d batch(es) replayed from the journal); jobs new to this "
                           "instance start fresh", len(self.book.jobs), self.state.snapshot_path, len(batches))
         self._checkpoint()
+        if unsent[0] or unsent[1]:
+            self.log.info("%d job point(s) and %d event(s) the previous run made may not have reached the exporters: "
+                          "they go out again with the next batch, with the values they had", len(unsent[0]),
+                          len(unsent[1]))
+            self._unsent = unsent
+            self.state.append_outputs(unsent)
+            self._unmarked = True
 
     def process(self, batch: Batch) -> Batch:
         now = self._clock()
         update = self.book.observe(batch.points, now)
-        if self.state is not None:
-            names = self._journal_names
-            self._pending = (now, [p for p in batch.points if p.name in names])
         if update.ahead is not None and now - self._warned_future_at >= FUTURE_WARNING_INTERVAL_S:
             self._warned_future_at = now
             host, ahead = update.ahead
@@ -246,17 +254,26 @@ class JobsProcessor(Processor):
                              "check that node's clock (NTP)", update.skipped.get("future", 0),
                              float(self.config.max_future), host, ahead)
         points, events = self._render(update)
+        if self.state is not None:
+            names = self._journal_names
+            used = [p for p in batch.points if p.name in names]
+            if used or points or events:  # write-ahead: in the journal before it reaches the exporters
+                self.state.append(now, used, (points, events))
+                self._unmarked = True
+            if self._unsent[0] or self._unsent[1]:
+                points, events = self._unsent[0] + points, self._unsent[1] + events
         if not self.config.passthrough:
             return Batch(points=points, events=events)
         return Batch(samples=batch.samples, points=[*batch.points, *points], passthrough=batch.passthrough,
                      events=[*batch.events, *events])
 
     def exported(self) -> None:
-        """Journal the batch just exported; checkpoint when due."""
-        if self.state is None or self._pending is None:
+        """Mark the batch just exported in the journal; checkpoint when due."""
+        if self.state is None or not self._unmarked:
             return
-        (now, points), self._pending = self._pending, None
-        self.state.append(now, points)
+        self.state.mark_exported()
+        self._unmarked = False
+        self._unsent = ([], [])
         if (time.monotonic() - self._last_checkpoint >= float(self.config.checkpoint_interval)
                 or self.state.journal_bytes >= self.config.max_journal_bytes):
             self._checkpoint()
@@ -270,11 +287,18 @@ class JobsProcessor(Processor):
         self.log.debug("jobs state saved (%d jobs) in %.3f s", len(self.book.jobs), self._last_checkpoint - started)
 
     def flush(self) -> Batch | None:
-        """At shutdown every job ends (reason ``shutdown``) with its summary; with ``storage`` they are kept."""
+        """At shutdown every job ends (reason ``shutdown``) with its summary; with ``storage`` they are kept.
+
+        Outputs still to send again go out now, and stay journaled (unmarked) for the next start.
+        """
         if self.state is not None:
+            unsent, self._unsent = self._unsent, ([], [])
             self._checkpoint()
             self.log.info("jobs state saved: %d job(s) continue when this instance starts again", len(self.book.jobs))
-            return None
+            if not (unsent[0] or unsent[1]):
+                return None
+            self.state.append_outputs(unsent)
+            return Batch(points=unsent[0], events=unsent[1])
         points, events = self._render(self.book.close_all("shutdown"))
         return Batch(points=points, events=events) if points or events else None
 
