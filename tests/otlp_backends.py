@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from concurrent import futures
 from dataclasses import dataclass
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
@@ -93,6 +94,98 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05) -> bool
     return bool(predicate())
 
 
+def go_g(value: float) -> str:
+    """A float as Go's ``%g`` writes it (strconv/ftoa.go): its shortest digits, with an exponent when that is
+    below -4 or at least 6 (``0.5``, ``123456``, ``1.234567e+06``, ``1e-05``)."""
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    sign, digit_tuple, exponent = Decimal(repr(value)).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple)) or "0"
+    if digits == "0":
+        return "-0" if sign else "0"
+    point = len(digits) + int(exponent)  # where the decimal point sits among the digits
+    minus = "-" if sign else ""
+    if point - 1 < -4 or point - 1 >= 6:
+        e = point - 1
+        return f"{minus}{digits[0]}{'.' + digits[1:] if len(digits) > 1 else ''}e{'-' if e < 0 else '+'}{abs(e):02d}"
+    if point <= 0:
+        return f"{minus}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{minus}{digits}{'0' * (point - len(digits))}"
+    return f"{minus}{digits[:point]}.{digits[point:]}"
+
+
+class PrometheusTsdb:
+    """What Prometheus 3's OTLP handler answers (storage/remote/write_otlp_handler.go, tsdb/head_append.go),
+    for the delivery tests that cannot run the real one: per series (resource, metric, point attributes) the
+    samples stored, by millisecond. A request whose sample is refused is refused whole and nothing of it is
+    stored; the message holds each metric's first error, joined by newlines (errors.Join):
+
+    - at the series' newest time with other bits: ``duplicate sample for timestamp T; overrides not
+      allowed: existing A, new value B`` (the same bits: a duplicate, taken and ignored);
+    - older than the series' newest, or than half a block (1 h) behind the database's newest time:
+      without an out-of-order window ``out of order sample`` (``out of bounds`` for the latter); with
+      one, taken when within the window of the database's newest time (another value at a time held
+      is dropped silently, as the out-of-order head does), else ``too old sample``.
+    """
+
+    def __init__(self, out_of_order_window_ms: int = 0):
+        self.window = out_of_order_window_ms
+        self.samples: dict[tuple, dict[int, float]] = {}
+
+    def refuse(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> str | None:
+        """The error message for a request that is refused (nothing stored); None: stored."""
+        head_max = max((t for series in self.samples.values() for t in series), default=None)
+        # The oldest time the in-order head takes: half a block (2 h) behind the newest (appendableMinValidTime).
+        min_valid = head_max - 3_600_000 if head_max is not None else None
+        staged: dict[tuple, dict[int, float]] = {}
+        errors = []
+        for point_group in _metric_groups(request):
+            for key, t, value in point_group:
+                stored = {**self.samples.get(key, {}), **staged.get(key, {})}
+                newest = max(stored, default=None)
+                error = None
+                in_order = min_valid is None or t >= min_valid
+                if in_order and (newest is None or t > newest):
+                    staged.setdefault(key, {})[t] = value
+                elif in_order and t == newest:
+                    if stored[t].hex() != value.hex():
+                        error = (f"duplicate sample for timestamp {t}; overrides not allowed: existing "
+                                 f"{go_g(stored[t])}, new value {go_g(value)}")
+                elif self.window and head_max is not None and t >= head_max - self.window:
+                    if t not in stored:
+                        staged.setdefault(key, {})[t] = value
+                elif self.window:
+                    error = "too old sample"
+                else:
+                    error = "out of bounds" if not in_order else "out of order sample"
+                if error is not None:
+                    errors.append(error)
+                    break  # the rest of this metric's points are not appended
+        if errors:
+            return "\n".join(errors)
+        for key, series in staged.items():
+            self.samples.setdefault(key, {}).update(series)
+        return None
+
+
+def _metric_groups(request) -> list[list[tuple[tuple, int, float]]]:
+    """Each metric's points as (series, millisecond, value), in the request's order."""
+    groups = []
+    for rm in request.resource_metrics:
+        resource = tuple((a.key, otlp.from_any_value(a.value)) for a in rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                groups.append([((resource, metric.name, tuple((a.key, otlp.from_any_value(a.value))
+                                                               for a in dp.attributes)),
+                                dp.time_unix_nano // 1_000_000, dp.as_double)
+                               for dp in getattr(metric, kind).data_points])
+    return groups
+
+
 class Backend:
     def __init__(self, port: int | None = None):
         self.port = port or free_port()
@@ -103,6 +196,8 @@ class Backend:
         self.attempts = 0
         self.failed = 0
         self.partial_reject = 0  # answer every success with a partial success rejecting this many
+        self.tsdb: PrometheusTsdb | None = None  # refuse samples as Prometheus 3 does
+        self.refused = 0  # requests refused for their samples
         self._failure: Failure | None = None
 
     def fail(self, failure: Failure | None) -> None:
@@ -121,6 +216,16 @@ class Backend:
                 if failure.times <= 0:
                     self._failure = None
             return failure
+
+    def _refusal(self, kind: str, request) -> str | None:
+        """With ``tsdb``: why Prometheus would refuse this metrics request (None: it stores it)."""
+        if self.tsdb is None or kind != "metrics":
+            return None
+        with self.lock:
+            message = self.tsdb.refuse(request)
+            if message is not None:
+                self.refused += 1
+            return message
 
     def _record(self, kind: str, request, headers: dict[str, str]) -> None:
         with self.lock:
@@ -166,6 +271,9 @@ class GrpcBackend(Backend):
         if failure is not None:
             context.set_trailing_metadata((("grpc-status-details-bin", _rpc_status(failure)),))
             context.abort(failure.grpc_code, failure.message)
+        refusal = self._refusal(kind, request)
+        if refusal is not None:  # as a Collector's receiver passes on its exporter's permanent error
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Permanent error: {refusal}")
         self._record(kind, request, dict(context.invocation_metadata()))
         if self.partial_reject:
             field = "rejected_data_points" if kind == "metrics" else "rejected_log_records"
@@ -248,7 +356,11 @@ class HttpBackend(Backend):
                     extra = {"Retry-After": f"{failure.retry_after:g}"} if failure.retry_after is not None else {}
                     status = status_pb2.Status(code=3, message=failure.message).SerializeToString()
                     return self._reply(failure.http_status, status, extra)
-                backend._record(kind, request_type.FromString(body), headers)
+                request = request_type.FromString(body)
+                refusal = backend._refusal(kind, request)
+                if refusal is not None:  # Go's http.Error: text/plain, the message and a newline
+                    return self._reply(400, f"{refusal}\n".encode(), content_type="text/plain; charset=utf-8")
+                backend._record(kind, request, headers)
                 response = response_type()
                 if backend.partial_reject:
                     field = "rejected_data_points" if kind == "metrics" else "rejected_log_records"
@@ -256,9 +368,10 @@ class HttpBackend(Backend):
                     response.partial_success.error_message = "some points were stale"
                 self._reply(200, response.SerializeToString())
 
-            def _reply(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+            def _reply(self, status: int, body: bytes, extra: dict[str, str] | None = None,
+                       content_type: str = "application/x-protobuf") -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 for key, value in (extra or {}).items():
                     self.send_header(key, value)

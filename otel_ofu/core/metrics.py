@@ -180,7 +180,9 @@ register(MetricInfo("otel_ofu.exporter.retried", "{request}", "sum",
                     "Send attempts that failed retryably and were retried, by reason (UNAVAILABLE, http_503, ...)."))
 register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
                     "Data points or log records given up on, by reason: queue_full, permanent_error, "
-                    "retries_exhausted, retry_disabled, rejected, shutdown, storage_error; the file exporter's: "
+                    "retries_exhausted, retry_disabled, rejected, sample_refused (the backend refused these samples: "
+                    "a duplicate, out-of-order or too old sample; the rest of their batch was sent), shutdown, "
+                    "storage_error; the file exporter's: "
                     "write_error (writes kept failing beyond max_pending_megabytes), shutdown (never written)."))
 
 

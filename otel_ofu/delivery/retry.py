@@ -10,6 +10,27 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+# What a backend refused some samples of a request for (Prometheus' storage errors, storage/interface.go).
+DUPLICATE = "duplicate"  # another value at a timestamp the series holds
+OUT_OF_ORDER = "out_of_order"  # older than the series' newest sample (no out-of-order window)
+TOO_OLD = "too_old"  # older than the out-of-order window allows
+OUT_OF_BOUNDS = "out_of_bounds"  # older than the oldest time the database takes
+BY_TIME = frozenset({TOO_OLD, OUT_OF_BOUNDS})  # refused for their time alone: every sample of that age is
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRefusal:
+    """A request refused for some of its samples: the rest may be fine (Prometheus refuses the whole request
+    and stores none of it), so the delivery loop splits it to set the refused ones apart."""
+
+    kinds: frozenset[str]  # DUPLICATE, OUT_OF_ORDER, TOO_OLD, OUT_OF_BOUNDS
+    timestamps_ms: frozenset[int] = frozenset()  # the sample times the backend named (a duplicate's)
+
+    @property
+    def by_time(self) -> bool:
+        """Every refused sample was refused for its age: the samples of one time share their fate."""
+        return self.kinds <= BY_TIME
+
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
@@ -20,6 +41,7 @@ class SendResult:
     retry_after: float | None = None  # seconds the backend asked us to wait (Retry-After, RetryInfo)
     rejected: int = 0  # items the backend refused in a partial success (never retried)
     too_large: bool = False  # refused for its size (HTTP 413, RESOURCE_EXHAUSTED without RetryInfo): split it
+    refusal: SampleRefusal | None = None  # refused for some of its samples: split it to find them
 
     @classmethod
     def success(cls, rejected: int = 0, detail: str = "") -> SendResult:
@@ -30,8 +52,9 @@ class SendResult:
         return cls(False, True, reason, detail, retry_after)
 
     @classmethod
-    def permanent(cls, reason: str, detail: str = "", too_large: bool = False) -> SendResult:
-        return cls(False, False, reason, detail, too_large=too_large)
+    def permanent(cls, reason: str, detail: str = "", too_large: bool = False,
+                  refusal: SampleRefusal | None = None) -> SendResult:
+        return cls(False, False, reason, detail, too_large=too_large, refusal=refusal)
 
 
 class Backoff:

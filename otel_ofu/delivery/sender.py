@@ -5,7 +5,10 @@ sends and waits): it enqueues and returns, so receivers keep producing while a b
 down. Retryable failures are retried with exponential backoff (at least as long as the
 backend's Retry-After / RetryInfo) until ``max_elapsed_time``; permanent failures are
 dropped at once, logged with the backend's reason and counted; a batch the backend refuses
-as too large is split in two and each half sent on its own.
+as too large is split in two and each half sent on its own. A batch refused for some of its
+samples (a duplicate or out-of-order sample: Prometheus refuses the whole request) is split
+the same way, again and again, until what is refused is the samples themselves: those are
+dropped, counted (``sample_refused``) and their series logged once; the rest is sent.
 
 Shutdown is bounded: :meth:`Delivery.begin_shutdown` sets a deadline after which nothing is
 retried (the service's ``shutdown_timeout``), and :meth:`Delivery.shutdown` drains the queue
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from otel_ofu.delivery.queue import BoundedQueue, Item, QueueFull, QueueStorageError
-from otel_ofu.delivery.retry import Backoff, SendResult
+from otel_ofu.delivery.retry import Backoff, SampleRefusal, SendResult
 from otel_ofu.pipeline.telemetry import Telemetry
 
 QUEUE_SIZE = "otel_ofu.exporter.queue.size"
@@ -37,6 +40,7 @@ PERMANENT_ERROR = "permanent_error"  # the backend refused it for good (400, INV
 RETRIES_EXHAUSTED = "retries_exhausted"  # still failing after retry_on_failure.max_elapsed_time
 RETRY_DISABLED = "retry_disabled"  # a retryable failure with retry_on_failure.enabled false
 REJECTED = "rejected"  # refused in a partial success
+SAMPLE_REFUSED = "sample_refused"  # the backend refused these samples (duplicate, out of order, too old)
 SHUTDOWN = "shutdown"  # not sent by the shutdown deadline (memory queue, or no queue)
 STORAGE_ERROR = "storage_error"  # the disk queue could not store or read it (disk full, I/O error)
 
@@ -44,6 +48,7 @@ SATURATED_FRACTION = 0.9  # see Delivery.saturated
 _OVERFLOW_LOG_INTERVAL_S = 30.0
 _FAILING_LOG_INTERVAL_S = 60.0  # while a backend keeps failing, one summary per interval
 _JOIN_GRACE_S = 5.0  # beyond one attempt's timeout, how long shutdown waits for a consumer
+_MAX_LOGGED_SERIES = 4096  # series whose refusal was logged, remembered so that each is logged once
 
 # What _deliver decided for a batch.
 _DONE = "done"  # sent, or dropped for good: forget it
@@ -69,14 +74,18 @@ class DeliveryOptions:
 
 
 Send = Callable[[Item, float], SendResult]  # (batch, timeout in seconds) -> outcome
-Split = Callable[[Item], list[Item]]  # a batch -> two or more smaller ones (or [item] if it cannot be split)
+# A refused batch -> two or more smaller ones ([item] or [] if it cannot be split); the refusal says which
+# samples the backend named (None: refused as too large).
+Split = Callable[[Item, SampleRefusal | None], list[Item]]
+Describe = Callable[[Item], list[tuple[str, str]]]  # a batch's (series, time and value), for a log line
 
 
 class Delivery:
     """Sends :class:`Item` s through ``send`` from a bounded queue on consumer threads."""
 
     def __init__(self, component_id: str, send: Send, queue: BoundedQueue | None, options: DeliveryOptions,
-                 telemetry: Telemetry, log: logging.Logger, split: Split | None = None):
+                 telemetry: Telemetry, log: logging.Logger, split: Split | None = None,
+                 describe: Describe | None = None):
         self.component_id = component_id
         self.queue = queue
         self.options = options
@@ -84,6 +93,8 @@ class Delivery:
         self.log = log
         self._send = send
         self._split = split
+        self._describe = describe
+        self._refused_logged: set[str] = set()  # series whose refused samples were logged
         self._stop = threading.Event()
         self._closing = False
         self._deadline: float | None = None  # monotonic; set by begin_shutdown
@@ -236,13 +247,22 @@ class Delivery:
                                    result.rejected, item.count, item.signal, result.detail or "no message")
                     self._drop(item.signal, result.rejected, REJECTED)
                 return _DONE
-            if result.too_large:
-                parts = self._split(item) if self._split is not None and item.count > 1 else [item]
+            if result.too_large or result.refusal is not None:
+                refusal = None if result.too_large else result.refusal
+                parts = self._split(item, refusal) if self._split is not None and item.count > 1 else [item]
                 if len(parts) > 1:
-                    self.log.warning("%s: the backend refused %d %s items as too large (%s: %s); sending them as "
-                                     "%d smaller requests", self.component_id, item.count, item.signal, result.reason,
-                                     result.detail or "no details", len(parts))
+                    if result.too_large:
+                        self.log.warning("%s: the backend refused %d %s items as too large (%s: %s); sending them "
+                                         "as %d smaller requests", self.component_id, item.count, item.signal,
+                                         result.reason, result.detail or "no details", len(parts))
+                    else:
+                        self.log.debug("%s: the backend refused %d %s items for some of their samples (%s: %s); "
+                                       "sending them as %d requests to set those apart", self.component_id,
+                                       item.count, item.signal, result.reason, result.detail, len(parts))
                     return parts
+                if refusal is not None:  # these are the samples it refuses
+                    self._refused(item, result)
+                    return _DONE
             if not result.retryable:
                 self.log.error("%s: dropping %d %s items: permanent error %s: %s", self.component_id, item.count,
                                item.signal, result.reason, result.detail or "no details")
@@ -271,6 +291,26 @@ class Delivery:
                            item.count, item.signal, result.reason, result.detail, attempts, delay)
             if self.wait(delay):
                 return _RELEASE
+
+    def _refused(self, item: Item, result: SendResult) -> None:
+        """Samples the backend refuses, set apart from their batch (whose other samples go on their own):
+        counted, and each series logged once."""
+        self._drop(item.signal, item.count, SAMPLE_REFUSED)
+        series = self._describe(item) if self._describe is not None else []
+        said = ", ".join(f"{name} at {when}" for name, when in series) or "?"
+        new = {name for name, _ in series} - self._refused_logged
+        if series and not new:
+            self.log.debug("%s: the backend refused %d %s items again: %s", self.component_id, item.count,
+                           item.signal, said)
+            return
+        if len(self._refused_logged) >= _MAX_LOGGED_SERIES:
+            self._refused_logged.clear()
+        self._refused_logged |= new
+        more = f" and {item.count - len(series)} more" if item.count > len(series) else ""
+        self.log.error("%s: dropping %d %s items the backend refuses (%s: %s); the other items of their batch are "
+                       "sent on their own. Refused: %s%s. Logged once per series; counted in %s{reason=%s}",
+                       self.component_id, item.count, item.signal, result.reason, result.detail or "no details",
+                       said, more, DROPPED, SAMPLE_REFUSED)
 
     def _attempt_timeout(self) -> float | None:
         """One attempt's timeout: ``send_timeout``, cut to what is left before the shutdown deadline."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from otel_ofu.core.model import Batch
 from otel_ofu.delivery import BoundedQueue, Delivery, DeliveryOptions, Item, MemoryStore, SqliteStore
+from otel_ofu.delivery.retry import SampleRefusal
 from otel_ofu.otlp.exporter_config import OtlpExporterConfig, resolve
 from otel_ofu.pipeline.component import Context, Exporter
 from otel_ofu.pipeline.redact import redact_url
@@ -56,7 +57,7 @@ class OtlpExporter(Exporter):
             max_elapsed_time=float(retry.max_elapsed_time), multiplier=retry.multiplier,
             randomization_factor=retry.randomization_factor, send_timeout=self.settings.timeout)
         self.delivery = Delivery(self.context.component_id, self._transport.send, queue, options,
-                                 self.context.telemetry, self.log, split=_split)
+                                 self.context.telemetry, self.log, split=_split, describe=_describe)
         self.delivery.start()
         if self.settings.insecure_skip_verify:
             self.log.warning("%s: tls.insecure_skip_verify is set: the server's certificate is not checked",
@@ -100,11 +101,21 @@ class OtlpExporter(Exporter):
             self._transport = None
 
 
-def _split(item: Item) -> list[Item]:
-    """A batch the backend refused as too large, as smaller batches (see :func:`split_payload`)."""
-    from otel_ofu.otlp.payload import split_payload
+def _split(item: Item, refusal: SampleRefusal | None) -> list[Item]:
+    """A batch the backend refused as too large (``refusal`` None), or for some of its samples, as smaller
+    batches (see :func:`split_payload` and :func:`split_refused`)."""
+    from otel_ofu.otlp.payload import split_payload, split_refused
 
-    return [Item(item.signal, payload, count) for payload, count in split_payload(item.signal, item.payload)]
+    parts = split_payload(item.signal, item.payload) if refusal is None else \
+        split_refused(item.signal, item.payload, refusal)
+    return [Item(item.signal, payload, count) for payload, count in parts]
+
+
+def _describe(item: Item) -> list[tuple[str, str]]:
+    """The series of a refused batch, for the log line that says which."""
+    from otel_ofu.otlp.payload import describe_series
+
+    return describe_series(item.signal, item.payload)
 
 
 class OtlpHttpExporter(OtlpExporter):

@@ -10,12 +10,13 @@ valid request, with no per-point Python work for the pass-through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics as PbResourceMetrics
 
 from otel_ofu.core.model import Event, MetricPoint, PointRow
+from otel_ofu.delivery.retry import SampleRefusal
 from otel_ofu.otlp import codec as otlp
 
 
@@ -124,3 +125,109 @@ def _split_logs(payload: bytes) -> list[tuple[bytes, int]]:
     parts = _split_by_resource_or_item(request, "resource_logs", "scope_logs", "log_records")
     return [(p.SerializeToString(), sum(len(sl.log_records) for rl in p.resource_logs for sl in rl.scope_logs))
             for p in parts]
+
+
+def _data_points(metric: Any) -> Any:
+    kind = metric.WhichOneof("data")
+    return getattr(metric, kind).data_points if kind else ()
+
+
+def _partition_metrics(request: Any, chosen: Callable[[Any], bool]) -> list[tuple[bytes, int]]:
+    """The request's data points in two requests, those ``chosen`` and the rest, each keeping its resource,
+    scope and metric; [] when either would be empty."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    parts = (ExportMetricsServiceRequest(), ExportMetricsServiceRequest())
+    counts = [0, 0]
+    for rm in request.resource_metrics:
+        targets: list[Any] = [None, None]
+        for sm in rm.scope_metrics:
+            scopes: list[Any] = [None, None]
+            for metric in sm.metrics:
+                pieces: list[Any] = [None, None]
+                for point in _data_points(metric):
+                    side = 0 if chosen(point) else 1
+                    if pieces[side] is None:
+                        if scopes[side] is None:
+                            if targets[side] is None:
+                                targets[side] = parts[side].resource_metrics.add(resource=rm.resource,
+                                                                                 schema_url=rm.schema_url)
+                            scopes[side] = targets[side].scope_metrics.add(scope=sm.scope, schema_url=sm.schema_url)
+                        piece = scopes[side].metrics.add()
+                        piece.CopyFrom(metric)
+                        del getattr(piece, metric.WhichOneof("data")).data_points[:]
+                        pieces[side] = piece
+                    _data_points(pieces[side]).append(point)
+                    counts[side] += 1
+    if not counts[0] or not counts[1]:
+        return []
+    return [(part.SerializeToString(), count) for part, count in zip(parts, counts)]
+
+
+def split_refused(signal: str, payload: bytes, refusal: SampleRefusal) -> list[tuple[bytes, int]]:
+    """A request the backend refused for some of its samples, as two requests that set them apart.
+
+    Refused for their age alone (Prometheus' ``too old sample``, ``out of bounds``): every sample
+    of one time shares its fate, so the request splits by time, the older half of its times
+    apart; a request of one time cannot be split ([]). A duplicate that names its timestamp: the
+    samples at that millisecond apart from the rest. Otherwise two halves (:func:`split_payload`).
+    Each part the backend refuses again is split again, down to the samples themselves.
+    """
+    if signal != "metrics":
+        return split_payload(signal, payload)
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    request = ExportMetricsServiceRequest.FromString(payload)
+    if refusal.by_time:
+        times = sorted({p.time_unix_nano for rm in request.resource_metrics for sm in rm.scope_metrics
+                        for m in sm.metrics for p in _data_points(m)})
+        if len(times) < 2:
+            return []
+        newer = times[len(times) // 2]
+        return _partition_metrics(request, lambda point: point.time_unix_nano < newer)
+    if refusal.timestamps_ms:
+        named = refusal.timestamps_ms
+        parts = _partition_metrics(request, lambda point: point.time_unix_nano // 1_000_000 in named)
+        if parts:
+            return parts
+    return split_payload(signal, payload)
+
+
+def describe_series(signal: str, payload: bytes, limit: int = 5) -> list[tuple[str, str]]:
+    """The series of a request's data points, for a log line: (``name{resource and point attributes}``,
+    ``time = value``) for the first ``limit`` (a logs request: its records by event name and resource)."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    def labels(*attribute_lists: Any) -> str:
+        return ", ".join(f"{a.key}={otlp.from_any_value(a.value)}"
+                         for attributes in attribute_lists for a in attributes)
+
+    out: list[tuple[str, str]] = []
+    if signal == "logs":
+        logs = ExportLogsServiceRequest.FromString(payload)
+        for rl in logs.resource_logs:
+            for sl in rl.scope_logs:
+                for record in sl.log_records:
+                    out.append((f"{record.event_name or 'log record'}{{{labels(rl.resource.attributes)}}}",
+                                _when(record.time_unix_nano)))
+                    if len(out) >= limit:
+                        return out
+        return out
+    request = ExportMetricsServiceRequest.FromString(payload)
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in _data_points(metric):
+                    value = f" = {point.as_double!r}" if point.HasField("as_double") else ""
+                    out.append((f"{metric.name}{{{labels(rm.resource.attributes, point.attributes)}}}",
+                                f"{_when(point.time_unix_nano)}{value}"))
+                    if len(out) >= limit:
+                        return out
+    return out
+
+
+def _when(unix_nano: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix_nano / 1e9, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

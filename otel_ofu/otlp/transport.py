@@ -12,6 +12,11 @@ way the Collector's otlp exporters do; :mod:`otel_ofu.delivery` does the retryin
   it is marked ``too_large`` and the delivery loop splits the batch.
 - HTTP retryable: 429, 502, 503, 504 (honouring Retry-After) and connection errors or
   timeouts; any other non-2xx status is permanent (413 marked ``too_large``).
+- A refusal that names samples (HTTP 400 or gRPC INVALID_ARGUMENT saying ``duplicate sample for
+  timestamp``, ``out of order sample``, ``too old sample`` or ``out of bounds``: Prometheus'
+  storage errors, which its OTLP handler answers for the whole request, storing none of it) is
+  marked with a :class:`~otel_ofu.delivery.retry.SampleRefusal`, and the delivery loop splits
+  the request to set those samples apart.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import re
 import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from otel_ofu.delivery import Item, SendResult
+from otel_ofu.delivery.retry import DUPLICATE, OUT_OF_BOUNDS, OUT_OF_ORDER, TOO_OLD, SampleRefusal
 from otel_ofu.otlp.exporter_config import Settings
 from otel_ofu.pipeline.endpoints import WatchedFiles
 from otel_ofu.pipeline.redact import redact_url, redact_urls
@@ -40,6 +47,27 @@ RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 # costs about 1.5x the CPU for about 10 % fewer bytes on a dcgm-exporter batch (benchmarks/stage.py).
 GZIP_LEVEL = 6
 _RETRYABLE_GRPC_NAMES = ("CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE", "DATA_LOSS")
+# Prometheus' storage errors (storage/interface.go, storage/errors.go), as its OTLP handler answers them
+# (storage/remote/write_otlp_handler.go: HTTP 400, the errors of each metric joined by newlines).
+_SAMPLE_ERRORS = (("duplicate sample for timestamp", DUPLICATE), ("out of order sample", OUT_OF_ORDER),
+                  ("too old sample", TOO_OLD), ("out of bounds", OUT_OF_BOUNDS))
+_DUPLICATE_AT = re.compile(r"duplicate sample for timestamp (-?\d+)")
+
+
+def one_line(message: str, limit: int = 300) -> str:
+    """A backend's message of several lines (an error per metric) as one, each different line once."""
+    lines = dict.fromkeys(line.strip() for line in message.splitlines() if line.strip())
+    text = "; ".join(lines)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def sample_refusal(message: str) -> SampleRefusal | None:
+    """What a refusal's message says about samples (None: it names none), and the times a duplicate names."""
+    lowered = message.lower()
+    kinds = frozenset(kind for text, kind in _SAMPLE_ERRORS if text in lowered)
+    if not kinds:
+        return None
+    return SampleRefusal(kinds, frozenset(int(t) for t in _DUPLICATE_AT.findall(lowered)))
 
 
 def _user_agent() -> str:
@@ -174,7 +202,10 @@ class GrpcTransport:
         exhausted = code == self._grpc.StatusCode.RESOURCE_EXHAUSTED
         if code in self._retryable or (exhausted and retry_after is not None):
             return SendResult.retry(name, error.details() or "", retry_after)
-        return SendResult.permanent(name, error.details() or "", too_large=exhausted)
+        detail = error.details() or ""
+        refusal = sample_refusal(detail) if code == self._grpc.StatusCode.INVALID_ARGUMENT else None
+        return SendResult.permanent(name, one_line(detail) if refusal else detail, too_large=exhausted,
+                                    refusal=refusal)
 
     def close(self) -> None:
         self._channel.close()
@@ -275,7 +306,13 @@ class HttpTransport:
                       "OTLP URL (Loki, VictoriaLogs), or logs_endpoint: none to send metrics only (docs/backends.md)")
         if status in RETRYABLE_HTTP:
             return SendResult.retry(f"http_{status}", detail, parse_retry_after(response.headers.get("Retry-After")))
-        return SendResult.permanent(f"http_{status}", detail, too_large=status == 413)
+        refusal = None
+        if status == 400:
+            message = _full_message(response)
+            refusal = sample_refusal(message)
+            if refusal is not None:  # one error per metric: each said once
+                detail = f"{response.reason}: {one_line(message)}"
+        return SendResult.permanent(f"http_{status}", detail, too_large=status == 413, refusal=refusal)
 
     def close(self) -> None:
         self._session.close()
@@ -288,6 +325,18 @@ def _takes_no_logs(status: int, detail: str) -> bool:
     /opentelemetry/v1/logs answers 400 "unsupported path requested".
     """
     return status in (404, 405) or (status == 400 and "unsupported path" in detail.lower())
+
+
+def _full_message(response: Any) -> str:
+    """A refusal's whole text (a google.rpc.Status message, or the body): what sample_refusal reads."""
+    if "protobuf" in response.headers.get("Content-Type", ""):
+        try:
+            from google.rpc import status_pb2
+
+            return status_pb2.Status.FromString(response.content).message
+        except Exception:
+            return ""
+    return response.text if response.content else ""
 
 
 def _http_error_message(response: Any) -> str:
