@@ -324,6 +324,10 @@ class HttpBackend(Backend):
         self.tls = tls  # (certificate chain file, key file): serve HTTPS
         self.max_request_bytes = max_request_bytes  # larger bodies (after gzip) get 413
         self.too_large = 0
+        # Take this many metrics requests, then hold the answer to the last one until release(): the
+        # sender is stuck in that send (a backend that stopped answering).
+        self.hold_after: int | None = None
+        self.released = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -361,6 +365,8 @@ class HttpBackend(Backend):
                 if refusal is not None:  # Go's http.Error: text/plain, the message and a newline
                     return self._reply(400, f"{refusal}\n".encode(), content_type="text/plain; charset=utf-8")
                 backend._record(kind, request, headers)
+                if kind == "metrics" and backend.hold_after is not None and len(backend.metrics) >= backend.hold_after:
+                    backend.released.wait()
                 response = response_type()
                 if backend.partial_reject:
                     field = "rejected_data_points" if kind == "metrics" else "rejected_log_records"
@@ -388,7 +394,13 @@ class HttpBackend(Backend):
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """Answer the held request (and every one after it)."""
+        self.hold_after = None
+        self.released.set()
+
     def stop(self) -> None:
+        self.release()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
