@@ -19,16 +19,16 @@ import signal
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 from e2e_util import Process, otel_ofu_command, prometheus3_binary, wait_for
-from otlp_backends import HttpBackend
+from otlp_backends import HttpBackend, gpu_points
+from test_delivery import make, reasons
 
-from otel_ofu.core.model import JOB_ID
+from otel_ofu.core.model import JOB_ID, Batch, MetricPoint, attrs
+from otel_ofu.delivery.sender import SENT
 from otel_ofu.otlp import codec as otlp
+from otel_ofu.pipeline.telemetry import Telemetry
 from tools.backends import PROMETHEUS_OTLP_CONFIG, PROMETHEUS_OTLP_FLAGS
 from tools.demo_prometheus import PrometheusServer
-
-pytestmark = pytest.mark.timeout(600) if hasattr(pytest.mark, "timeout") else []
 
 INTERVAL = 10  # seconds of simulated time per window: one batch, and one jobs bin (resolution)
 FIRST_BATCHES = 25  # the first process is stuck exporting its 25th batch when it is killed
@@ -141,4 +141,38 @@ def test_an_outage_a_kill_and_a_restart_lose_no_point_and_drop_no_batch(tmp_path
         for backend in (first_record, second_record):
             if backend is not None:
                 backend.stop()
+        prometheus.stop()
+
+
+def test_a_sample_prometheus_refuses_costs_only_itself(tmp_path, caplog):
+    """Prometheus 3's own answer: a job bin sent again one bit apart among GPU points is refused, its
+    request refused whole (400, nothing stored); the exporter sets the sample apart and stores the rest."""
+    prometheus = PrometheusServer(prometheus3_binary(), tmp_path / "prometheus",
+                                  config=PROMETHEUS_OTLP_CONFIG.read_text(), flags=PROMETHEUS_OTLP_FLAGS).start()
+    telemetry = Telemetry()
+    exporter = make("http", f"{prometheus.api.url}/api/v1/otlp", telemetry, num_consumers=1, queue_size=100)
+    t = (int(datetime.now(UTC).timestamp()) - 600) * 10**9
+    job = attrs({"ofu.job.id": "train-7"})
+
+    def job_ofu(value: float) -> MetricPoint:
+        return MetricPoint("job.ofu", value, t, job, attrs({"ofu.window": "5m"}), "{ratio}")
+
+    try:
+        exporter.export(Batch(points=[job_ofu(0.4567)]))
+        wait_for("the first value", lambda: telemetry.counter(SENT, exporter="otlp/t", signal="metrics") == 1)
+        gpus = gpu_points(gpus=8, windows=2, t0=t)
+        exporter.export(Batch(points=[*gpus[:30], job_ofu(math.nextafter(0.4567, 1.0)), *gpus[30:]]))
+        wait_for("the sample refused", lambda: reasons(telemetry) == {"sample_refused": 1} or None, timeout=60)
+        assert telemetry.counter(SENT, exporter="otlp/t", signal="metrics") == 1 + len(gpus)
+        held = prometheus.api.query("job_ofu[1h]", t / 1e9 + 1)
+        assert [[float(v) for _, v in series["values"]] for series in held] == [[0.4567]]
+        stored = {(s["metric"]["hw_id"], s["metric"]["__name__"], round(float(ts) * 1e9))
+                  for s in prometheus.api.query('{__name__=~"gpu_.*", hw_id!=""}[1h]', t / 1e9 + 60)
+                  for ts, _ in s["values"]}
+        assert len(stored) == len(gpus)
+        refused = [r.getMessage() for r in caplog.records if "the backend refuses" in r.getMessage()]
+        assert len(refused) == 1 and "job.ofu{ofu.job.id=train-7, ofu.window=5m}" in refused[0], refused
+        assert "duplicate sample for timestamp" in refused[0]
+    finally:
+        exporter.shutdown()
         prometheus.stop()
