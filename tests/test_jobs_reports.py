@@ -147,7 +147,7 @@ def test_held_reports_survive_a_saved_jobs_state(tmp_path):
     book.observe([gpu(10, 0.3), report(10, 0.3)])
     book.observe([report(20, 0.4, job="later")])
     JobState(tmp_path, "jobs", state_fingerprint(config)).checkpoint(book)
-    restored, _ = JobState(tmp_path, "jobs", state_fingerprint(config)).load()
+    restored, _, _ = JobState(tmp_path, "jobs", state_fingerprint(config)).load()
     assert restored.pending_reports == 1 and restored.jobs["train"].mfu_life == pytest.approx(0.3)
     restored.observe([gpu(30, 0.4, uuid="GPU-z", job="later")])
     assert restored.jobs["later"].mfu_life == pytest.approx(0.4)

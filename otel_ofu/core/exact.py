@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 
 SCALE_BITS = 64
-_SCALE = float(1 << SCALE_BITS)
-_UNSCALE = 1.0 / _SCALE  # 2^-64, exactly
+SCALE = float(1 << SCALE_BITS)  # hot loops inline int(x * SCALE), falling back to exact() on its errors
+UNSCALE = 1.0 / SCALE  # 2^-64, exactly
 # Beyond any finite double's count (2^1024 x 2^64): what an infinite term adds.
 _INFINITE = 1 << (1024 + SCALE_BITS + 1)
 
@@ -31,7 +31,7 @@ _INFINITE = 1 << (1024 + SCALE_BITS + 1)
 def exact(x: float) -> int:
     """``x`` as an integer count of 2^-64 (see the module's docstring for what is exact)."""
     try:
-        return int(x * _SCALE)
+        return int(x * SCALE)
     except OverflowError:  # x * 2^64 overflowed: a finite x that large is whole already, or x is infinite
         if math.isinf(x):
             return _INFINITE if x > 0 else -_INFINITE
@@ -43,7 +43,7 @@ def exact(x: float) -> int:
 def to_float(count: int) -> float:
     """A sum of :func:`exact` terms as the float nearest its exact value."""
     try:
-        return count * _UNSCALE  # the int converts to the nearest double, then an exact power-of-two scaling
+        return count * UNSCALE  # the int converts to the nearest double, then an exact power-of-two scaling
     except OverflowError:  # a count beyond 2^1024: divided as integers, correctly rounded too
         try:
             return count / (1 << SCALE_BITS)

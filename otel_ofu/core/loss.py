@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from otel_ofu.core.exact import exact, to_float
+from otel_ofu.core.exact import SCALE, exact, to_float
 from otel_ofu.core.values import TPA_TOLERANCE, clean, clean_ratio
 
 # The steps of the chain, top to bottom, then the two below TPA.
@@ -340,16 +340,21 @@ class LossTotals:
         """One window given as parts (what the ``gpu.ofu.loss`` points of a window say)."""
         if seconds <= 0:
             return
-        self.exact_seconds += exact(seconds)
+        try:  # core.exact.exact, inline: one window is a dozen terms
+            counts = [(part, int(share * seconds * SCALE)) for part, share in parts]
+            total, useful = int(seconds * SCALE), int(ofu * seconds * SCALE)
+        except (OverflowError, ValueError):  # a term beyond a double or NaN: what exact() makes of it
+            counts = [(part, exact(share * seconds)) for part, share in parts]
+            total, useful = exact(seconds), exact(ofu * seconds)
+        self.exact_seconds += total
         totals = self.exact_parts
-        for part, share in parts:
-            count = exact(share * seconds)
+        for part, count in counts:
             totals[part] = totals.get(part, 0) + count
             cause = causes.get(part) if causes else None
             if cause is not None:
                 key = (part, cause)
                 self.exact_causes[key] = self.exact_causes.get(key, 0) + count
-        totals[USEFUL] = totals.get(USEFUL, 0) + exact(ofu * seconds)
+        totals[USEFUL] = totals.get(USEFUL, 0) + useful
 
     def add_unallocated(self, seconds: float) -> None:
         """GPU time no job held: all of it is the part ``unallocated`` (fleet level)."""

@@ -17,7 +17,7 @@ import math
 from array import array
 from dataclasses import dataclass
 
-from otel_ofu.core.exact import exact, to_float
+from otel_ofu.core.exact import SCALE, UNSCALE, exact, to_float
 
 
 def window_label(seconds: float) -> str:
@@ -88,12 +88,17 @@ class TimeWeightedSeries:
             raise ValueError(f"a segment needs end > start, got [{start}, {end}]")
         key = (start, end)
         segment = self._by_key.get(key)
-        weight_count, weighted_count = exact(weight), exact(value * weight)
+        try:  # core.exact.exact, inline
+            weight_count, weighted_count = int(weight * SCALE), int(value * weight * SCALE)
+        except (OverflowError, ValueError):
+            weight_count, weighted_count = exact(weight), exact(value * weight)
         if segment is not None:
             segment.weight_count += weight_count
             segment.weighted_count += weighted_count
-            segment.weight = to_float(segment.weight_count)
-            segment.weighted = to_float(segment.weighted_count)
+            try:  # core.exact.to_float, inline
+                segment.weight, segment.weighted = segment.weight_count * UNSCALE, segment.weighted_count * UNSCALE
+            except OverflowError:
+                segment.weight, segment.weighted = to_float(segment.weight_count), to_float(segment.weighted_count)
         else:
             segment = _Segment(start, end, weight_count, weighted_count, to_float(weight_count),
                                to_float(weighted_count))
@@ -221,12 +226,17 @@ class JobTotals:
         """One GPU window. Waste is GPU time x (1 - OFU), not clamped: exactly what the window's loss parts
         add up to, so a window above OFU 1 (the SM clock boosting above f_ref: a negative clock part, a
         gain) wastes less than nothing (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
-        self.exact_gpu_seconds += exact(seconds)
-        self.exact_ofu_gpu_seconds += exact(ofu * seconds)
-        self.exact_wasted_gpu_seconds += exact(seconds * (1.0 - ofu))
+        wasted = seconds * (1.0 - ofu)
+        try:  # core.exact.exact, inline
+            counts = int(seconds * SCALE), int(ofu * seconds * SCALE), int(wasted * SCALE)
+        except (OverflowError, ValueError):
+            counts = exact(seconds), exact(ofu * seconds), exact(wasted)
+        self.exact_gpu_seconds += counts[0]
+        self.exact_ofu_gpu_seconds += counts[1]
+        self.exact_wasted_gpu_seconds += counts[2]
         if flops_per_s is not None:
             self.exact_flop += exact(flops_per_s * seconds)
-            self.exact_flop_gpu_seconds += exact(seconds)
+            self.exact_flop_gpu_seconds += counts[0]
 
     def merge(self, other: JobTotals, sign: int = 1) -> None:
         """Add ``other`` exactly (``sign`` -1: take it out again)."""

@@ -82,24 +82,27 @@ class LossBins:
         self._keep = max(1, math.ceil(retention_s / resolution) + 2)
         self.bins: dict[int, LossTotals] = {}
 
-    def add(self, start: float, end: float, parts: Parts | None, ofu: float, weight: float = 1.0
-            ) -> list[tuple[int, float, LossTotals]]:
-        """One window, split at bin edges; returns each bin's piece of it: its GPU seconds and account."""
-        pieces = []
+    def add(self, start: float, end: float, parts: Parts | None, ofu: float, weight: float = 1.0) -> None:
+        """One window, split at bin edges."""
         for k, overlap in bin_pieces(start, end, self.resolution):
-            piece = LossTotals()
-            seconds = overlap * weight
-            add_window(piece, parts, ofu, seconds)
-            totals = self.bins.get(k)
-            if totals is None:
-                totals = self.bins[k] = LossTotals()
-            totals.merge(piece)
-            pieces.append((k, seconds, piece))
-        newest = max(self.bins)
+            add_window(self.bin(k), parts, ofu, overlap * weight)
+        self.evict()
+
+    def bin(self, k: int) -> LossTotals:
+        """Bin ``k``'s account (a new one when it had none)."""
+        totals = self.bins.get(k)
+        if totals is None:
+            totals = self.bins[k] = LossTotals()
+        return totals
+
+    def evict(self, keep_from: int | None = None) -> None:
+        """Forget the bins older than the retention (behind the newest), except from ``keep_from`` on."""
         if len(self.bins) > self._keep:
-            for k in [k for k in self.bins if k <= newest - self._keep]:
+            cutoff = max(self.bins) - self._keep
+            if keep_from is not None:
+                cutoff = min(cutoff, keep_from - 1)
+            for k in [k for k in self.bins if k <= cutoff]:
                 del self.bins[k]
-        return pieces
 
     def between(self, a: float, b: float) -> LossTotals:
         """The account of [a, b] (bins overlapping it; a bin cut by the interval counts by its share)."""

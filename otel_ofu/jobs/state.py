@@ -218,28 +218,35 @@ class JobState:
             self._open_journal()
         new_names: dict[int, str] = {}
         new_resources: dict[int, Attributes] = {}
+        names, resources = self._names, self._resources
 
-        def name_id(name: str) -> int:
-            n = self._names.get(name)
-            if n is None:
-                n = self._names[name] = len(self._names)
-                new_names[n] = name
-            return n
+        def rows(of: list[MetricPoint]) -> list[tuple]:
+            out = []
+            for p in of:  # names and attribute sets interned: a batch repeats them
+                n = names.get(p.name)
+                if n is None:
+                    n = names[p.name] = len(names)
+                    new_names[n] = p.name
+                r = resources.get(p.resource)
+                if r is None:
+                    r = resources[p.resource] = len(resources)
+                    new_resources[r] = p.resource
+                a = resources.get(p.attributes)
+                if a is None:
+                    a = resources[p.attributes] = len(resources)
+                    new_resources[a] = p.attributes
+                out.append((n, p.value, p.time_unix_nano, r, a, p.unit, p.monotonic, p.start_time_unix_nano))
+            return out
 
         def resource_id(attributes: Attributes) -> int:
-            r = self._resources.get(attributes)
+            r = resources.get(attributes)
             if r is None:
-                r = self._resources[attributes] = len(self._resources)
+                r = resources[attributes] = len(resources)
                 new_resources[r] = attributes
             return r
 
-        def row(p: MetricPoint) -> tuple:
-            return (name_id(p.name), p.value, p.time_unix_nano, resource_id(p.resource), resource_id(p.attributes),
-                    p.unit, p.monotonic, p.start_time_unix_nano)
-
         output_points, events = outputs
-        self._write_frame((kind, now, new_names, new_resources, [row(p) for p in points],
-                           [row(p) for p in output_points],
+        self._write_frame((kind, now, new_names, new_resources, rows(points), rows(output_points),
                            [(e.name, e.time_unix_nano, resource_id(e.resource), resource_id(e.attributes), e.body,
                              e.severity) for e in events]))
 

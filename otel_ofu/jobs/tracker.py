@@ -25,7 +25,7 @@ from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
-from otel_ofu.jobs.loss import LossBins, Parts, grown_part
+from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part
 from otel_ofu.jobs.regression import RegressionDetector
 
 LIFE = "life"
@@ -74,10 +74,10 @@ class JobSummary:
 
 @dataclass
 class _OpenBin:
-    """What a bin not closed yet holds of a job's life sums, so that a snapshot can leave it out exactly."""
+    """What a bin not closed yet holds of a job's life sums (its loss account is in the loss bins): they join
+    the life values when it closes, so that a snapshot counts the job up to its bin's end only."""
 
     totals: JobTotals = field(default_factory=JobTotals)
-    loss: LossTotals = field(default_factory=LossTotals)
     exact_mfu_seconds: int = 0
     exact_mfu_weighted: int = 0
 
@@ -100,12 +100,13 @@ class JobTracker:
         self.ofu = TimeWeightedSeries(retention)
         self.flops = TimeWeightedSeries(retention)
         self.mfu = TimeWeightedSeries(retention)
-        # Life sums, everything so far (exact: core.exact); the bins not closed yet hold their own part of them.
-        self.totals = JobTotals()
-        self.exact_mfu_seconds = 0
-        self.exact_mfu_weighted = 0
+        # Life sums (exact: core.exact) up to the end of the last bin closed; the bins not closed yet hold the
+        # rest (_open, and loss_bins for the loss account). A window that comes for a closed bin goes here.
+        self.closed_totals = JobTotals()
+        self.closed_mfu_seconds = 0
+        self.closed_mfu_weighted = 0
+        self.closed_loss = LossTotals()  # the loss account over its life
         self.histogram = WeightedHistogram()
-        self.loss = LossTotals()  # the loss account over its life
         self.loss_bins = LossBins(float(config.resolution), retention)  # ... and by bin, for windows and findings
         self.precisions: dict[str, float] = {}
         self.gpus: set[GpuKey] = set()  # distinct GPUs over its life (core.model.gpu_key)
@@ -132,19 +133,20 @@ class JobTracker:
         ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
         seconds = (end - start) * weight
         self._touch(start, end)
-        assert self._next_bin is not None
-        # Its life sums bin by bin, as the loss bins split it: a snapshot leaves out what the open bins hold.
-        for k, piece_seconds, piece_loss in self.loss_bins.add(start, end, loss, ofu, weight):
-            piece = JobTotals()
-            piece.add(piece_seconds, ofu, flops_per_s)
-            self.totals.merge(piece)
-            self.loss.merge(piece_loss)
-            if k >= self._next_bin:
+        next_bin = self._next_bin
+        assert next_bin is not None
+        for k, overlap in bin_pieces(start, end, self._res):  # bin by bin: a snapshot counts up to its bin's end
+            piece = overlap * weight
+            add_window(self.loss_bins.bin(k), loss, ofu, piece)
+            if k >= next_bin:
                 open_bin = self._open.get(k)
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
-                open_bin.totals.merge(piece)
-                open_bin.loss.merge(piece_loss)
+                open_bin.totals.add(piece, ofu, flops_per_s)
+            else:  # late for a bin already closed: into the life values at once
+                add_window(self.closed_loss, loss, ofu, piece)
+                self.closed_totals.add(piece, ofu, flops_per_s)
+        self.loss_bins.evict(next_bin)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
         self.ofu.add(start, end, ofu, weight)
@@ -162,14 +164,15 @@ class JobTracker:
         next_bin = self._next_bin if self._next_bin is not None else -math.inf
         for k, overlap in bin_pieces(start, end, self._res):
             seconds, weighted = exact(overlap), exact(value * overlap)
-            self.exact_mfu_seconds += seconds
-            self.exact_mfu_weighted += weighted
             if k >= next_bin:
                 open_bin = self._open.get(k)
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
                 open_bin.exact_mfu_seconds += seconds
                 open_bin.exact_mfu_weighted += weighted
+            else:
+                self.closed_mfu_seconds += seconds
+                self.closed_mfu_weighted += weighted
 
     def _touch(self, start: float, end: float) -> None:
         self.first_start = min(self.first_start, start)
@@ -183,12 +186,37 @@ class JobTracker:
         return job_key(self.job_id, self.run)
 
     @property
+    def totals(self) -> JobTotals:
+        """Its life totals, every window so far (those of the bins not closed yet too)."""
+        totals = replace(self.closed_totals)
+        for open_bin in self._open.values():
+            totals.merge(open_bin.totals)
+        return totals
+
+    @property
+    def loss(self) -> LossTotals:
+        """Its loss account over its life, every window so far."""
+        loss = self.closed_loss.copy()
+        for k in self._open:
+            if k in self.loss_bins.bins:
+                loss.merge(self.loss_bins.bins[k])
+        return loss
+
+    def _mfu_sums(self) -> tuple[int, int]:
+        seconds, weighted = self.closed_mfu_seconds, self.closed_mfu_weighted
+        for open_bin in self._open.values():
+            seconds += open_bin.exact_mfu_seconds
+            weighted += open_bin.exact_mfu_weighted
+        return seconds, weighted
+
+    @property
     def mfu_seconds(self) -> float:
-        return to_float(self.exact_mfu_seconds)
+        return to_float(self._mfu_sums()[0])
 
     @property
     def mfu_life(self) -> float | None:
-        return _mean(self.exact_mfu_weighted, self.exact_mfu_seconds)
+        seconds, weighted = self._mfu_sums()
+        return _mean(weighted, seconds)
 
     def open_findings(self) -> list[Finding]:
         return [f for f in (self.audit.open, self.regression.open) if f is not None]
@@ -202,8 +230,7 @@ class JobTracker:
         while (self._next_bin + 1) * self._res <= self.last_end + 1e-9:
             k = self._next_bin
             self._next_bin += 1
-            for closed in [b for b in self._open if b <= k]:
-                del self._open[closed]  # its part of the life sums is now in the life values
+            self._close_open_bins(k)
             gpus = self._bin_gpus.pop(k, set())
             bin_end = (k + 1) * self._res
             bin_ofu = self.ofu.mean(k * self._res, bin_end)
@@ -214,8 +241,7 @@ class JobTracker:
                     self._next_bin = skip_to
                     for empty in [b for b in self._bin_gpus if b < skip_to]:
                         del self._bin_gpus[empty]
-                    for empty in [b for b in self._open if b < skip_to]:
-                        del self._open[empty]
+                    self._close_open_bins(skip_to - 1)
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
@@ -259,22 +285,19 @@ class JobTracker:
         """The end of the job's newest MFU report (None before its first)."""
         return self.mfu.latest_end if self.mfu_seconds > 0 else None
 
-    def _life_through_closed_bins(self) -> tuple[JobTotals, LossTotals, int, int]:
-        """The life sums without what the bins not closed yet hold (exact): the job up to the last bin's end.
-
-        Returns (totals, loss account, exact MFU seconds, exact MFU x seconds).
-        """
-        totals, loss = replace(self.totals), self.loss.copy()
-        mfu_seconds, mfu_weighted = self.exact_mfu_seconds, self.exact_mfu_weighted
-        for open_bin in self._open.values():
-            totals.merge(open_bin.totals, -1)
-            loss.subtract(open_bin.loss)
-            mfu_seconds -= open_bin.exact_mfu_seconds
-            mfu_weighted -= open_bin.exact_mfu_weighted
-        return totals, loss, mfu_seconds, mfu_weighted
+    def _close_open_bins(self, through: int) -> None:
+        """The bins up to ``through`` are closed: what they hold joins the life values."""
+        for k in sorted(b for b in self._open if b <= through):
+            open_bin = self._open.pop(k)
+            self.closed_totals.merge(open_bin.totals)
+            self.closed_mfu_seconds += open_bin.exact_mfu_seconds
+            self.closed_mfu_weighted += open_bin.exact_mfu_weighted
+            account = self.loss_bins.bins.get(k)
+            if account is not None:
+                self.closed_loss.merge(account)
 
     def _snapshot(self, bin_end: float, gpus: int, bin_ofu: float) -> Snapshot:
-        totals, life, mfu_seconds, mfu_weighted = self._life_through_closed_bins()
+        totals, life = replace(self.closed_totals), self.closed_loss.copy()
         ofu: dict[str, float] = {}
         mfu: dict[str, float] = {}
         rate: dict[str, float] = {}
@@ -290,7 +313,7 @@ class JobTracker:
                 rate[label] = flop / span
         if totals.ofu_mean is not None:
             ofu[LIFE] = totals.ofu_mean
-        if (mfu_life := _mean(mfu_weighted, mfu_seconds)) is not None:
+        if (mfu_life := _mean(self.closed_mfu_weighted, self.closed_mfu_seconds)) is not None:
             mfu[LIFE] = mfu_life
         loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
         loss[LIFE] = life
