@@ -203,3 +203,14 @@ def test_a_job_that_moves_here_starts_fresh_and_says_so(windows, caplog):
     # Its totals begin with the windows this instance saw: 30 windows x 4 GPUs x 10 s at most.
     assert 0 < seconds[-1].value <= 30 * 4 * 10
     assert seconds[-1].start_time_unix_nano >= windows[100][0].time_unix_nano - 10 * 10**9
+
+
+def test_a_journal_record_of_another_layout_stops_the_replay_without_a_crash(tmp_path, caplog):
+    """A journal left by the layout before the write-ahead one (now, names, resources, rows) beside no snapshot."""
+    state = JobState(tmp_path, "jobs", "fp")
+    state._open_journal()
+    state._write_frame((1.0, {}, {}, []))
+    state.close()
+    with caplog.at_level(logging.WARNING):
+        assert JobState(tmp_path, "jobs", "fp").load() == (None, [], ([], []))
+    assert "another layout" in caplog.text

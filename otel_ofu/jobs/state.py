@@ -182,14 +182,22 @@ class JobState:
                 unsent = ([], [])
                 good = i
                 continue
-            kind, now, new_names, new_resources, rows, output_rows, events = record
-            names.update(new_names)
-            resources.update(new_resources)
+            try:
+                kind, now, new_names, new_resources, rows, output_rows, events = record
+                names.update(new_names)
+                resources.update(new_resources)
+                points = [_point(row, names, resources) for row in rows]
+                outputs = [_point(row, names, resources) for row in output_rows]
+                made = [Event(name, t, resources[r], resources[a], body, severity)
+                        for name, t, r, a, body, severity in events]
+            except (ValueError, TypeError, KeyError):  # a record of another layout: nothing after it is read
+                self.log.warning("jobs journal %s: a record of another layout at byte %d: the journal is read up "
+                                 "to it", self.journal_path, good)
+                return batches, unsent
             if kind == _BATCH:
-                batches.append((now, [_point(row, names, resources) for row in rows]))
-            unsent[0].extend(_point(row, names, resources) for row in output_rows)
-            unsent[1].extend(Event(name, t, resources[r], resources[a], body, severity)
-                             for name, t, r, a, body, severity in events)
+                batches.append((now, points))
+            unsent[0].extend(outputs)
+            unsent[1].extend(made)
             good = i
         if good < len(data):
             self.log.warning("jobs journal %s: %d bytes at its end were cut short by a crash and are ignored "
