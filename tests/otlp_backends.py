@@ -260,9 +260,10 @@ class GrpcBackend(Backend):
     """OTLP/gRPC metrics and logs services on 127.0.0.1 (plaintext, or TLS with ``credentials``)."""
 
     def __init__(self, port: int | None = None, credentials: grpc.ServerCredentials | None = None,
-                 max_request_bytes: int | None = None):
+                 max_request_bytes: int | None = None, logs: bool = True):
         super().__init__(port)
         self.credentials = credentials
+        self.logs_service = logs  # False: no logs service, as a Collector without a logs pipeline (UNIMPLEMENTED)
         self.max_request_bytes = max_request_bytes  # gRPC's own limit: larger requests get RESOURCE_EXHAUSTED
         self._server: grpc.Server | None = None
 
@@ -296,7 +297,8 @@ class GrpcBackend(Backend):
         options = [("grpc.max_receive_message_length", self.max_request_bytes)] if self.max_request_bytes else []
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+        if self.logs_service:
+            logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
         address = f"127.0.0.1:{self.port}"
         bound = (server.add_secure_port(address, self.credentials) if self.credentials
                  else server.add_insecure_port(address))

@@ -653,3 +653,19 @@ def test_the_docs_size_the_jobs_instance_as_fleet_md_measured() -> None:
     section = doc_section("### Per-job metrics: one jobs instance, or the gateway")
     assert f"**{planned} GPUs per jobs instance**" in section
     assert f"about {planned} GPUs" in (CHART / "values.yaml").read_text()
+
+
+def test_otlp_events_false_sends_no_events_on_either_protocol() -> None:
+    """otlp.events: false (a backend Collector without a logs pipeline) reaches every OTLP exporter, gRPC
+    included, where logsEndpoint cannot be used; beside a logsEndpoint it is refused."""
+    for protocol, endpoint in (("grpc", "backend:4317"), ("http", "http://backend:4318")):
+        objects = template(sets=(f"otlp.protocol={protocol}", f"otlp.endpoint={endpoint}", "otlp.events=false"))
+        jobs_config = yaml.safe_load(one(objects, "ConfigMap", "jobs")["data"]["config.yaml"])
+        name = "otlp" if protocol == "grpc" else "otlphttp"
+        for config in (agent_config(objects), jobs_config):
+            assert config["exporters"][name]["events"] is False
+    assert "events" not in agent_config(template(sets=("otlp.endpoint=backend:4317",)))["exporters"]["otlp"]
+    done = helm("template", "x", str(CHART), *KUBE_VERSION, "--set", "otlp.protocol=http", "--set",
+                "otlp.endpoint=http://x", "--set", "otlp.events=false", "--set", "otlp.logsEndpoint=http://l/x",
+                check=False)
+    assert done.returncode != 0 and "otlp.events false sends no events" in done.stderr, done.stderr

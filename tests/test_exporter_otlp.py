@@ -121,6 +121,36 @@ def test_events_go_out_as_logs(backend, make_exporter):
     assert not backend.metrics  # an events-only batch sends no empty metrics request
 
 
+@pytest.mark.parametrize("events", [True, False])
+def test_events_false_sends_metrics_only_to_a_backend_without_logs(make_exporter, events, caplog):
+    """A Collector with no logs pipeline answers the logs service UNIMPLEMENTED: every job start, end
+    and finding is a permanent error, counted dropped (OtelOfuDroppingData fires for ever) unless the
+    exporter is told `events: false`, which sends the metrics alone."""
+    server = GrpcBackend(logs=False).start()
+    try:
+        telemetry = Telemetry()
+        exporter = make_exporter("grpc", server.endpoint, telemetry, events=events)
+        resource = attrs({"service.name": "otel-ofu", "ofu.job.id": "job-7"})
+        points = gpu_points(gpus=1, windows=1)
+        exporter.export(Batch(points=points, events=[Event("ofu.job.start", T0, resource, (), "job started", "INFO")]))
+        assert wait_until(lambda: server.point_counts() == triples(points))
+        exporter.shutdown()  # drains: what the exporter counts is final
+        dropped = sum(telemetry.counters(DROPPED).values())
+        assert dropped == (1 if events else 0)
+        assert not server.events()
+        drops = [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()]
+        assert (not drops) if not events else ("set this exporter's events: false" in drops[0]), drops
+    finally:
+        server.stop()
+
+
+def test_events_false_and_a_logs_endpoint_are_refused_together():
+    with pytest.raises(FieldError, match="events"):
+        _cfg(OtlpHttpExporterConfig, {"endpoint": "http://c:4318", "events": False, "logs_endpoint": "http://l/x"})
+    cfg = _cfg(OtlpHttpExporterConfig, {"endpoint": "http://c:4318", "events": False})
+    assert set(resolve(cfg, {}).targets) == {"metrics"}
+
+
 def test_passthrough_resource_metrics_are_forwarded_unchanged(backend, make_exporter):
     exporter = make_exporter(backend.protocol, backend.endpoint)
     foreign = otlp.to_request([MetricPoint("DCGM_FI_DEV_POWER_USAGE", 250.0, T0, attrs({"host.name": "n"}), (),

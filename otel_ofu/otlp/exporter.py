@@ -31,7 +31,7 @@ class OtlpExporter(Exporter):
     def __init__(self, config: OtlpExporterConfig, context: Context):
         super().__init__(config, context)
         self.settings = resolve(config, os.environ)
-        self._send_logs = "logs" in self.settings.targets  # logs_endpoint: none sends metrics only
+        self._send_logs = "logs" in self.settings.targets  # events: false or logs_endpoint: none: metrics only
         self.delivery: Delivery | None = None
         self._transport = None
 
@@ -63,8 +63,9 @@ class OtlpExporter(Exporter):
             self.log.warning("%s: tls.insecure_skip_verify is set: the server's certificate is not checked",
                              self.context.component_id)
         if not self._send_logs:
-            self.log.info("%s: logs_endpoint is none: events (ofu.job.start, ofu.job.end, findings) are not sent",
-                          self.context.component_id)
+            why = "events is false" if not self.config.events else "logs_endpoint is none"
+            self.log.info("%s: %s: events (ofu.job.start, ofu.job.end, findings) are not sent",
+                          self.context.component_id, why)
         where = queue_file(queue_cfg.storage, self.context.component_id) if queue_cfg.storage else "memory"
         self.log.info("%s: exporting to %s (%s, compression %s, queue %s)", self.context.component_id,
                       redact_url(self.settings.targets["metrics"]), "plaintext" if self.settings.insecure else "TLS",

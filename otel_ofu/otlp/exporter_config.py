@@ -137,6 +137,9 @@ class OtlpExporterConfig:
     # otel-ofu's own: send "authorization: Bearer <file contents>", read again when the file changes
     # (the Collector does this through its bearertokenauth extension's filename).
     bearer_token_file: str | None = None
+    # otel-ofu's own: false sends no events (job start and end, findings: OTLP logs), for a backend
+    # that takes metrics only (a Collector without a logs pipeline, Prometheus 3, VictoriaMetrics).
+    events: bool = True
     retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
     sending_queue: QueueConfig = field(default_factory=QueueConfig)
 
@@ -150,6 +153,9 @@ class OtlpExporterConfig:
                     "headers already sets authorization: use one or the other")
         require(not (self.protocol == "grpc" and self.tls.insecure_skip_verify), "tls.insecure_skip_verify",
                 "not supported by the gRPC client (grpcio); set tls.ca_file to the server's CA instead")
+        logs = getattr(self, "logs_endpoint", None)
+        require(self.events or logs is None or logs.strip() == NO_LOGS, "events",
+                f"false sends no events, but logs_endpoint names where to send them ({logs!r}): drop one")
         resolve(self, os.environ)  # raises FieldError naming a bad variable or endpoint
 
 
@@ -257,6 +263,9 @@ def resolve(config: OtlpExporterConfig, environ: Mapping[str, str]) -> Settings:
         else:
             env_insecure = _env_bool(environ, "INSECURE")
             insecure = bool(env_insecure)
+
+    if not config.events:
+        targets.pop("logs", None)
 
     def pick(value: str | None, name: str) -> str | None:
         if value is not None:

@@ -191,7 +191,14 @@ class GrpcTransport:
             response = calls[item.signal](item.payload, metadata=metadata,
                                           timeout=self.settings.timeout if timeout is None else timeout)
         except self._grpc.RpcError as error:
-            return self.classify(error)
+            result = self.classify(error)
+            if item.signal == "logs" and error.code() == self._grpc.StatusCode.UNIMPLEMENTED:
+                result = SendResult.permanent(result.reason, (
+                    f"{result.detail}. The backend at {self.settings.targets['logs']} takes no OTLP logs (a Collector "
+                    "without a logs pipeline): the job events (ofu.job.start, ofu.job.end, findings) cannot go there. "
+                    "Give it a logs pipeline, or set this exporter's events: false to send metrics only "
+                    "(docs/collector.md)"))
+            return result
         rejected, message = _rejected(item.signal, response)
         return SendResult.success(rejected, message)
 

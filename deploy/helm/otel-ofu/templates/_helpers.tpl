@@ -261,6 +261,12 @@ endpoint: {{ $o.endpoint | quote }}
 {{- end }}
 logs_endpoint: {{ . | quote }}
 {{- end }}
+{{- if not $o.events }}
+{{- if and $o.logsEndpoint (ne $o.logsEndpoint "none") }}
+{{- fail "otlp.events false sends no events: leave otlp.logsEndpoint empty" }}
+{{- end }}
+events: false
+{{- end }}
 compression: {{ $o.compression }}
 {{- $headers := dict }}
 {{- range $k, $v := $o.headers }}
