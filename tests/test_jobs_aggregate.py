@@ -99,14 +99,17 @@ def test_wasted_gpu_hours_arithmetic():
     assert t.flops_known
 
 
-def test_waste_is_one_minus_ofu_unclamped_as_the_loss_parts_add_up():
-    """A window above OFU 1 (the SM clock boosting above f_ref: a negative clock part) wastes less than nothing:
-    waste is what its loss parts add up to (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
+def test_waste_is_what_the_loss_parts_lost_and_a_gain_counts_apart():
+    """A window above OFU 1 (the SM clock boosting above f_ref: a negative clock part) gains GPU time: counted
+    apart, so the waste never falls, and GPU time = useful + wasted - gained
+    (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
     t = JobTotals()
-    t.add(100, 1.02)
-    t.add(100, 0.4)
-    assert t.wasted_gpu_seconds == pytest.approx(-2 + 60)
-    assert t.wasted_gpu_seconds + t.ofu_gpu_seconds == pytest.approx(t.gpu_seconds)
+    t.add(100, 1.02)  # without its parts: 0.02 gained
+    t.add(100, 0.4)  # 0.6 lost
+    t.add(100, 0.9, shares=(0.1, -0.05, 0.05))  # parts: 0.15 lost, a clock part of -0.05
+    assert t.wasted_gpu_seconds == pytest.approx(60 + 15)
+    assert t.gained_gpu_seconds == pytest.approx(2 + 5)
+    assert t.ofu_gpu_seconds + t.wasted_gpu_seconds - t.gained_gpu_seconds == pytest.approx(t.gpu_seconds)
 
 
 def test_empty_totals():

@@ -95,19 +95,28 @@ def test_part_attributes_are_read_once_per_tuple():
 
 
 _RATIO_OR_BLANK = st.one_of(st.none(), st.floats(0, 1))
+# One GPU window: TPA, SM clock (MHz; the H100's f_ref is 1830), GR, SM, DRAM, clock event reasons, whether its
+# gpu.ofu.loss points come (an agent without them: the part "unknown").
 _WINDOW = st.tuples(st.floats(0, 1), st.floats(900, 1980), _RATIO_OR_BLANK, _RATIO_OR_BLANK, _RATIO_OR_BLANK,
                     st.sampled_from([None, 0x0, 0x4, 0x40]), st.booleans())
 # The SM clock boosting to its maximum (1980 MHz) above the H100's f_ref (1830 MHz), tensor pipes nearly always
-# busy: OFU above 1, a negative clock part.
+# busy: OFU above 1, a negative clock part; and the same without its loss points.
 _BOOSTED = (0.99, 1980.0, 1.0, 1.0, 0.2, 0x0, True)
+_BOOSTED_WITHOUT_ACCOUNT = (0.99, 1980.0, 1.0, 1.0, 0.2, 0x0, False)
+# A lightly loaded, memory-bound job on a GPU boosting at 1980 MHz: every window gains on the clock.
+_LIGHT_BOOST = (0.3, 1980.0, 0.7, 0.5, 0.7, 0x0, True)
+# Thermal throttling: every window loses on the clock.
+_THROTTLED = (0.8, 1200.0, 0.95, 0.9, 0.2, 0x40, True)
+
+_CUMULATIVE_JOB_METRICS = {"job.gpu_seconds", "job.flops", "job.wasted_gpu_hours", "job.ofu.loss.gpu_hours",
+                           "job.ofu.gain.gpu_hours", "fleet.gpu_hours", "fleet.gpu_hours.gained"}
 
 
-@settings(max_examples=120, deadline=None)
-@given(windows=st.lists(_WINDOW, min_size=1, max_size=40), boosted_at=st.integers(0, 40))
-def test_a_jobs_loss_gpu_hours_add_up_to_its_wasted_gpu_hours_also_above_ofu_1(windows, boosted_at):
-    """Issue 31 item 6: job.ofu.loss.gpu_hours, summed over parts, is job.wasted_gpu_hours, over any windows
-    (blank GR/SM/DRAM, any clock cause, windows without their loss points) including some whose OFU is
-    above 1; the waste used to clamp such a window to 0 while its parts added up to 1 - OFU < 0."""
+def _run_jobs(gpu_windows: list[list[tuple]], t0: int = 1_800_000_000):
+    """Each step's windows (one per GPU, all of job "train", 10 s each) through the real ofu and jobs processors.
+
+    Returns every point the jobs processor emitted, in order, and each GPU window's OFU.
+    """
     from otel_ofu.core.model import Batch, GpuSample
     from otel_ofu.jobs.config import JobsConfig
     from otel_ofu.pipeline.component import Context
@@ -115,32 +124,64 @@ def test_a_jobs_loss_gpu_hours_add_up_to_its_wasted_gpu_hours_also_above_ofu_1(w
     from otel_ofu.processors.jobs import JobsProcessor
     from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 
-    windows = [*windows[:boosted_at], _BOOSTED, *windows[boosted_at:]]
-    t0 = 1_800_000_000
     ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
-    # One bin per window: each window's snapshot holds every window so far.
+    # One bin per step: each step's snapshot holds every window so far.
     jobs = JobsProcessor(build_config(JobsConfig, {"resolution": "10s"}), Context("jobs"), clock=lambda: t0)
-    last: dict[tuple, float] = {}
-    ofus = []
-    for k, (tpa, clock, gr, sm, dram, reasons, with_loss) in enumerate(windows):
-        sample = GpuSample((t0 + 10 * (k + 1)) * 10**9, 10.0, "node-0", 0, "GPU-0", "NVIDIA H100 80GB HBM3", tpa,
-                           clock, clock_event_reasons=reasons, sm_active=sm, gr_active=gr, dram_active=dram,
-                           job_id="train", precision="bf16")
-        points = ofu.process(Batch(samples=[sample])).points
-        ofus += [p.value for p in points if p.name == "gpu.ofu"]
-        if not with_loss:  # an agent that sends no gpu.ofu.loss: the part "unknown"
-            points = [p for p in points if p.name != "gpu.ofu.loss"]
-        for p in jobs.process(Batch(points=points)).points:
-            if p.name in ("job.ofu.loss.gpu_hours", "job.wasted_gpu_hours", "job.gpu_seconds"):
-                last[(p.name, dict(p.attributes).get("ofu.loss.part"))] = p.value
-    assert len(ofus) == len(windows) and max(ofus) > 1
-    parts = [v for (name, _), v in last.items() if name == "job.ofu.loss.gpu_hours"]
-    wasted = last[("job.wasted_gpu_hours", None)]
-    assert math.fsum(parts) == pytest.approx(wasted, rel=1e-9, abs=1e-12)
-    # ... and the waste and the useful GPU time (OFU x time, above 1 too) are all of the job's GPU time
-    gpu_hours = last[("job.gpu_seconds", None)] / 3600
-    assert gpu_hours == pytest.approx(len(windows) * 10 / 3600)
-    assert wasted + math.fsum(o * 10 for o in ofus) / 3600 == pytest.approx(gpu_hours, rel=1e-9)
+    emitted: list[MetricPoint] = []
+    ofus: list[float] = []
+    for k, windows in enumerate(gpu_windows):
+        points = []
+        for gpu, (tpa, clock, gr, sm, dram, reasons, with_loss) in enumerate(windows):
+            sample = GpuSample((t0 + 10 * (k + 1)) * 10**9, 10.0, "node-0", gpu, f"GPU-{gpu}",
+                               "NVIDIA H100 80GB HBM3", tpa, clock, clock_event_reasons=reasons, sm_active=sm,
+                               gr_active=gr, dram_active=dram, job_id="train", precision="bf16")
+            made = ofu.process(Batch(samples=[sample])).points
+            ofus += [p.value for p in made if p.name == "gpu.ofu"]
+            # an agent that sends no gpu.ofu.loss: the part "unknown"
+            points += made if with_loss else [p for p in made if p.name != "gpu.ofu.loss"]
+        emitted += jobs.process(Batch(points=points)).points
+    return emitted, ofus
+
+
+@settings(max_examples=120, deadline=None)
+@given(steps=st.lists(st.lists(_WINDOW, min_size=2, max_size=2), min_size=1, max_size=30),
+       special_at=st.integers(0, 30),
+       special=st.sampled_from([_BOOSTED, _BOOSTED_WITHOUT_ACCOUNT, _LIGHT_BOOST]))
+def test_every_cumulative_job_counter_only_grows_and_the_gpu_time_adds_up_also_above_ofu_1(steps, special_at,
+                                                                                          special):
+    """Issue 31 item 6: every cumulative counter the jobs processor emits (job.wasted_gpu_hours,
+    job.ofu.loss.gpu_hours, job.ofu.gain.gpu_hours, fleet.gpu_hours, ...) is non-decreasing from one emission to
+    the next, over any windows (blank GR/SM/DRAM, any clock cause, windows without their loss points) including
+    some whose SM clock boosted above f_ref (OFU above 1, a negative clock part). And the convention adds up:
+    the loss parts' GPU-hours are the wasted GPU-hours, and GPU time = useful (OFU x time) + wasted - gained.
+    Before: a boosted window's negative clock part and waste were added to the counters, which fell: a counter
+    reset to Prometheus, whose increase() then counts the whole value again."""
+    steps = [*steps[:special_at], [special, _THROTTLED], *steps[special_at:]]
+    emitted, ofus = _run_jobs(steps)
+    assert len(ofus) == 2 * len(steps)
+    series: dict[tuple, list[float]] = {}
+    for p in emitted:
+        if p.monotonic:
+            series.setdefault((p.name, p.resource, p.attributes), []).append(p.value)
+    assert {name for name, _, _ in series} >= _CUMULATIVE_JOB_METRICS - {"fleet.gpu_hours", "fleet.gpu_hours.gained"}
+    for (name, _, attributes), values in series.items():
+        assert all(b >= a for a, b in zip(values, values[1:])), (name, attributes, values)
+
+    def last(name: str) -> dict[str | None, float]:
+        return {dict(a).get("ofu.loss.part"): v[-1] for (n, _, a), v in series.items() if n == name}
+
+    gpu_hours = last("job.gpu_seconds")[None] / 3600
+    assert gpu_hours == pytest.approx(len(ofus) * 10 / 3600, rel=1e-12)
+    wasted, lost, gained = last("job.wasted_gpu_hours")[None], last("job.ofu.loss.gpu_hours"), \
+        last("job.ofu.gain.gpu_hours")
+    assert set(gained) == {CLOCK} and gained[CLOCK] > 0
+    assert math.fsum(lost.values()) == pytest.approx(wasted, rel=1e-9, abs=1e-9 * gpu_hours)
+    useful = math.fsum(o * 10 for o in ofus) / 3600
+    assert useful + wasted - math.fsum(gained.values()) == pytest.approx(gpu_hours, rel=1e-9)
+    if len(steps) > 1:  # the fleet's account goes out once per bin from the second on: every GPU-hour, less the gain
+        fleet, fleet_gained = last("fleet.gpu_hours"), last("fleet.gpu_hours.gained")
+        assert fleet[USEFUL] == pytest.approx(useful, rel=1e-9)
+        assert math.fsum(fleet.values()) - math.fsum(fleet_gained.values()) == pytest.approx(gpu_hours, rel=1e-9)
 
 
 def test_a_jobs_end_says_what_its_clock_boost_gained():

@@ -117,7 +117,10 @@ def test_job_start_and_end_events_with_a_summary(demo_run):
     llama = ends["llama-70b-pretrain"]
     assert llama["ofu.job.end_reason"] == "shutdown" and llama["ofu.job.gpus"] == 4
     assert llama["ofu.job.gpu_hours"] == pytest.approx(4.0, rel=0.01)
-    assert llama["ofu.job.wasted_gpu_hours"] == pytest.approx(4.0 * (1 - llama["ofu.job.ofu.mean"]), rel=1e-6)
+    # what its parts lost, less what its clock gained above f_ref: GPU time x (1 - OFU)
+    assert llama["ofu.job.wasted_gpu_hours"] - llama["ofu.job.gained_gpu_hours"] == \
+        pytest.approx(llama["ofu.job.gpu_hours"] * (1 - llama["ofu.job.ofu.mean"]), rel=1e-6)
+    assert 0 < llama["ofu.job.gained_gpu_hours"] < llama["ofu.job.wasted_gpu_hours"]
     assert ends["moe-236b"]["ofu.job.findings"] == 1
     # The MoE finding is still open at shutdown: it closes with its job.
     closes = [dict(e.attributes) for e in final.events if e.name == "ofu.finding.close"]
@@ -227,16 +230,19 @@ def test_loss_gpu_hours_add_up_to_the_waste_and_the_fleet_to_all_gpu_time(demo_r
     points, _, _ = demo_run
     last: dict[tuple, float] = {}
     for p in sorted(points, key=lambda p: p.time_unix_nano):
-        if p.name in ("job.ofu.loss.gpu_hours", "job.wasted_gpu_hours", "job.gpu_seconds", "fleet.gpu_hours"):
+        if p.name in ("job.ofu.loss.gpu_hours", "job.wasted_gpu_hours", "job.gpu_seconds", "fleet.gpu_hours",
+                      "fleet.gpu_hours.gained"):
             last[(p.name, dict(p.resource).get(JOB_ID), dict(p.attributes).get("ofu.loss.part"))] = p.value
     jobs = {job for name, job, _ in last if name == "job.wasted_gpu_hours"}
     for job in jobs:
         parts = sum(v for (name, j, _), v in last.items() if name == "job.ofu.loss.gpu_hours" and j == job)
         assert parts == pytest.approx(last[("job.wasted_gpu_hours", job, None)], rel=1e-6), job
     fleet = {part: v for (name, _, part), v in last.items() if name == "fleet.gpu_hours"}
+    gained = {part: v for (name, _, part), v in last.items() if name == "fleet.gpu_hours.gained"}
     assert {"useful", "unallocated", "engine_idle", "clock", "padding"} <= set(fleet)
+    assert set(gained) == {"clock"}  # the demo's GPUs boost above f_ref at times
     # 32 GPUs for about an hour; the idle reservation and the hot node's 4 free GPUs have no job
-    assert sum(fleet.values()) == pytest.approx(32.0, rel=0.05)
+    assert sum(fleet.values()) - sum(gained.values()) == pytest.approx(32.0, rel=0.05)
     assert fleet["unallocated"] == pytest.approx(5.0, rel=0.05)
 
 

@@ -32,7 +32,8 @@ GPU_RECEIVERS = ("receivers/dcgm", "receivers/nvml", "receivers/dcgm_exporter", 
 _LABEL_SOURCES = ("receivers/dcgm_exporter", "receivers/otlp", "receivers/replay", "processors/attribution")
 _OFU_POINTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved")
 _JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved", "job.ofu.loss")
-_LOSS_METRICS = ("gpu.ofu.loss", "job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours")
+_LOSS_METRICS = ("gpu.ofu.loss", "job.ofu.loss", "job.ofu.loss.gpu_hours", "job.ofu.gain.gpu_hours", "fleet.gpu_hours",
+                 "fleet.gpu_hours.gained")
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
@@ -132,11 +133,11 @@ _ATTRIBUTES = (
     AttributeInfo("hpc.job.id", RESOURCE, "dcgm-exporter's `hpc_job` label (its HPC job mapping).", _LABEL_SOURCES),
     # --- otel-ofu itself (resource of its self-telemetry) ---
     AttributeInfo("service.name", RESOURCE, "`otel-ofu` on self-telemetry, receiver status points and "
-                  "fleet.gpu_hours.",
+                  "fleet.gpu_hours (and .gained).",
                   ("receivers/selftelemetry", "receivers/dcgm", "receivers/nvml", "processors/jobs")),
     AttributeInfo("service.version", RESOURCE, "otel-ofu's version, on self-telemetry.", ("receivers/selftelemetry",)),
     AttributeInfo("service.instance.id", RESOURCE, "`<host>:<pid>` of the otel-ofu process, on self-telemetry and "
-                  "fleet.gpu_hours (each jobs instance its own series).",
+                  "fleet.gpu_hours (and .gained; each jobs instance its own series).",
                   ("receivers/selftelemetry", "processors/jobs")),
     # --- how a value was made (point) ---
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "

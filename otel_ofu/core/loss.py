@@ -307,15 +307,19 @@ def part_order(part: str) -> int:
 class LossTotals:
     """Windows added up GPU-time weighted: seconds x share per part (``useful`` is OFU x seconds).
 
-    ``seconds`` is the GPU time with an account; the part seconds add up to it. Causes are
-    kept as seconds x share per (part, cause), so the dominant cause of a part is the one
-    behind most of its loss. Every sum is exact (core.exact): the same windows give the same
-    bits in any order, and one account can be taken from another exactly (:meth:`subtract`).
+    Each window's part adds to what that part lost (``part_seconds``) when it is 0 or more, and to
+    what it gained (``gain_seconds``) when it is below 0: the clock part of a window whose SM clock
+    boosted above f_ref. So neither ever falls (they make cumulative counters), and ``seconds``, the
+    GPU time with an account, is what the parts lost less what they gained. Causes are kept as
+    seconds x share lost per (part, cause), so the dominant cause of a part is the one behind most
+    of its loss. Every sum is exact (core.exact): the same windows give the same bits in any order,
+    and one account can be taken from another exactly (:meth:`subtract`).
     """
 
     exact_seconds: int = 0
     exact_parts: dict[str, int] = field(default_factory=dict)
     exact_causes: dict[tuple[str, str], int] = field(default_factory=dict)
+    exact_gains: dict[str, int] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -323,13 +327,18 @@ class LossTotals:
 
     @property
     def part_seconds(self) -> dict[str, float]:
-        """Each part's GPU seconds (seconds x share)."""
+        """Each part's GPU seconds lost (seconds x share, where the share is 0 or more)."""
         return {part: to_float(count) for part, count in self.exact_parts.items()}
 
     @property
     def cause_seconds(self) -> dict[tuple[str, str], float]:
-        """Each (part, cause)'s GPU seconds."""
+        """Each (part, cause)'s GPU seconds lost."""
         return {key: to_float(count) for key, count in self.exact_causes.items()}
+
+    @property
+    def gain_seconds(self) -> dict[str, float]:
+        """Each part's GPU seconds gained (-seconds x share, where the share is below 0)."""
+        return {part: to_float(count) for part, count in self.exact_gains.items()}
 
     def add(self, account: LossAccount, seconds: float) -> None:
         self.add_parts(account.parts, account.ofu, seconds,
@@ -349,6 +358,9 @@ class LossTotals:
         self.exact_seconds += total
         totals = self.exact_parts
         for part, count in counts:
+            if count < 0:  # a gain (the SM clock above f_ref): counted apart, the part lost nothing here
+                self.exact_gains[part] = self.exact_gains.get(part, 0) - count
+                count = 0
             totals[part] = totals.get(part, 0) + count
             cause = causes.get(part) if causes else None
             if cause is not None:
@@ -376,12 +388,16 @@ class LossTotals:
                 self.exact_parts[part] = self.exact_parts.get(part, 0) + count
             for key, count in other.exact_causes.items():
                 self.exact_causes[key] = self.exact_causes.get(key, 0) + count
+            for part, count in other.exact_gains.items():
+                self.exact_gains[part] = self.exact_gains.get(part, 0) + count
             return
         self.exact_seconds += exact(to_float(other.exact_seconds) * factor)
         for part, count in other.exact_parts.items():
             self.exact_parts[part] = self.exact_parts.get(part, 0) + exact(to_float(count) * factor)
         for key, count in other.exact_causes.items():
             self.exact_causes[key] = self.exact_causes.get(key, 0) + exact(to_float(count) * factor)
+        for part, count in other.exact_gains.items():
+            self.exact_gains[part] = self.exact_gains.get(part, 0) + exact(to_float(count) * factor)
 
     def subtract(self, other: LossTotals) -> None:
         """Take ``other`` out again, exactly (a job's life account without its bins still open)."""
@@ -390,20 +406,30 @@ class LossTotals:
             self.exact_parts[part] = self.exact_parts.get(part, 0) - count
         for key, count in other.exact_causes.items():
             self.exact_causes[key] = self.exact_causes.get(key, 0) - count
+        for part, count in other.exact_gains.items():
+            self.exact_gains[part] = self.exact_gains.get(part, 0) - count
 
     def copy(self) -> LossTotals:
-        return LossTotals(self.exact_seconds, dict(self.exact_parts), dict(self.exact_causes))
+        return LossTotals(self.exact_seconds, dict(self.exact_parts), dict(self.exact_causes), dict(self.exact_gains))
 
     def shares(self) -> dict[str, float]:
-        """Each part's share of the GPU time, in account order."""
+        """Each part's share of the GPU time, in account order: what it lost less what it gained (the clock
+        part is below 0 where its gains outweigh its losses); with ``useful`` they add up to 1."""
         seconds = self.seconds
         if seconds <= 0:
             return {}
-        return {part: to_float(self.exact_parts[part]) / seconds for part in sorted(self.exact_parts, key=part_order)}
+        gains = self.exact_gains
+        return {part: to_float(self.exact_parts.get(part, 0) - gains.get(part, 0)) / seconds
+                for part in sorted(self.exact_parts.keys() | gains.keys(), key=part_order)}
 
     def gpu_hours(self) -> dict[str, float]:
-        """Each part in GPU-hours, in account order."""
+        """The GPU-hours each part lost (never below 0; ``useful``: OFU x GPU time), in account order."""
         return {part: to_float(self.exact_parts[part]) / 3600.0 for part in sorted(self.exact_parts, key=part_order)}
+
+    def gained_gpu_hours(self) -> dict[str, float]:
+        """The GPU-hours each part gained (its windows below 0: the clock boosting above f_ref), in account order.
+        GPU time = the parts' GPU-hours (useful, lost, unallocated) - these."""
+        return {part: to_float(self.exact_gains[part]) / 3600.0 for part in sorted(self.exact_gains, key=part_order)}
 
     def dominant_cause(self, part: str) -> str | None:
         """The cause behind most of a part's loss (the clock's reason, memory-bound or not)."""
@@ -411,13 +437,16 @@ class LossTotals:
         return max(found)[1] if found else None
 
     def largest_loss(self) -> tuple[str, float] | None:
-        """The loss part (not useful, not unallocated) with the most GPU time, and its share; None when no part
-        lost any (a clock gain is not a loss)."""
-        shares = {p: v for p, v in self.shares().items() if p not in (USEFUL, UNALLOCATED) and v > 0}
-        if not shares:
+        """The loss part (not useful, not unallocated) that lost the most GPU time, and that share of the GPU time
+        (what it lost, its gains not subtracted); None when no part lost any (a clock gain is not a loss)."""
+        seconds = self.seconds
+        if seconds <= 0:
             return None
-        part = max(shares, key=lambda p: (shares[p], -part_order(p)))
-        return part, shares[part]
+        lost = {p: c for p, c in self.exact_parts.items() if p not in (USEFUL, UNALLOCATED) and c > 0}
+        if not lost:
+            return None
+        part = max(lost, key=lambda p: (lost[p], -part_order(p)))
+        return part, to_float(lost[part]) / seconds
 
 
 # --- words for people: what a part is and what to do about it (report, console, docs) ----------
@@ -439,8 +468,8 @@ PART_MEANINGS: dict[str, str] = {
     SM_IDLE: "kernels running but SMs idle: launch gaps, small grids, tails",
     NON_TENSOR: "SMs busy, tensor pipes idle: elementwise, softmax, normalization and communication kernels, "
                 "memory-bound phases",
-    CLOCK: "SMs below the clock the peak is quoted at (power cap, thermal, application clocks); negative when "
-           "boosting above it",
+    CLOCK: "SMs below the clock the peak is quoted at (power cap, thermal, application clocks); GPU time gained "
+           "(counted apart, a share below 0) when boosting above it",
     PADDING: "tensor work that 2MNK does not count: padded GEMM tiles",
     USEFUL: "the tensor work the dense peak counts: OFU",
     UNALLOCATED: "GPU time no job held",
@@ -490,6 +519,12 @@ def is_gain(part: str, value: float) -> bool:
     return part == CLOCK and value < 0
 
 
+def gain_title(part: str) -> str:
+    """What a part's gain is called: ``clock boost`` for the clock (the only part that gains from real
+    readings), else the part's own name."""
+    return CLOCK_GAIN_TITLE if part == CLOCK else part_title(part)
+
+
 def amount_words(part: str, value: float, unit: str = "GPU h", decimals: int = 2) -> str:
     """A part's amount as people should read it: ``clock: 0.12 GPU h lost``, or for a negative clock part
     ``clock boost: +0.02 GPU h gained``, never ``-0.02 GPU h lost``. ``unit`` "%" takes a share."""
@@ -500,6 +535,13 @@ def amount_words(part: str, value: float, unit: str = "GPU h", decimals: int = 2
     if is_gain(part, value):
         return f"{CLOCK_GAIN_TITLE}: +{number} gained"
     return f"{part_title(part)}: {number} lost"
+
+
+def gained_words(part: str, gained: float, unit: str = "GPU h", decimals: int = 2) -> str:
+    """What a part gained (a positive amount, LossTotals.gained_gpu_hours): ``clock boost: +0.02 GPU h gained``.
+    ``unit`` "%" takes a share."""
+    number = f"{gained:.{decimals}%}" if unit == "%" else f"{gained:.{decimals}f} {unit}"
+    return f"{gain_title(part)}: +{number} gained"
 
 
 def part_meaning(part: str) -> str:

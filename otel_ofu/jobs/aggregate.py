@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from otel_ofu.core.exact import SCALE, UNSCALE, exact, to_float
@@ -213,30 +214,43 @@ class WeightedHistogram:
 
 @dataclass
 class JobTotals:
-    """A job's life so far: GPU time, OFU x GPU time, waste and FLOPs, as exact sums (core.exact): the same
-    windows give the same bits in any order, and :meth:`subtract` takes some out again exactly."""
+    """A job's life so far: GPU time, OFU x GPU time, waste, gain and FLOPs, as exact sums (core.exact): the same
+    windows give the same bits in any order, and :meth:`merge` with sign -1 takes some out again exactly.
+
+    GPU time = OFU x GPU time (useful) + wasted - gained, and each only grows: they make cumulative
+    counters (docs/method.md#wasted-gpu-hours-and-the-clock-gain).
+    """
 
     exact_gpu_seconds: int = 0
     exact_ofu_gpu_seconds: int = 0
-    exact_wasted_gpu_seconds: int = 0
+    exact_wasted_gpu_seconds: int = 0  # what the windows' loss parts lost: their parts above 0
     exact_flop: int = 0
     exact_flop_gpu_seconds: int = 0  # the GPU time whose FLOPs are known (precision known)
+    exact_gained_gpu_seconds: int = 0  # what they gained: their parts below 0 (the SM clock boosting above f_ref)
 
-    def add(self, seconds: float, ofu: float, flops_per_s: float | None = None) -> None:
-        """One GPU window. Waste is GPU time x (1 - OFU), not clamped: exactly what the window's loss parts
-        add up to, so a window above OFU 1 (the SM clock boosting above f_ref: a negative clock part, a
-        gain) wastes less than nothing (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."""
-        wasted = seconds * (1.0 - ofu)
+    def add(self, seconds: float, ofu: float, flops_per_s: float | None = None,
+            shares: Iterable[float] | None = None) -> None:
+        """One GPU window. ``shares``: its loss parts' shares (jobs.loss.window_shares); without them its
+        1 - OFU. A share above 0 is lost, its GPU time added to the waste (term by term as the loss account
+        adds it, so the waste is exactly what the loss parts add up to); one below 0 (the clock part of a window
+        whose SM clock boosted above f_ref) is gained, added to the gain, never subtracted from the waste:
+        neither falls."""
         try:  # core.exact.exact, inline
-            counts = int(seconds * SCALE), int(ofu * seconds * SCALE), int(wasted * SCALE)
+            gpu, useful = int(seconds * SCALE), int(ofu * seconds * SCALE)
+            parts = [int(share * seconds * SCALE) for share in ((1.0 - ofu,) if shares is None else shares)]
         except (OverflowError, ValueError):
-            counts = exact(seconds), exact(ofu * seconds), exact(wasted)
-        self.exact_gpu_seconds += counts[0]
-        self.exact_ofu_gpu_seconds += counts[1]
-        self.exact_wasted_gpu_seconds += counts[2]
+            gpu, useful = exact(seconds), exact(ofu * seconds)
+            parts = [exact(share * seconds) for share in ((1.0 - ofu,) if shares is None else shares)]
+        self.exact_gpu_seconds += gpu
+        self.exact_ofu_gpu_seconds += useful
+        for count in parts:
+            if count < 0:
+                self.exact_gained_gpu_seconds -= count
+            else:
+                self.exact_wasted_gpu_seconds += count
         if flops_per_s is not None:
             self.exact_flop += exact(flops_per_s * seconds)
-            self.exact_flop_gpu_seconds += counts[0]
+            self.exact_flop_gpu_seconds += gpu
 
     def merge(self, other: JobTotals, sign: int = 1) -> None:
         """Add ``other`` exactly (``sign`` -1: take it out again)."""
@@ -245,6 +259,7 @@ class JobTotals:
         self.exact_wasted_gpu_seconds += sign * other.exact_wasted_gpu_seconds
         self.exact_flop += sign * other.exact_flop
         self.exact_flop_gpu_seconds += sign * other.exact_flop_gpu_seconds
+        self.exact_gained_gpu_seconds += sign * other.exact_gained_gpu_seconds
 
     @property
     def gpu_seconds(self) -> float:
@@ -257,6 +272,10 @@ class JobTotals:
     @property
     def wasted_gpu_seconds(self) -> float:
         return to_float(self.exact_wasted_gpu_seconds)
+
+    @property
+    def gained_gpu_seconds(self) -> float:
+        return to_float(self.exact_gained_gpu_seconds)
 
     @property
     def flop(self) -> float:
@@ -277,6 +296,10 @@ class JobTotals:
     @property
     def wasted_gpu_hours(self) -> float:
         return self.wasted_gpu_seconds / 3600.0
+
+    @property
+    def gained_gpu_hours(self) -> float:
+        return self.gained_gpu_seconds / 3600.0
 
     @property
     def flops_known(self) -> bool:

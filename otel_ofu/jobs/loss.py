@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from otel_ofu.core.loss import UNACCOUNTED, USEFUL, LossTotals, advice, part_title
+from otel_ofu.core.loss import CLOCK, UNACCOUNTED, USEFUL, LossTotals, advice, part_title
 from otel_ofu.core.model import LOSS_CAUSE, LOSS_PART, Attributes, MetricPoint
 from otel_ofu.jobs.aggregate import bin_pieces
 from otel_ofu.pipeline.caches import Cache
@@ -62,12 +62,27 @@ def window_parts(points: Iterable[MetricPoint]) -> dict[tuple[Attributes, int], 
     return {key: (tuple(parts), causes) for key, (parts, causes) in found.items()}
 
 
+def window_account(parts: Parts | None, ofu: float) -> Parts:
+    """A GPU window's parts as an account counts them: its own, or ``unknown`` (1 - OFU) when it came without
+    them. OFU above 1 is only ever the SM clock above f_ref (TPA and the tile factor are at most 1), so such a
+    window without its parts gained at least OFU - 1 on the clock: counted as that, nothing unknown."""
+    if parts is not None:
+        return parts
+    if ofu > 1.0:
+        return ((UNACCOUNTED, 0.0), (CLOCK, 1.0 - ofu)), {}
+    return ((UNACCOUNTED, 1.0 - ofu),), {}
+
+
 def add_window(totals: LossTotals, parts: Parts | None, ofu: float, seconds: float) -> None:
-    """One GPU window into an account: its parts, or ``unknown`` (1 - OFU) when it came without them."""
-    if parts is None:
-        totals.add_parts(((UNACCOUNTED, 1.0 - ofu),), ofu, seconds)
-    else:
-        totals.add_parts(parts[0], ofu, seconds, parts[1])
+    """One GPU window into an account: its parts, or ``unknown`` when it came without them (window_account)."""
+    counted = window_account(parts, ofu)
+    totals.add_parts(counted[0], ofu, seconds, counted[1])
+
+
+def window_shares(parts: Parts | None, ofu: float) -> tuple[float, ...]:
+    """A GPU window's parts' shares as :func:`add_window` counts them: what a job's wasted GPU-hours (those above
+    0) and gained ones (below 0) add (jobs.aggregate.JobTotals.add)."""
+    return tuple(share for _, share in window_account(parts, ofu)[0])
 
 
 class LossBins:

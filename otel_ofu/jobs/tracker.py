@@ -25,7 +25,7 @@ from otel_ofu.jobs.audit import MfuAudit
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
-from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part
+from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part, window_shares
 from otel_ofu.jobs.regression import RegressionDetector
 
 LIFE = "life"
@@ -135,6 +135,7 @@ class JobTracker:
         self._touch(start, end)
         next_bin = self._next_bin
         assert next_bin is not None
+        shares = window_shares(loss, ofu)  # its parts lost (waste) and gained apart: neither counter falls
         for k, overlap in bin_pieces(start, end, self._res):  # bin by bin: a snapshot counts up to its bin's end
             piece = overlap * weight
             add_window(self.loss_bins.bin(k), loss, ofu, piece)
@@ -142,10 +143,10 @@ class JobTracker:
                 open_bin = self._open.get(k)
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
-                open_bin.totals.add(piece, ofu, flops_per_s)
+                open_bin.totals.add(piece, ofu, flops_per_s, shares)
             else:  # late for a bin already closed: into the life values at once
                 add_window(self.closed_loss, loss, ofu, piece)
-                self.closed_totals.add(piece, ofu, flops_per_s)
+                self.closed_totals.add(piece, ofu, flops_per_s, shares)
         self.loss_bins.evict(next_bin)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end

@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from otel_ofu.core.loss import CLOCK, USEFUL, LossTotals, amount_words, is_gain, part_title
+from otel_ofu.core.loss import USEFUL, LossTotals, gained_words, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
 from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.aggregate import window_label
@@ -62,20 +62,27 @@ for _info in (
                "started (OFU x dense peak at the job's precision; only GPU time with a known precision)."),
     MetricInfo("job.flops.achieved", "{flop}/s", "gauge", "The job's achieved FLOP/s, all its GPUs together, over "
                "the window in ofu.window."),
-    MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time x (1 - OFU) since the job started: the compute the "
-               "job held but did not use. Not clamped: exactly the sum of job.ofu.loss.gpu_hours, a clock boost above "
-               "f_ref (a negative clock part) subtracted (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
+    MetricInfo("job.wasted_gpu_hours", "h", "sum", "GPU time the job has lost since it started: the compute it held "
+               "but did not use, exactly the sum of job.ofu.loss.gpu_hours. A window whose SM clock boosted above "
+               "f_ref gains GPU time, counted apart in job.ofu.gain.gpu_hours, so this never falls: GPU time = OFU x "
+               "GPU time + this - the gain (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
     MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
                "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
                "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
                "`unknown`: OFU that came without its account.", whole_set=True),
     MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
-               "started: share x GPU time; the parts add up to job.wasted_gpu_hours. The clock part is negative "
-               "where the SM clock boosted above f_ref: GPU time gained (it may then fall: read it with max or last, "
-               "not rate or increase)."),
+               "started: share x GPU time of each window where the part is a loss; the parts add up to "
+               "job.wasted_gpu_hours. Never falls: a window's negative clock part is in job.ofu.gain.gpu_hours."),
+    MetricInfo("job.ofu.gain.gpu_hours", "h", "sum", "GPU time the job has gained on a part (ofu.loss.part: `clock`) "
+               "since it started: -share x GPU time of each window where the part is below 0, the SM clock boosting "
+               "above f_ref (docs/method.md#wasted-gpu-hours-and-the-clock-gain). A series only once the job gained."),
     MetricInfo("fleet.gpu_hours", "h", "sum", "Every GPU-hour this jobs processor has seen since it started, by "
                "where it went (ofu.loss.part): `useful` (OFU), each loss part of the jobs, `unknown`, and "
-               "`unallocated` (GPU time of no job). Summed over instances and parts: the fleet's GPU time."),
+               "`unallocated` (GPU time of no job). Summed over instances and parts, less fleet.gpu_hours.gained: "
+               "the fleet's GPU time."),
+    MetricInfo("fleet.gpu_hours.gained", "h", "sum", "GPU-hours the jobs gained on a part (ofu.loss.part: `clock`, "
+               "the SM clock boosting above f_ref) since this jobs processor started; job.ofu.gain.gpu_hours of "
+               "every job together (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
     MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
@@ -146,7 +153,8 @@ def summary_attributes(summary: JobSummary) -> Attributes:
         JOB_ID: summary.job_id, JOB_END_REASON: summary.reason,
         "ofu.job.duration_s": summary.end - summary.start, "ofu.job.gpus": summary.gpus,
         "ofu.job.gpus.peak": summary.peak_gpus, "ofu.job.gpu_hours": t.gpu_hours,
-        "ofu.job.wasted_gpu_hours": t.wasted_gpu_hours, "ofu.job.ofu.mean": t.ofu_mean,
+        "ofu.job.wasted_gpu_hours": t.wasted_gpu_hours, "ofu.job.gained_gpu_hours": t.gained_gpu_hours,
+        "ofu.job.ofu.mean": t.ofu_mean,
         "ofu.job.ofu.p10": summary.ofu_p10, "ofu.job.ofu.p50": summary.ofu_p50, "ofu.job.ofu.p90": summary.ofu_p90,
         "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
         "ofu.job.findings": len(summary.findings),
@@ -350,8 +358,10 @@ class JobsProcessor(Processor):
             return []
         self.book.fleet_emitted = (current, first)
         t, start = _ns(current * resolution), _ns(first * resolution)
-        return [MetricPoint("fleet.gpu_hours", hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True,
-                            start) for part, hours in loss.gpu_hours().items()]
+        return [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
+                for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
+                                            ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
+                for part, hours in hours_by_part.items()]
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
@@ -404,8 +414,8 @@ class JobsProcessor(Processor):
         gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
         largest = summary.loss.largest_loss()
         where = f" (largest loss: {part_title(largest[0])}, {largest[1]:.0%})" if largest else ""
-        clock = summary.loss.gpu_hours().get(CLOCK, 0.0)
-        gain = f" ({amount_words(CLOCK, clock)})" if is_gain(CLOCK, clock) else ""
+        gained = summary.loss.gained_gpu_hours()
+        gain = "".join(f" ({gained_words(part, hours)})" for part, hours in gained.items() if hours >= 0.005)
         return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
                 f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}, {len(summary.findings)} finding(s)")
 
@@ -431,9 +441,11 @@ class JobsProcessor(Processor):
                 out.append(MetricPoint("job.ofu.loss", share, t, resource,
                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO))
         life = s.loss.get(LIFE)
-        if life is not None:
+        if life is not None:  # what each part lost and gained: two counters, neither falls
             out += [MetricPoint("job.ofu.loss.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
                                 start) for part, hours in life.gpu_hours().items() if part != USEFUL]
+            out += [MetricPoint("job.ofu.gain.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
+                                start) for part, hours in life.gained_gpu_hours().items()]
         if s.baseline is not None:
             out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
         out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
