@@ -375,3 +375,29 @@ def test_a_clock_boost_above_f_ref_reads_as_a_gain_never_as_a_negative_loss(monk
     assert "-5%" not in text
     rich = _rich_text(view, monkeypatch, no_color=True)
     assert "clock boost: +5% gained" in rich and "-5%" not in rich
+
+
+def test_a_job_that_throttles_and_boosts_shows_the_clock_lost_and_the_gain_apart():
+    """Issue 31 item 6: window by window, a clock part above 0 is lost and one below 0 gained, apart (as the
+    jobs processor's counters count them): a job power-capped half the time and boosting the other half lost
+    15% to the clock and gained 5%, not "10% lost"; the waste is what was lost, and GPU time = useful + wasted -
+    gained."""
+    state = FleetState(clock=Clock())
+    a = gpu_resource(index="0", uuid="GPU-0")
+    for k in range(5):  # the first window only starts the GPU's series; four of 10 s follow
+        t = T0 + k * 10 * S
+        if k % 2:
+            points = [*ofu_points(a, t, 0.6, job="capped", clock_mhz=1280.0),
+                      *loss_points(a, t, "capped", [("engine_idle", 0.1, None), ("clock", 0.3, "sw_power_cap")])]
+        else:
+            points = [*ofu_points(a, t, 1.0, job="capped", clock_mhz=1980.0),
+                      *loss_points(a, t, "capped", [("engine_idle", 0.1, None), ("clock", -0.1, "none")])]
+        state.update(Batch(points=points))
+    view = state.view()
+    text = "\n".join(render.plain_lines(view, gpus=False))
+    assert "largest loss clock 15% (sw power cap); clock boost: +5% gained" in text
+    totals = view.totals
+    assert totals.wasted_gpu_seconds == pytest.approx(0.4 * 20 + 0.1 * 20)
+    assert totals.gained_gpu_seconds == pytest.approx(0.1 * 20)
+    assert totals.ofu_gpu_seconds + totals.wasted_gpu_seconds - totals.gained_gpu_seconds == \
+        pytest.approx(totals.gpu_seconds)

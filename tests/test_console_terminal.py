@@ -147,7 +147,8 @@ def test_demo_in_a_terminal_shows_the_fleet_the_findings_and_keeps_log_lines_int
         header = headers[0]
         # demo.yaml profiles one GPU from 25 to 40 minutes in: blank TPA, shown as such, never as 0.
         assert re.match(r"^│ GPUs 32 on 4 hosts, (32 with OFU|31 with OFU, — 1 without \(1 blank\))", lines[header + 1])
-        assert re.match(r"^│ OFU now \d+\.\d%, mean OFU \d+\.\d% over \d+\.\d\d GPU h, wasted \d+\.\d\d GPU h, "
+        assert re.match(r"^│ OFU now \d+\.\d%, mean OFU \d+\.\d% over \d+\.\d\d GPU h, wasted \d+\.\d\d GPU h"
+                        r"( \(clock boost: \+\d+\.\d\d GPU h gained\))?, "
                         r"⚠ findings open: 2", lines[header + 2])
         # The jobs panel: the two findings with both numbers; jobs with findings first.
         jobs = index_of(lines, re.compile(r"^Jobs$"))[-1]

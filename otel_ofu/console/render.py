@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
-from otel_ofu.core.loss import CLOCK, amount_words, part_title
+from otel_ofu.core.loss import CLOCK, gained_words, part_title
 from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
 
 MISSING = "—"
@@ -131,8 +131,9 @@ def header_facts(view: FleetView) -> tuple[str, str, str, str]:
         reasons = ", ".join(f"{count} {reason_word(r)}" for r, count in sorted(view.no_value.items()))
         missing = f"{sum(view.no_value.values())} without ({reasons})"
     t = view.totals
+    gained = f" ({gained_words(CLOCK, t.gained_gpu_hours)})" if t.gained_gpu_hours >= 0.005 else ""
     ofu = (f"OFU now {pct(view.ofu_now)}, mean OFU {pct(t.ofu_mean)} over {t.gpu_hours:.2f} GPU h, "
-           f"wasted {t.wasted_gpu_hours:.2f} GPU h")
+           f"wasted {t.wasted_gpu_hours:.2f} GPU h{gained}")
     return gpus, missing, ofu, f"findings open: {view.open_findings}"
 
 
@@ -213,7 +214,7 @@ def _gain_shown(job: JobRow) -> bool:
 def largest_loss_text(job: JobRow, separator: str = "; ") -> str:
     """``non-tensor 63% (memory bound)``: where the job's GPU time went most, after useful work; and what its
     clock gained above f_ref, as a gain (``clock boost: +2% gained``), never as a negative loss."""
-    gain = amount_words(CLOCK, -job.clock_gain, "%", 0) if job.clock_gain and _gain_shown(job) else ""
+    gain = gained_words(CLOCK, job.clock_gain, "%", 0) if job.clock_gain and _gain_shown(job) else ""
     if job.largest_loss is None:
         return gain or MISSING
     part, share, cause = job.largest_loss

@@ -50,7 +50,7 @@ from otel_ofu.jobs.findings import (
     JOB_END_REASON,
     WINDOW,
 )
-from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
+from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts, window_shares
 from otel_ofu.pipeline.telemetry import STARTING
 
 STALE = "stale"
@@ -145,7 +145,7 @@ class JobRow:
     closed_findings: list[FindingState]
     ended: bool
     largest_loss: tuple[str, float, str | None] | None = None  # its largest loss part, share, dominant cause
-    # The share of its GPU time its SM clock gained above f_ref (boost: a negative clock part), else None
+    # The share of its GPU time its SM clock gained above f_ref (boost: its windows' negative clock parts), else None
     clock_gain: float | None = None
 
 
@@ -282,11 +282,13 @@ class FleetState:
         self._last_window[key] = (t, seconds or (previous[1] if previous else None))
         if not math.isfinite(ofu):
             return
-        self.totals.add(seconds, ofu)
+        # lost and gained apart, as the jobs processor counts them (docs/method.md#wasted-gpu-hours-and-the-clock-gain)
+        shares = window_shares(loss, ofu)
+        self.totals.add(seconds, ofu, None, shares)
         if job_id in NO_JOB_IDS:
             return
         job = self._job(job_id)
-        job.totals.add(seconds, ofu)
+        job.totals.add(seconds, ofu, None, shares)
         if seconds > 0:
             add_window(job.loss, loss, ofu, seconds)
         job.last_ns = max(job.last_ns, t)
@@ -415,13 +417,13 @@ class FleetState:
         mfu = job.mfu.get(LIFE) if not job.mfu else job.mfu[min(job.mfu, key=_window_order)]
         closed = [f for f in job.closed.values() if f.kind not in {o.kind for o in job.findings.values()}]
         largest = job.loss.largest_loss()
-        clock = job.loss.shares().get(CLOCK, 0.0)
+        gained = job.loss.gain_seconds.get(CLOCK)
         return JobRow(job.job_id, len(rows) or job.reported_gpus or 0,
                       sum(values) / len(values) if values and not job.ended else None,
                       job.life_ofu if job.life_ofu is not None else job.totals.ofu_mean, mfu, trend,
                       sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
                       (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None,
-                      -clock if clock < 0 else None)
+                      gained / job.loss.seconds if gained and job.loss.seconds > 0 else None)
 
 
 def _window_order(label: str) -> float:
