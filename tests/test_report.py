@@ -103,7 +103,9 @@ def test_json_shape(recording, capsys):
     llama = jobs["llama-70b-pretrain"]
     assert llama["gpus"] == 4 and llama["gpu_hours"] == pytest.approx(4.0, rel=0.01)
     assert llama["ofu_p10"] <= llama["ofu_p50"] <= llama["ofu_p90"]
-    assert llama["wasted_gpu_hours"] == pytest.approx(llama["gpu_hours"] * (1 - llama["ofu_mean"]), rel=1e-6)
+    # what its loss parts lost, less what its clock gained above f_ref: GPU time x (1 - OFU)
+    assert llama["wasted_gpu_hours"] - llama["gained_gpu_hours"] == \
+        pytest.approx(llama["gpu_hours"] * (1 - llama["ofu_mean"]), rel=1e-6)
     # idle-reservation's GPU and the hot node's four free GPUs have no job
     assert data["fleet"]["gpus"] == 32 and data["fleet"]["unattributed_gpu_hours"] == pytest.approx(5.0, rel=0.01)
 
@@ -354,8 +356,15 @@ def test_the_report_names_each_built_loss_as_its_jobs_largest(recording, true_lo
         assert sum(job["loss"].values()) == pytest.approx(1.0, abs=1e-9)
         assert job["loss"]["useful"] == pytest.approx(job["ofu_mean"], abs=1e-9)
         assert sum(job["loss_gpu_hours"].values()) == pytest.approx(job["wasted_gpu_hours"], rel=1e-6)
+        assert sum(job["gain_gpu_hours"].values()) == pytest.approx(job["gained_gpu_hours"], rel=1e-6)
+        assert min(job["loss_gpu_hours"].values()) >= 0  # a gain is counted apart, never as a negative loss
+        # GPU time = useful + wasted - gained
+        assert job["gpu_hours"] * job["ofu_mean"] + job["wasted_gpu_hours"] - job["gained_gpu_hours"] == \
+            pytest.approx(job["gpu_hours"], rel=1e-6)
     fleet = data["fleet"]
-    assert sum(fleet["loss_gpu_hours"].values()) == pytest.approx(fleet["gpu_hours"], rel=1e-6)
+    assert sum(fleet["loss_gpu_hours"].values()) - sum(fleet["gain_gpu_hours"].values()) == \
+        pytest.approx(fleet["gpu_hours"], rel=1e-6)
+    assert fleet["gained_gpu_hours"] == pytest.approx(sum(fleet["gain_gpu_hours"].values()), rel=1e-6)
     assert fleet["loss_gpu_hours"]["unallocated"] == pytest.approx(fleet["unattributed_gpu_hours"], rel=1e-6)
     tips = data["recommendations"]
     assert [t["gpu_hours"] for t in tips] == sorted((t["gpu_hours"] for t in tips), reverse=True)
@@ -390,17 +399,21 @@ def _account(gpu_hours: float, parts: dict[str, float], ofu: float) -> LossTotal
 
 
 def test_a_clock_boost_reads_as_a_gain_in_the_breakdown_never_as_a_negative_loss():
-    """Issue 31 item 6: the SM clock above f_ref makes the clock part negative; the table says "gained",
-    its lost GPU h are net of it, and it is never a largest loss nor a thing to fix."""
+    """Issue 31 item 6: the SM clock above f_ref makes the clock part negative; the table shows the gain in a
+    column of its own, counted apart from the GPU h lost (never netted into them, as the jobs processor's
+    counters count it), and it is never a largest loss nor a thing to fix."""
     boosted = _account(1.0, {"engine_idle": 0.10, "clock": -0.05, "padding": 0.02}, 0.93)
     fleet = LossTotals()
     fleet.merge(boosted)
     lines = breakdown_lines([("boosted", boosted)], fleet)
     table = "\n".join(lines)
+    header = lines[1].split("  ")
+    assert "clock boost gained" in lines[1]
     row = next(line for line in lines if line.startswith("boosted"))
-    assert "0.05 gained" in row and "-0.05" not in table
-    assert row.split()[1] == "0.07"  # lost GPU h, net of the gain: 0.10 + 0.02 - 0.05
-    assert "GPU h gained, not lost" in table
+    cells = dict(zip([h.strip() for h in header if h.strip()], row.split()))
+    assert cells["clock boost gained"] == "0.05" and cells["clock"] == "0.00" and "-0.05" not in table
+    assert cells["lost GPU h"] == "0.12"  # what was lost: 0.10 + 0.02; the gain apart
+    assert "GPU time = useful + lost - gained" in table
     assert "lost to clock" not in table and row.rstrip().endswith("engine idle 10%")
     only_gain = _account(1.0, {"engine_idle": 0.0, "clock": -0.05}, 1.05)
     assert largest_record(only_gain) is None  # a gain is no loss

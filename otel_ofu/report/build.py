@@ -575,10 +575,12 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "gpu_hours": t.gpu_hours, "ofu_mean": t.ofu_mean, "ofu_p10": s.ofu_p10, "ofu_p50": s.ofu_p50,
         "ofu_p90": s.ofu_p90, "flops": t.flop if t.flops_known else None,
         "flops_per_gpu_s": t.flop / t.flop_gpu_seconds if t.flops_known else None,
-        "wasted_gpu_hours": t.wasted_gpu_hours, "mfu_reported_mean": s.mfu_reported,
+        "wasted_gpu_hours": t.wasted_gpu_hours, "gained_gpu_hours": t.gained_gpu_hours,
+        "mfu_reported_mean": s.mfu_reported,
         "precisions_gpu_hours": {p: sec / 3600.0 for p, sec in s.precisions.items()},
         "loss": s.loss.shares(),
         "loss_gpu_hours": lost_gpu_hours(s.loss),
+        "gain_gpu_hours": s.loss.gained_gpu_hours(),
         "largest_loss": largest_record(s.loss),
         "findings": job.findings,
     }
@@ -619,7 +621,9 @@ def report_json(report: Report) -> dict[str, Any]:
                                      attributed + book.unattributed.gpu_seconds),
                   "job_ofu_mean": ofu_seconds / attributed if attributed else None,
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
-                  "loss_gpu_hours": book.fleet_loss.gpu_hours()},
+                  "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
+                  "loss_gpu_hours": book.fleet_loss.gpu_hours(),
+                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours()},
         "recommendations": recommendations(_job_losses(report), book.fleet_loss,
                                            fleet_factors=_fleet_tile_factors(report)),
         "jobs": [job_record(j) for j in report.jobs],
@@ -687,11 +691,16 @@ REPORT_FIELDS: dict[str, str] = {
     "fleet.ofu_mean": "the fleet's OFU: time-weighted over every GPU's time, with a job or not (idle GPUs count, "
                       "at their OFU); what a fleet OFU panel shows, and the figure the table prints first",
     "fleet.job_ofu_mean": "OFU over the GPU time jobs held only: how well the jobs use what they hold",
-    "fleet.wasted_gpu_hours": "GPU time x (1 - OFU), jobs together (not clamped: the sum of their loss parts, a "
-                              "clock gain subtracted; docs/method.md#wasted-gpu-hours-and-the-clock-gain)",
+    "fleet.wasted_gpu_hours": "GPU hours the jobs lost, jobs together: the sum of their loss parts' (a clock gain "
+                              "counts apart; docs/method.md#wasted-gpu-hours-and-the-clock-gain)",
+    "fleet.gained_gpu_hours": "GPU hours the jobs gained, jobs together: windows whose SM clock boosted above f_ref "
+                              "(a negative clock part); job GPU time = their useful + wasted - this",
     "fleet.loss_gpu_hours": "mapping: every GPU-hour by where it went: `useful` (OFU), each loss part of the jobs "
                             "(docs/method.md#where-the-flops-go-the-loss-account), `unknown` (OFU that came "
-                            "without its account), `unallocated` (no job); they add up to `gpu_hours`",
+                            "without its account), `unallocated` (no job); less `gain_gpu_hours` they add up to "
+                            "`gpu_hours`",
+    "fleet.gain_gpu_hours": "mapping: part -> GPU hours the jobs gained on it (`clock`: the SM clock boosting above "
+                            "f_ref); empty without a gain",
     "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
                                 "5, none under 0.01 GPU h",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
@@ -722,12 +731,18 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].flops": "floating-point operations its tensor cores did (OFU x the dense peak at its precision); null "
                     "when its precision is unknown",
     "jobs[].flops_per_gpu_s": "flops per GPU second of known precision",
-    "jobs[].wasted_gpu_hours": "GPU time x (1 - OFU), not clamped: exactly what its loss parts add up to",
+    "jobs[].wasted_gpu_hours": "GPU hours it lost: exactly what its loss parts add up to; GPU time = useful (OFU x "
+                               "GPU time) + this - `gained_gpu_hours`",
+    "jobs[].gained_gpu_hours": "GPU hours its windows gained where the SM clock boosted above f_ref (a negative "
+                               "clock part), counted apart from the waste (docs/method.md#wasted-gpu-hours-and-the-"
+                               "clock-gain)",
     "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
     "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
     "jobs[].loss": "mapping: its loss account, part -> share of its GPU time (`useful` is its OFU; they add up to 1)",
-    "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`); `clock` "
-                             "is negative where the SM clock boosted above f_ref: GPU hours gained",
+    "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`; never below "
+                             "0: a gain is in `gain_gpu_hours`)",
+    "jobs[].gain_gpu_hours": "mapping: part -> GPU hours gained on it (`clock`: the SM clock boosting above f_ref; "
+                             "they add up to `gained_gpu_hours`); empty without a gain",
     "jobs[].largest_loss.part": "the part that lost it the most GPU time",
     "jobs[].largest_loss.share": "that part's share of its GPU time",
     "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
@@ -959,7 +974,8 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
         out.append("")
     if report.jobs:
         out += findings_lines(report)
-        out.append("Jobs are sorted by wasted GPU hours = GPU time x (1 - OFU).")
+        out.append("Jobs are sorted by wasted GPU hours: the GPU time their loss parts lost "
+                   "(docs/method.md#wasted-gpu-hours-and-the-clock-gain).")
     return "\n".join(out).rstrip()
 
 
@@ -968,7 +984,8 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
                          "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
-                         "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS)])
+                         "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS),
+                         "gained_gpu_hours"])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
@@ -976,4 +993,4 @@ def write_csv(report: Report, path: str | Path) -> None:
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
-                             *(lost.get(part) for part in CSV_LOSS_PARTS)])
+                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"]])

@@ -2,10 +2,10 @@
 
 Works on :class:`otel_ofu.core.loss.LossTotals` (a job's life account, the book's fleet account),
 so :mod:`.build` (JSON and text) and :mod:`.plots` share one reading of them. A part's GPU-hours
-are its share x GPU time; the parts, OFU (``useful``) and, for the fleet, the GPU time of no
-job (``unallocated``) add up to every GPU-hour. The clock part is negative where the SM clock
-boosted above f_ref: a gain, shown as one (``0.02 gained``), and the GPU-hours lost are net of it
-(docs/method.md#wasted-gpu-hours-and-the-clock-gain).
+are its share x GPU time of the windows where it lost; the parts, OFU (``useful``) and, for the
+fleet, the GPU time of no job (``unallocated``), less what the windows gained (a negative clock
+part: the SM clock boosted above f_ref), add up to every GPU-hour. A gain is shown as one, in a
+column of its own, never netted into the losses (docs/method.md#wasted-gpu-hours-and-the-clock-gain).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from otel_ofu.core.loss import (
     USEFUL,
     LossTotals,
     advice,
-    is_gain,
     part_order,
     part_title,
 )
@@ -34,6 +33,8 @@ MIN_RECOMMENDATION_GPU_HOURS = 0.01
 # built-in factor for a typical job on the job's GPUs, the same for every job there, or with another
 # factor (a job's own under the ofu processor's tile_correction.jobs, or a site's fit).
 FLEET_TILE_FACTOR = "fleet_tile_factor"
+# The breakdown's column of GPU-hours gained (windows whose SM clock boosted above f_ref), where any were.
+GAINED_COLUMN = f"{CLOCK_GAIN_TITLE} gained"
 TILE_FACTOR = "tile_factor"
 
 
@@ -49,8 +50,13 @@ def largest_record(loss: LossTotals) -> dict[str, Any] | None:
 
 
 def lost_gpu_hours(loss: LossTotals) -> dict[str, float]:
-    """GPU-hours per loss part (not useful), in account order."""
+    """GPU-hours each loss part (not useful) lost, in account order: they add up to the wasted GPU-hours."""
     return {part: hours for part, hours in loss.gpu_hours().items() if part != USEFUL}
+
+
+def gained_gpu_hours(loss: LossTotals) -> float:
+    """GPU-hours the account's windows gained (their negative parts: the SM clock boosting above f_ref)."""
+    return sum(loss.gained_gpu_hours().values())
 
 
 def tile_factor(loss: LossTotals) -> float | None:
@@ -128,34 +134,37 @@ def cause_words(cause: str | None) -> str:
     return "" if cause in (None, "unknown", "none") else f" ({str(cause).replace('_', ' ')})"
 
 
-def _cell(part: str, hours: float | None) -> str:
-    """A table cell: GPU-hours lost, or gained for a negative clock part (``0.02 gained``)."""
-    if hours is None:
-        return "-"
-    return f"{-hours:.2f} gained" if is_gain(part, hours) else f"{hours:.2f}"
+def _cell(hours: float | None) -> str:
+    """A table cell: GPU-hours, ``-`` for a part the row does not have."""
+    return "-" if hours is None else f"{hours:.2f}"
 
 
 def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals,
                     fleet_factors: dict[str, float] | None = None) -> list[str]:
-    """The breakdown table (GPU-hours lost per part, jobs by GPU-hours lost, the fleet last) and the advice."""
+    """The breakdown table (GPU-hours lost per part and, where any, gained by a clock boost; jobs by GPU-hours
+    lost, the fleet last) and the advice."""
     jobs = sorted(jobs, key=lambda item: (-sum(lost_gpu_hours(item[1]).values()), item[0]))
     present = {part for _, loss in jobs for part, hours in lost_gpu_hours(loss).items()}
     present |= {part for part in fleet.part_seconds if part != USEFUL}
     parts = [part for part in ACCOUNT_PARTS if part in present and part != USEFUL]
-    header = ("job", "lost GPU h", *(part_title(p) for p in parts), "largest loss")
+    gains = any(loss.gain_seconds for _, loss in jobs) or bool(fleet.gain_seconds)
+    header = ("job", "lost GPU h", *(part_title(p) for p in parts), *([GAINED_COLUMN] if gains else []),
+              "largest loss")
     rows = [header]
     for job, loss in jobs:
         lost = lost_gpu_hours(loss)
         largest = largest_record(loss)
         where = "-" if largest is None else \
             f"{part_title(largest['part'])} {largest['share']:.0%}{cause_words(largest['cause'])}"
-        rows.append((job, f"{sum(lost.values()):.2f}", *(_cell(p, lost.get(p)) for p in parts), where))
+        gained = [_cell(gained_gpu_hours(loss) if loss.gain_seconds else None)] if gains else []
+        rows.append((job, f"{sum(lost.values()):.2f}", *(_cell(lost.get(p)) for p in parts), *gained, where))
     fleet_lost = lost_gpu_hours(fleet)
     biggest = max(fleet_lost.items(), key=lambda kv: kv[1], default=None)
     where = "-" if biggest is None or biggest[1] <= 0 or not fleet.seconds else \
         f"{part_title(biggest[0])} {biggest[1] * 3600 / fleet.seconds:.0%}"
+    gained = [_cell(gained_gpu_hours(fleet) if fleet.gain_seconds else None)] if gains else []
     rows.append(("fleet (every GPU)", f"{sum(fleet_lost.values()):.2f}",
-                 *(_cell(p, fleet_lost.get(p)) for p in parts), where))
+                 *(_cell(fleet_lost.get(p)) for p in parts), *gained, where))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     numeric = set(range(1, len(header) - 1))
 
@@ -166,10 +175,9 @@ def breakdown_lines(jobs: list[tuple[str, LossTotals]], fleet: LossTotals,
     out = ["Where the GPU-hours went (GPU h lost to each part: share of the dense peak x GPU time; "
            "docs/method.md#where-the-flops-go-the-loss-account):",
            line(rows[0]), line(tuple("-" * w for w in widths)), *(line(r) for r in rows[1:])]
-    if any(is_gain(p, h) for _, loss in jobs for p, h in lost_gpu_hours(loss).items()) or \
-            any(is_gain(p, h) for p, h in fleet_lost.items()):
-        out.append(f"  clock \"gained\": a {CLOCK_GAIN_TITLE}, the SM clock above the clock the peak is quoted at "
-                   "(f_ref): GPU h gained, not lost; lost GPU h are net of it "
+    if gains:
+        out.append(f"  {GAINED_COLUMN}: GPU h gained where the SM clock ran above the clock the peak is quoted at "
+                   "(f_ref), counted apart from those lost: GPU time = useful + lost - gained "
                    "(docs/method.md#wasted-gpu-hours-and-the-clock-gain)")
     every = _items(jobs, fleet, fleet_factors)
     tips = _listed(every)

@@ -16,7 +16,8 @@ from otel_ofu.core.loss import (
     CLOCK_GAIN_TITLE,
     UNALLOCATED,
     USEFUL,
-    is_gain,
+    LossTotals,
+    gain_title,
     part_order,
     part_title,
 )
@@ -126,8 +127,10 @@ def plot_job_timeline(job: JobReport, path: Path, t0: float, t1: float) -> None:
     ofu = f"{totals.ofu_mean:.1%}" if totals.ofu_mean is not None else "n/a"
     gpus = f"{s.gpus} GPU{'s' if s.gpus != 1 else ''}"
     found = f"{len(job.findings)} finding{'s' if len(job.findings) != 1 else ''}"
+    gained = f", {totals.gained_gpu_hours:.1f} gained by a {CLOCK_GAIN_TITLE}" \
+        if totals.gained_gpu_hours >= 0.05 else ""
     ax.set_title(f"Job {s.job_id}: OFU over time\n{gpus}, {totals.gpu_hours:.1f} GPU hours, mean OFU {ofu}, "
-                 f"{totals.wasted_gpu_hours:.1f} GPU hours wasted (GPU time x (1 - OFU)), {found}", fontsize=11)
+                 f"{totals.wasted_gpu_hours:.1f} GPU hours wasted{gained}, {found}", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(handles=handles, loc="lower left", fontsize=8.5, framealpha=0.9)
     fig.tight_layout()
@@ -198,10 +201,12 @@ def plot_fleet_distribution(report: Report, path: Path, bucket: float = 0.02) ->
     plt.close(fig)
 
 
-def _stack(ax: Any, y: float, hours: dict[str, float], labelled: set[str], height: float = 0.7) -> float:
-    """One horizontal bar of GPU-hours stacked by part (account order); returns its length. A clock gain (the
-    SM clock above f_ref) is drawn left of 0, labelled as a gain: the useful part holds what it added."""
-    gain = -hours.get(CLOCK, 0.0)
+def _stack(ax: Any, y: float, loss: LossTotals, labelled: set[str], height: float = 0.7) -> float:
+    """One horizontal bar of an account's GPU-hours stacked by part (account order): what each lost, and useful;
+    returns its length. What it gained (the SM clock above f_ref) is drawn left of 0, labelled as a gain: the
+    useful part holds what it added."""
+    hours = loss.gpu_hours()
+    gain = sum(loss.gained_gpu_hours().values())
     if gain > 0:
         label = None if CLOCK_GAIN_TITLE in labelled else f"{CLOCK_GAIN_TITLE} (gained)"
         labelled.add(CLOCK_GAIN_TITLE)
@@ -233,8 +238,7 @@ def plot_loss_breakdown(report: Report, path: Path) -> None:
     labelled: set[str] = set()
     longest = 0.0
     for row, job in enumerate(shown):
-        hours = job.summary.loss.gpu_hours()
-        length = _stack(ax, row, hours, labelled)
+        length = _stack(ax, row, job.summary.loss, labelled)
         longest = max(longest, length)
         largest = largest_record(job.summary.loss)
         if largest is not None:
@@ -242,17 +246,19 @@ def plot_loss_breakdown(report: Report, path: Path) -> None:
                     f"{cause_words(largest['cause'])}", va="center", fontsize=8.5)
     ax.set_yticks(range(len(shown)), [j.summary.job_id for j in shown], fontsize=9)
     ax.invert_yaxis()
-    gained = max([0.0, *(-j.summary.loss.gpu_hours().get(CLOCK, 0.0) for j in shown)])
+    gained = max([0.0, *(sum(j.summary.loss.gained_gpu_hours().values()) for j in shown)])
     ax.set_xlim(-gained * 1.1, longest * 1.35 if longest else 1)
     ax.set_xlabel("GPU hours")
     more = f" ({len(jobs) - len(shown)} more jobs in the table)" if len(jobs) > len(shown) else ""
     ax.set_title("Where each job's GPU-hours went: the dense peak split into parts that add up to its GPU time\n"
                  f"(jobs that lost the most on top; the label names each job's largest loss){more}", fontsize=11)
     ax.grid(axis="x", alpha=0.3)
-    total = _stack(fleet_ax, 0, fleet.gpu_hours(), labelled, height=0.6)
+    length = _stack(fleet_ax, 0, fleet, labelled, height=0.6)
+    fleet_gained = sum(fleet.gained_gpu_hours().values())
+    total = fleet.seconds / 3600.0  # every GPU-hour: what the parts lost, useful and no job, less what they gained
     useful = fleet.part_seconds.get(USEFUL, 0.0) / 3600.0
     fleet_ax.set_yticks([0], [f"fleet, every GPU\n({report.gpu_count} GPUs)"], fontsize=9)
-    fleet_ax.set_xlim(min(0.0, fleet.gpu_hours().get(CLOCK, 0.0) * 1.1), total * 1.02 if total else 1)
+    fleet_ax.set_xlim(-fleet_gained * 1.1, length * 1.02 if length else 1)
     fleet_ax.set_xlabel(f"GPU hours: {total:.1f} in all, {useful:.1f} useful ({useful / total:.0%})" if total
                         else "GPU hours")
     fleet_ax.grid(axis="x", alpha=0.3)
@@ -272,16 +278,25 @@ def plot_fleet_waterfall(report: Report, path: Path) -> None:
     """The fleet's GPU-hours from all of them down to the useful ones: each part a step (a waterfall)."""
     plt = _pyplot()
 
-    hours = report.book.fleet_loss.gpu_hours()
-    total = sum(hours.values())
-    steps = [(part, hours[part]) for part in ACCOUNT_PARTS if part in hours and part != USEFUL]
+    fleet = report.book.fleet_loss
+    hours, gained = fleet.gpu_hours(), fleet.gained_gpu_hours()
+    total = fleet.seconds / 3600.0  # every GPU-hour: the parts' and useful, less what they gained
+    # (name, GPU-hours lost, or below 0 gained, colour): each part's loss a step down, a gain (a clock boost) up
+    steps = []
+    for part in ACCOUNT_PARTS:
+        color = PART_COLORS.get(part, "#17becf")
+        if part in hours and part != USEFUL:
+            steps.append((part_title(part).replace(" or ", " or\n"), hours[part], color))
+        if gained.get(part, 0.0) > 0:
+            steps.append((gain_title(part), -gained[part], color))
     fig, ax = plt.subplots(figsize=(13, 5.2), dpi=110)
     ax.bar(0, total, color="#4c4c4c", width=0.7)
     ax.text(0, total, f"{total:.1f} h", ha="center", va="bottom", fontsize=8.5)
     level = top = total
-    for k, (part, value) in enumerate(steps, 1):  # a clock gain is a step up
-        ax.bar(k, -value, bottom=level, color=PART_COLORS.get(part, "#17becf"), width=0.7)
-        words = f"+{-value:.1f} h\ngained" if is_gain(part, value) else f"-{value:.1f} h\n{value / total:.0%}"
+    for k, (_, value, color) in enumerate(steps, 1):  # a clock gain is a step up
+        ax.bar(k, -value, bottom=level, color=color, width=0.7, hatch="xx" if value < 0 else None,
+               edgecolor="white" if value < 0 else None)
+        words = f"+{-value:.1f} h\ngained" if value < 0 else f"-{value:.1f} h\n{value / total:.0%}"
         ax.text(k, max(level, level - value), words if total else "", ha="center", va="bottom", fontsize=8.5)
         level -= value
         top = max(top, level)
@@ -289,8 +304,7 @@ def plot_fleet_waterfall(report: Report, path: Path) -> None:
     ax.bar(len(steps) + 1, useful, color=PART_COLORS[USEFUL], width=0.7, hatch="//", edgecolor="white")
     ax.text(len(steps) + 1, useful, f"{useful:.1f} h\n{useful / total:.0%}" if total else "", ha="center",
             va="bottom", fontsize=8.5)
-    names = ["all GPU time", *(CLOCK_GAIN_TITLE if is_gain(p, v) else part_title(p).replace(" or ", " or\n")
-                               for p, v in steps), "useful (OFU)"]
+    names = ["all GPU time", *(name for name, _, _ in steps), "useful (OFU)"]
     ax.set_xticks(range(len(names)), names, fontsize=8.5)
     ax.set_ylabel("GPU hours")
     ax.set_ylim(0, top * 1.12 if total else 1)
