@@ -166,24 +166,34 @@ def test_the_fleet_table_links_to_the_job_view():
     assert any(p["id"] == "links" for p in job_column["properties"])
 
 
-# Panels that show loss parts: the recording rules of parts and the jobs processor's GPU-hours by part.
-LOSS_PART_SOURCES = (dashboards.FLEET_PARTS, dashboards.JOB_PARTS, "job_ofu_loss_gpu_hours_total")
+# Panels that show loss parts: the recording rules of parts (shares, gauges: the clock's may be below 0) and the
+# jobs processor's counters of GPU-hours lost by part (never below 0: a gain has a counter of its own).
+LOSS_SHARE_SOURCES = (dashboards.FLEET_PARTS, dashboards.JOB_PARTS)
+LOSS_PART_SOURCES = (*LOSS_SHARE_SOURCES, dashboards.JOB_LOST_COUNTER)
 
 
 def test_every_loss_panel_shows_a_clock_gain_as_a_series_of_its_own():
-    """Issue 31 item 6: where a panel shows loss parts, the clock part below 0 (a boost above f_ref) is its own
-    series named as a gain, and the parts' series keep only losses: no "-0.02 GPU h lost"."""
-    seen = 0
+    """Issue 31 item 6: where a panel shows loss parts, the clock's gain (a boost above f_ref) is its own series
+    named as a gain, and the parts' series keep only losses: no "-0.02 GPU h lost". From the shares, the gain is
+    the clock part below 0; from the jobs processor's counters, its gain counter (job_ofu_gain_gpu_hours_total),
+    the loss counter read as it is: it never falls, so it needs no sign filter."""
+    seen = counters = 0
     for path in FILES:
         for panel in panels(load(path)):
             reading = [t["expr"] for t in panel["targets"] if any(s in t["expr"] for s in LOSS_PART_SOURCES)]
             if not reading:
                 continue
             seen += 1
-            gains = [e for e in reading if dashboards.CLOCK_GAIN in e]
+            gains = [t["expr"] for t in panel["targets"] if dashboards.CLOCK_GAIN in t["expr"]]
             assert len(gains) == 1, panel["title"]
-            assert all(">= 0" in e for e in reading if e not in gains), panel["title"]
+            if dashboards.JOB_LOST_COUNTER in gains[0] + "".join(reading):
+                counters += 1
+                assert dashboards.JOB_GAINED_COUNTER in gains[0], panel["title"]
+                assert not any("<" in e or ">" in e for e in [*reading, *gains]), panel["title"]
+            else:
+                assert all(">= 0" in e for e in reading if e not in gains), panel["title"]
     assert seen >= 4  # the fleet's stacked parts and GPU hours by part, the job's stacked parts and its table
+    assert counters >= 1  # the job's table of largest losses
 
 
 @pytest.mark.parametrize(("gain_sign", "gained"), [("", -0.125), ("-", 0.125)], ids=["stacked", "amount"])
@@ -209,6 +219,41 @@ def test_the_lost_and_gained_queries_split_a_clock_gain_from_the_losses_in_prome
              "exp_samples": [{"labels": f'{{ofu_loss_part="{dashboards.CLOCK_GAIN}"}}', "value": gained}]},
         ]}]}
     path = tmp_path / "gain.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_counter_queries_read_what_each_part_lost_and_the_gain_apart(tmp_path):
+    """The job table's two queries (tools.dashboards.lost_and_gained_counters), evaluated by promtool on the jobs
+    processor's counters of a job whose clock both throttled and boosted, seen by two jobs-tier instances: each
+    part's GPU hours lost (the clock's too, never net of the gain), and the gain alone under its own name."""
+    from tests.e2e_util import prometheus_binary, unavailable
+    from tools.demo_prometheus import promtool_binary
+
+    promtool = promtool_binary(prometheus_binary())
+    if not promtool:
+        unavailable("promtool not installed: run collector/install-prometheus.sh (Debian's prometheus package)")
+    lost, gain = (t["expr"] for t in dashboards.lost_and_gained_counters('ofu_job_id="j"'))
+    series = []
+    for instance in ("a", "b"):  # the same job's counters from two instances: read once (max), not added
+        series += [
+            {"series": f'job_ofu_loss_gpu_hours_total{{instance="{instance}", ofu_job_id="j", '
+                       'ofu_loss_part="clock"}', "values": "0.25+0.25x4"},
+            {"series": f'job_ofu_loss_gpu_hours_total{{instance="{instance}", ofu_job_id="j", '
+                       'ofu_loss_part="padding"}', "values": "0.0625+0.0625x4"},
+            {"series": f'job_ofu_gain_gpu_hours_total{{instance="{instance}", ofu_job_id="j", '
+                       'ofu_loss_part="clock"}', "values": "0.125+0.125x4"}]
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": lost, "eval_time": "3m",
+             "exp_samples": [{"labels": '{ofu_loss_part="clock"}', "value": 1.0},
+                             {"labels": '{ofu_loss_part="padding"}', "value": 0.25}]},
+            {"expr": gain, "eval_time": "3m",
+             "exp_samples": [{"labels": f'{{ofu_loss_part="{dashboards.CLOCK_GAIN}"}}', "value": 0.5}]},
+        ]}]}
+    path = tmp_path / "counters.test.yml"
     path.write_text(yaml.safe_dump(test))
     done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

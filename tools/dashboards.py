@@ -69,13 +69,28 @@ PART_HELP = ("engine_idle: no kernel ran (input pipeline, host, waiting for othe
 # The clock part below 0 (the SM clock boosting above f_ref), shown as a series of its own named as the gain it is,
 # never as a negative loss (docs/method.md#wasted-gpu-hours-and-the-clock-gain).
 CLOCK_GAIN = "clock boost (gained)"
+# The jobs processor's cumulative GPU-hours of a job: what each part lost, and apart what it gained (two counters,
+# so neither falls: a window's negative clock part adds to the gain, never subtracts from the loss).
+JOB_LOST_COUNTER = "job_ofu_loss_gpu_hours_total"
+JOB_GAINED_COUNTER = "job_ofu_gain_gpu_hours_total"
 
 
 def lost_and_gained(parts: str, *, gain_sign: str = "", sort: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
-    """Two targets from a query of loss parts by ofu_loss_part: each part where it is a loss (>= 0), and the clock
-    part where it is below 0 as CLOCK_GAIN (``gain_sign="-"``: as a positive amount gained)."""
+    """Two targets from a query of loss-part shares by ofu_loss_part (gauges: a part's share, the clock's below 0
+    where its gain outweighs its loss): each part where it is a loss (>= 0), and the clock part where it is below 0
+    as CLOCK_GAIN (``gain_sign="-"``: as a positive amount gained)."""
     lost = f"{parts} >= 0"
     gained = f"{gain_sign}({parts}) {'>' if gain_sign else '<'} 0"
+    return [target(f"sort_desc({lost})" if sort else lost, "{{ofu_loss_part}}", **kwargs),
+            target(f'label_replace({gained}, "ofu_loss_part", "{CLOCK_GAIN}", "", "")', "{{ofu_loss_part}}",
+                   **kwargs)]
+
+
+def lost_and_gained_counters(selector: str, *, sort: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+    """Two targets from the jobs processor's counters of a job's GPU-hours: what each part lost, by ofu_loss_part,
+    and what its windows gained (a clock boost above f_ref) as CLOCK_GAIN, each never below 0."""
+    lost = f"max by (ofu_loss_part) ({JOB_LOST_COUNTER}{{{selector}}})"
+    gained = f"sum(max by (ofu_loss_part) ({JOB_GAINED_COUNTER}{{{selector}}}))"
     return [target(f"sort_desc({lost})" if sort else lost, "{{ofu_loss_part}}", **kwargs),
             target(f'label_replace({gained}, "ofu_loss_part", "{CLOCK_GAIN}", "", "")', "{{ofu_loss_part}}",
                    **kwargs)]
@@ -493,11 +508,11 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                        width=16, height=9, fill=70, stack=True, minimum=None, overrides=part_colors()),
             Panel("table", "Largest losses since the job started",
                   "Each part of the job's loss account in GPU hours since it started, the biggest first, from "
-                  "otel-ofu's jobs processor (job_ofu_loss_gpu_hours_total; its wasted GPU hours are the GPU hours "
-                  "lost less those gained). unknown: GPU time whose OFU came without its loss points. "
+                  f"otel-ofu's jobs processor ({JOB_LOST_COUNTER}: they add up to its wasted GPU hours; what a clock "
+                  f"boost above the reference clock gained counts apart, {JOB_GAINED_COUNTER}: GPU time = useful + "
+                  "lost - gained). unknown: GPU time whose OFU came without its loss points. "
                   + PART_HELP, GPU_HOURS,
-                  lost_and_gained(f"max by (ofu_loss_part) (job_ofu_loss_gpu_hours_total{{{JOB_ONLY}}})",
-                                  gain_sign="-", sort=True, instant=True, fmt="table"), width=8, height=9,
+                  lost_and_gained_counters(JOB_ONLY, sort=True, instant=True, fmt="table"), width=8, height=9,
                   options={"showHeader": True, "cellHeight": "sm",
                            "footer": {"show": True, "reducer": ["sum"], "fields": ""},
                            "sortBy": [{"displayName": "GPU hours lost", "desc": True}]},
@@ -511,12 +526,16 @@ sum(sum_over_time(gpu_ofu{{{JOB_SEL}}}[$__range]))
                           "renameByName": {"ofu_loss_part": "Part", "Value #A": "GPU hours lost",
                                            "Value #B": "GPU hours gained"}}}]}),
             timeseries("GPU hours and waste since the job started",
-                       "otel-ofu's jobs processor's running totals for the job: GPU hours it has held and wasted GPU "
-                       "hours (GPU time x (1 - OFU)) since it started (job_gpu_seconds_total, "
-                       "job_wasted_gpu_hours_total).", GPU_HOURS,
+                       "otel-ofu's jobs processor's running totals for the job: GPU hours it has held, wasted GPU "
+                       "hours (what its loss parts lost) and GPU hours a clock boost above the reference clock gained "
+                       "since it started (job_gpu_seconds_total, job_wasted_gpu_hours_total, "
+                       f"{JOB_GAINED_COUNTER}; GPU time = useful + wasted - gained, "
+                       "docs/method.md#wasted-gpu-hours-and-the-clock-gain). Counters: none of them ever falls.",
+                       GPU_HOURS,
                        [target(f"max(job_gpu_seconds_total{{{JOB_ONLY}}}) / 3600", "GPU hours"),
-                        target(f"max(job_wasted_gpu_hours_total{{{JOB_ONLY}}})", "wasted GPU hours")], width=24,
-                       height=7),
+                        target(f"max(job_wasted_gpu_hours_total{{{JOB_ONLY}}})", "wasted GPU hours"),
+                        target(f"sum(max by (ofu_loss_part) ({JOB_GAINED_COUNTER}{{{JOB_ONLY}}}))",
+                               "GPU hours gained (clock boost)")], width=24, height=7),
         ]),
     ]
     annotations = [{
