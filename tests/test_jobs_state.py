@@ -67,7 +67,9 @@ def test_a_killed_instance_resumes_every_job_from_its_state(windows, uninterrupt
     after = outputs(second, windows[crash_at:])
     assert job_results(before + after) == uninterrupted
     assert {e.name for b in before + after for e in b.events} >= {"ofu.finding.open", "ofu.job.end"}
-    assert {name for name, *_ in uninterrupted[0]} >= {"job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours"}
+    # ... the loss account's GPU-hours among them, what the clock gained above f_ref too (its own accumulator)
+    assert {name for name, *_ in uninterrupted[0]} >= {"job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours",
+                                                       "job.ofu.gain.gpu_hours", "fleet.gpu_hours.gained"}
 
 
 def test_a_batch_sent_again_after_a_crash_is_not_counted_twice(windows, uninterrupted, tmp_path):
