@@ -514,27 +514,10 @@ def part_title(part: str) -> str:
 CLOCK_GAIN_TITLE = "clock boost"
 
 
-def is_gain(part: str, value: float) -> bool:
-    """A part that gained rather than lost: the clock part below 0 (the SM clock above f_ref)."""
-    return part == CLOCK and value < 0
-
-
 def gain_title(part: str) -> str:
     """What a part's gain is called: ``clock boost`` for the clock (the only part that gains from real
     readings), else the part's own name."""
     return CLOCK_GAIN_TITLE if part == CLOCK else part_title(part)
-
-
-def amount_words(part: str, value: float, unit: str = "GPU h", decimals: int = 2) -> str:
-    """A part's amount as people should read it: ``clock: 0.12 GPU h lost``, or for a negative clock part
-    ``clock boost: +0.02 GPU h gained``, never ``-0.02 GPU h lost``. ``unit`` "%" takes a share."""
-    if unit == "%":
-        number = f"{abs(value):.{decimals}%}"
-    else:
-        number = f"{abs(value):.{decimals}f} {unit}"
-    if is_gain(part, value):
-        return f"{CLOCK_GAIN_TITLE}: +{number} gained"
-    return f"{part_title(part)}: {number} lost"
 
 
 def gained_words(part: str, gained: float, unit: str = "GPU h", decimals: int = 2) -> str:
