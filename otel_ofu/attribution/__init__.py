@@ -1,6 +1,8 @@
 """Job attribution: who holds each GPU (Kubernetes pod, Slurm job, a config rule) and in
-which precision. The ``attribution`` processor (otel_ofu.processors.attribution) ties the
-sources in this package together; docs/components/processors/attribution.md is the user-facing description.
+which precision. Each source is a module of :mod:`otel_ofu.attribution.sources` behind one
+interface; :mod:`otel_ofu.attribution.resolver` merges them by precedence; the ``attribution``
+processor (otel_ofu.processors.attribution) runs them. docs/components/processors/attribution.md is
+the user-facing description.
 """
 
 from __future__ import annotations

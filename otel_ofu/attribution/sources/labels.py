@@ -1,0 +1,77 @@
+"""The ``scrape`` source: the pod or HPC job a sample's own labels name (``sample_labels``).
+
+dcgm-exporter in Kubernetes mode labels each GPU series with the pod holding it (``pod``,
+``namespace``, ``container``, ``pod_uid``: the ``k8s.*`` resource attributes), with DRA its claim
+(``dra_claim_*``: every pod the claim is reserved for holds the GPU), and on Slurm the ``hpc_job``
+(``hpc.job.id``). A host whose samples carry pod labels maps every GPU a pod holds, so there a GPU
+sample without them is idle.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from otel_ofu.attribution import (
+    DRA_MIG_PROFILE,
+    HPC_JOB_ID,
+    K8S_POD_NAME,
+    K8S_RESOURCECLAIM_NAME,
+    K8S_RESOURCECLAIM_NAMESPACE,
+)
+from otel_ofu.attribution.claims import Claim, k8s_key
+from otel_ofu.attribution.sources import Device, Source
+from otel_ofu.attribution.sources.dra import DraSource
+from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
+
+MAX_POD_LABEL_HOSTS = 65536  # hosts remembered as labelling GPUs with pods (a large gateway's nodes)
+
+
+class SampleLabelSource(Source):
+    name = "scrape"
+
+    def __init__(self, dra: DraSource | None = None):
+        self.dra = dra
+        # Hosts whose samples have carried pod labels (dcgm-exporter in Kubernetes mode maps every
+        # GPU a pod holds): there a GPU sample without them is idle. Least recently seen first.
+        self._pod_label_hosts: OrderedDict[str, None] = OrderedDict()
+
+    def note(self, samples: list[GpuSample]) -> None:
+        """Hosts whose page labels GPUs with pods, before any GPU of the batch is named."""
+        hosts = self._pod_label_hosts
+        for sample in samples:
+            if not sample.resource.get(K8S_POD_NAME):
+                continue
+            host = sample.host
+            if host in hosts:
+                hosts.move_to_end(host)
+                continue
+            hosts[host] = None
+            while len(hosts) > MAX_POD_LABEL_HOSTS:
+                hosts.popitem(last=False)
+
+    def claims(self, device: Device) -> list[Claim]:
+        resource = device.resource
+        claims: list[Claim] = []
+        k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
+        key = k8s_key(k8s)
+        if key and not _other_mig_profile(resource):
+            claims.append(Claim(key, self.name, k8s))
+            name, namespace = k8s.get(K8S_RESOURCECLAIM_NAME), k8s.get(K8S_RESOURCECLAIM_NAMESPACE)
+            if name and namespace and self.dra is not None:
+                claims += self.dra.consumers(namespace, name, k8s.get(K8S_POD_NAME))
+        hpc = resource.get(HPC_JOB_ID)
+        if hpc:
+            claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
+        return claims
+
+    def idle(self, device: Device) -> str | None:
+        """"scrape" when this host's samples carry pod labels for the GPUs pods hold, so one without
+        them is idle; else None (nothing says)."""
+        return self.name if device.host in self._pod_label_hosts else None
+
+
+def _other_mig_profile(resource: dict) -> bool:
+    """dcgm-exporter labels every MIG instance of a GPU with every pod holding a DRA MIG device
+    of it: a pod whose device has another profile than this instance does not hold it."""
+    own, held = resource.get(GPU_MIG_PROFILE), resource.get(DRA_MIG_PROFILE)
+    return resource.get(GPU_MIG_INSTANCE) not in (None, "") and bool(own) and bool(held) and own != held
