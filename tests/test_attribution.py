@@ -138,11 +138,12 @@ def test_uuid_case_mig_and_time_slicing_replicas_share_a_gpu(kubelet):
     ]
     proc = make(kube_cfg(kubelet.socket))
     proc.refresh()
-    shared, mig = run(proc, sample(GPU_A.lower()), sample(MIG_A, index="0:1"))
-    assert shared.job_id == "k8s:team/Pod/a,k8s:team/Pod/b"
-    assert shared.resource["ofu.job.shared"] is True
-    assert shared.resource["k8s.pod.name"] == "a,b" and shared.resource["k8s.namespace.name"] == "team"
-    assert mig.job_id == "k8s:team/Pod/m" and "ofu.job.shared" not in mig.resource
+    a, b, mig = run(proc, sample(GPU_A.lower()), sample(MIG_A, index="0:1"))
+    assert (a.job_id, b.job_id) == ("k8s:team/Pod/a", "k8s:team/Pod/b")  # one sample per job, each its half
+    assert all(s.resource["ofu.job.shared"] is True and (s.share, s.share_basis) == (0.5, "even") for s in (a, b))
+    assert (a.resource["k8s.pod.name"], b.resource["k8s.pod.name"]) == ("a", "b")
+    assert a.resource["k8s.namespace.name"] == "team"
+    assert mig.job_id == "k8s:team/Pod/m" and "ofu.job.shared" not in mig.resource and mig.share is None
 
 
 def test_index_device_ids_are_never_matched(kubelet, caplog):
@@ -290,11 +291,12 @@ def test_slurm_cgroup_v2_alone_names_the_job():
 
 
 def test_two_slurm_jobs_on_one_gpu_are_marked_shared_with_unknown_precision():
-    (out,) = run(make(proc_cfg()), sample(GPU_A, attributes={"process.pid": [3002, 3001]}))
-    assert out.job_id == "slurm:4242,slurm:4243"
-    assert out.resource["ofu.job.shared"] is True
-    assert out.resource["slurm.job.user"] == "alice,bob" and out.resource["slurm.job.partition"] == "h100"
-    assert out.precision == "unknown"  # bf16 and fp8 jobs: DCGM cannot tell whose tensor work it is
+    first, second = run(make(proc_cfg()), sample(GPU_A, attributes={"process.pid": [3002, 3001]}))
+    assert (first.job_id, second.job_id) == ("slurm:4242", "slurm:4243")  # one sample per job, each its half
+    assert all(s.resource["ofu.job.shared"] is True and s.share == 0.5 for s in (first, second))
+    assert (first.resource["slurm.job.user"], second.resource["slurm.job.user"]) == ("alice", "bob")
+    assert first.resource["slurm.job.partition"] == second.resource["slurm.job.partition"] == "h100"
+    assert first.precision == second.precision == "unknown"  # bf16 and fp8 jobs: DCGM cannot tell whose work
 
 
 def test_gpus_matched_by_uuid_when_indexes_disagree():

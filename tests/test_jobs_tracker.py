@@ -106,7 +106,7 @@ def test_flops_rate_over_windows():
 
 
 def test_jobs_without_a_name_are_unattributed():
-    book = JobBook(JobsConfig())
+    book = JobBook(build_config(JobsConfig, {"include_shared": False}))
     update = book.observe([ofu(10, 0.0, "GPU-a", job="none"), ofu(10, 0.1, "GPU-b", job="unknown"),
                            ofu(10, 0.4, "GPU-c", job="a,b", **{"ofu.job.shared": True})])
     assert book.jobs == {} and update.started == []
@@ -115,10 +115,11 @@ def test_jobs_without_a_name_are_unattributed():
     assert book.gpu_count == 3
 
 
-def test_a_shared_gpu_counts_for_each_of_its_jobs_when_asked():
-    """include_shared: the GPU jobs a and b share counts for each of them, its GPU time split equally
-    (issue 22: it became a pseudo-job "a,b"). GPU-hours stay those of the GPUs."""
-    book = JobBook(build_config(JobsConfig, {"include_shared": True}))
+def test_a_shared_gpu_counts_for_each_of_its_jobs():
+    """include_shared (the default): the GPU jobs a and b share, named in one comma-joined id (an older
+    peer's or recording's point), counts for each of them, its GPU time split equally (issue 22: it became
+    a pseudo-job "a,b"). GPU-hours stay those of the GPUs."""
+    book = JobBook(JobsConfig())
     for t in range(10, 121, 10):
         book.observe([ofu(t, 0.4, "GPU-s", job="a,b", **{"ofu.job.shared": True}), ofu(t, 0.8, "GPU-a", job="a")])
     assert set(book.jobs) == {"a", "b"}
@@ -132,7 +133,7 @@ def test_a_shared_gpu_counts_for_each_of_its_jobs_when_asked():
     assert len(book.jobs["b"].gpus) == 1
     [summary_a, summary_b] = sorted(book.close_all().ended, key=lambda s: s.job_id)
     assert summary_a.precisions == {"bf16": 180} and summary_b.totals.gpu_hours == pytest.approx(60 / 3600)
-    off = JobBook(JobsConfig())  # off (the default): a shared GPU is no job's
+    off = JobBook(build_config(JobsConfig, {"include_shared": False}))  # off: a shared GPU is no job's
     off.observe([ofu(10, 0.4, "GPU-s", job="a,b", **{"ofu.job.shared": True})])
     assert off.jobs == {} and off.unattributed.gpu_seconds == 10
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import shutil
 import tempfile
 from concurrent import futures
@@ -43,6 +44,7 @@ DATA = Path(__file__).parent / "data" / "real" / "k8s"
 DRA = yaml.safe_load((DATA / "dra-nvidia.yaml").read_text())
 MIG = yaml.safe_load((DATA / "dra-nvidia-mig.yaml").read_text())
 ADMIN = yaml.safe_load((DATA / "dra-nvidia-admin-access.yaml").read_text())
+DYNAMIC_MIG = yaml.safe_load((DATA / "dra-nvidia-dynamic-mig.yaml").read_text())
 PODS_AND_DRA = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
@@ -162,10 +164,24 @@ def attribution(cluster: KubeApiServer, node: str, socket: str | None = None, **
 
 
 def jobs_of(proc: AttributionProcessor, samples) -> dict[str, tuple]:
+    """Each GPU's job, precision, run and shared flag; a GPU several jobs hold (one sample each, issue 32):
+    their ids comma-joined, as the corpus writes them, its shares adding up to the GPU."""
     proc.refresh()
     out = proc.process(Batch(samples=list(samples))).samples
-    return {s.uuid: (s.job_id, s.precision, s.resource.get("ofu.job.run"), s.resource.get("ofu.job.shared"))
-            for s in out}
+    held: dict[str, list] = {}
+    for s in out:
+        held.setdefault(s.uuid, []).append(s)
+    found = {}
+    for uuid, holders in held.items():
+        s = holders[0]
+        if len(holders) == 1:
+            assert s.share is None, uuid
+            found[uuid] = (s.job_id, s.precision, s.resource.get("ofu.job.run"), s.resource.get("ofu.job.shared"))
+            continue
+        assert math.fsum(h.share for h in holders) == pytest.approx(1.0, abs=1e-9), uuid  # counted once
+        assert all(h.resource["ofu.job.shared"] is True and h.precision == s.precision for h in holders), uuid
+        found[uuid] = (",".join(sorted(h.job_id for h in holders)), s.precision, None, True)
+    return found
 
 
 def gpu_samples(corpus: dict) -> list:
@@ -291,14 +307,61 @@ def test_mig_devices_by_their_own_uuid_or_by_parent_and_profile(cluster, kubelet
         out = proc.process(Batch(samples=by_uuid)).samples
         assert {s.resource["gpu.mig.uuid"]: (s.job_id, s.precision) for s in out} == {
             u: (e["job_id"], e.get("precision")) for u, e in MIG["expect"]["by_uuid"].items()}
+        # As a dcgm-exporter page has them: every instance of the GPU (one 3g.40gb, two 1g.10gb), by profile.
+        profiles = [d["attributes"]["profile"]["string"] for d in MIG["slices"][0]["spec"]["devices"]]
         by_profile = [sample(parent, index=0, host=MIG["node"], resource={"gpu.mig.instance_id": str(i),
                                                                          "gpu.mig.profile": profile})
-                      for i, profile in enumerate(MIG["expect"]["by_profile"], start=1)]
+                      for i, profile in enumerate(profiles, start=1)]
         out = proc.process(Batch(samples=by_profile)).samples
-        assert {s.resource["gpu.mig.profile"]: (s.job_id, s.precision) for s in out} == {
-            p: (e["job_id"], e.get("precision")) for p, e in MIG["expect"]["by_profile"].items()}
+        assert [(s.resource["gpu.mig.profile"], s.job_id, s.precision) for s in out] == [
+            (p, MIG["expect"]["by_profile"][p]["job_id"], MIG["expect"]["by_profile"][p].get("precision"))
+            for p in profiles]
     finally:
         proc.shutdown()
+
+
+def test_mig_devices_created_on_demand_are_split_among_the_pods_holding_that_profile(cluster, kubelet):
+    """Issue 32, NVIDIA/dcgm-exporter#714: with DynamicMIG the slices publish abstract MIG devices (a profile
+    at a placement, no UUID) and the instance is made when a claim is prepared, so nothing maps a dcgm-exporter
+    sample (GPU_I_PROFILE, GPU_I_ID) to its device. The one 3g.40gb on the GPU is its holder's; the two 1g.10gb
+    held by two jobs' pods, two 1g.10gb instances on the GPU: which is whose is not known, so each job gets half
+    of each (mig_profile), one instance's worth of GPU time each. A third 1g.10gb instance nobody holds makes
+    them unknown again (never a guess). From the kubelet's dynamic_resources and from the claims alone."""
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+    from tests.test_sharing import jobs_account
+
+    objects = load(cluster, DYNAMIC_MIG, set())
+    kubelet.pods = kubelet_answer(DYNAMIC_MIG, objects)
+    parent = DYNAMIC_MIG["expect"]["parent"]
+    instances = DYNAMIC_MIG["expect"]["instances"]
+
+    def page(t: int, extra: tuple = ()) -> list:
+        return [sample(parent, index=0, host=DYNAMIC_MIG["node"], t=t, resource={
+            "gpu.mig.instance_id": i["instance"], "gpu.mig.profile": i["profile"]}) for i in [*instances, *extra]]
+
+    for socket in (kubelet.socket, None):
+        proc = attribution(cluster, DYNAMIC_MIG["node"], socket)
+        try:
+            proc.refresh()
+            ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu", Telemetry()))
+            points, shares = [], {}
+            for k in range(3):
+                out = proc.process(Batch(samples=page(10**18 + k * 30 * 10**9))).samples
+                for s in out:
+                    shares.setdefault(s.resource["gpu.mig.instance_id"], {})[s.job_id] = (s.share, s.share_basis)
+                points += ofu.process(Batch(samples=out)).points
+            assert shares == {i["instance"]: {job: (None if share == 1.0 else share, "" if share == 1.0 else
+                                                   "mig_profile") for job, share in i["jobs"].items()}
+                              for i in instances}, socket
+            account = jobs_account(points)
+            assert {job: account.seconds[job] for job in account.seconds} == pytest.approx(
+                {job: 3 * 30.0 for i in instances for job in i["jobs"]}), socket  # one instance each, 3 windows
+            unheld = proc.process(Batch(samples=page(10**18 + 99 * 10**9, (
+                {"instance": "11", "profile": "1g.10gb"},)))).samples
+            assert {s.resource["gpu.mig.instance_id"]: s.job_id for s in unheld} == {
+                "1": "k8s:dmig/Pod/train-c", "9": None, "10": None, "11": None}
+        finally:
+            proc.shutdown()
 
 
 def test_dcgm_exporter_dra_labels_name_the_claims_pods(cluster):
@@ -322,8 +385,10 @@ def test_dcgm_exporter_dra_labels_name_the_claims_pods(cluster):
         out = proc.process(Batch(samples=samples)).samples
     finally:
         proc.shutdown()
-    assert {s.job_id for s in out} == {"k8s:gpu-test3/Pod/pod1,k8s:gpu-test3/Pod/pod2"}
-    assert all(s.resource["ofu.job.shared"] is True for s in out)
+    # The two copies are one GPU: one sample per pod, each half of it (issue 32: each copy was a whole GPU).
+    assert sorted((s.job_id, s.share, s.resource["k8s.pod.name"]) for s in out) == [
+        ("k8s:gpu-test3/Pod/pod1", 0.5, "pod1"), ("k8s:gpu-test3/Pod/pod2", 0.5, "pod2")]
+    assert all(s.resource["ofu.job.shared"] is True and s.share_basis == "even" for s in out)
 
 
 def test_without_rbac_on_resourceslices_it_says_what_to_grant(cluster, caplog, tmp_path):

@@ -24,13 +24,19 @@ class Claim:
     precisions: set[str] = field(default_factory=set)  # normalised, known precisions only
     job_id: str | None = None  # explicit id (hpc_job); otherwise derived from key and resource
     run: str = ""  # the job's incarnation (ofu.job.run), when known
+    # Its use of the device in the window, where a source measures each holder's (its processes' SM
+    # utilization, percent): what a shared device is split by. None: not measured.
+    use: float | None = None
 
     def absorb(self, other: Claim) -> None:
-        """Merge what another source knows about the same job (first value wins)."""
+        """Merge what another source knows about the same job (first value wins; uses add up: two
+        processes of one pod use the device together)."""
         for k, v in other.resource.items():
             self.resource.setdefault(k, v)
         self.precisions |= other.precisions
         self.run = self.run or other.run
+        if other.use is not None:
+            self.use = other.use if self.use is None else self.use + other.use
         if other.source not in self.source.split("+"):
             self.source = "+".join(sorted({*self.source.split("+"), other.source}))
 
@@ -56,7 +62,7 @@ def merge(claims: list[Claim]) -> list[Claim]:
             by_key[claim.key].absorb(claim)
         else:
             by_key[claim.key] = Claim(claim.key, claim.source, dict(claim.resource), set(claim.precisions),
-                                      claim.job_id, claim.run)
+                                      claim.job_id, claim.run, claim.use)
     for key in [k for k in by_key if k[0] == "hpc" and ("slurm", k[1]) in by_key]:
         by_key[("slurm", key[1])].absorb(by_key.pop(key))  # dcgm-exporter's hpc_job is the Slurm job id
     named = [c for c in by_key.values() if c.key[0] == "k8s"]

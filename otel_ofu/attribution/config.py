@@ -150,6 +150,9 @@ class ProcessSourceConfig:
     # Where GPU pids come from: ``process.pid`` on samples (an nvml receiver) and/or NVML here.
     pid_sources: list[Literal["samples", "nvml"]] = field(default_factory=lambda: ["samples"])
     pid_ttl: Duration = field(default_factory=lambda: Duration(60.0))  # forget a sample's pids unseen this long
+    # With pid_sources nvml: each process's SM utilization since the last refresh (NVML
+    # nvmlDeviceGetProcessUtilization), what a GPU several jobs share is split by (docs/sharing.md).
+    utilization: bool = True
     # Keep process.pid on the samples; dropped by default, as pids on points multiply series.
     keep_pid_attribute: bool = False
 

@@ -19,6 +19,7 @@ environment) in third place; jobs that disagree give ``unknown``.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from otel_ofu.attribution.claims import SHARED_SEPARATOR, Claim, merge
 from otel_ofu.attribution.config import UNSET_JOBS, AttributionProcessorConfig
 from otel_ofu.attribution.k8s_identity import job_id, labelled_pod_job
 from otel_ofu.attribution.rules import RuleResult, evaluate
-from otel_ofu.attribution.sources import Device, Source
+from otel_ofu.attribution.sources import SHARE_EVEN, SHARE_SM_UTIL, Device, Source
 from otel_ofu.attribution.sources.kubernetes_api import PodSource
 from otel_ofu.core import specs
 from otel_ofu.core.model import GPU_INDEX, HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, NO_JOB, GpuSample
@@ -47,13 +48,21 @@ _BASE_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX})
 
 
 @dataclass
-class Resolution:
-    """What the resolver decided for one device: its job (None: nothing says), the source that named
-    it, its resource attributes after, and its precision."""
+class Holder:
+    """A job holding a device in the window: its id, the device's resource attributes with its own,
+    and its part of the device (None: all of it; several jobs' shares add up to 1) and how that was made."""
 
-    job: str | None
-    source: str | None
+    job: str
     resource: dict[str, Any]
+    share: float | None = None
+    basis: str = ""
+
+
+@dataclass
+class Resolution:
+    """What the resolver decided for one device: its holders (none: nothing says) and its precision."""
+
+    holders: list[Holder]
     precision: str | None
 
 
@@ -81,7 +90,12 @@ class Resolver:
         claims = [claim for source in self.sources for claim in source.claims(device)]
         if self.pods is not None:
             claims = [self.pods.complete(claim) for claim in claims]
-        return merge(claims)
+        merged = merge(claims)
+        if device.measured and _used(merged) < _used(claims) * (1 - 1e-9):
+            # A process that used the device could not be joined to one of its holders (a pod UID no source
+            # names): the holders' uses do not say how it was shared.
+            device.measured = False
+        return merged
 
     def complete(self, claim: Claim) -> Claim:
         return self.pods.complete(claim) if self.pods is not None else claim
@@ -117,7 +131,7 @@ class Resolver:
     # --- the decision ---------------------------------------------------------------------------------
 
     def resolve(self, device: Device, sample: GpuSample) -> Resolution:
-        """The job, its source, the resource attributes and the precision of one device (``sample``'s)."""
+        """The holders and the precision of one device (``sample`` is one of its samples)."""
         cfg = self.config
         claims = self.claims(device)
         self._note_hpc_only(claims)
@@ -128,47 +142,55 @@ class Resolver:
         # What rules and precision labels look at: the sample's resource attributes, then the
         # claims' attributes, then the point attributes (later ones win). Built as a dict only
         # for rules; the precision labels read the same layers directly (no merge per sample).
-        layers = (attributes, claim_resource, sample.resource)
+        layers = (attributes, claim_resource, resource)
         rule = evaluate(cfg.rules, device.uuid, sample.host, _view(layers, sample)) if cfg.rules else _NO_RULE
 
         existing = sample.job_id if sample.job_id not in UNSET_JOBS and sample.job_id is not None else None
-        job = source = None
-        from_claims = False
+        holders: list[Holder] = []
         if rule.job_id and rule.job_override:
-            job, source = rule.job_id, "rule"
+            holders = [_whole(rule.job_id, "rule", resource)]
         elif existing and not cfg.override:
-            job, source = existing, "sample"
-        elif len(claims) == 1:  # the usual case: one job holds the GPU
-            job, from_claims = self.job_id(claims[0]), True
-            source = "+".join(sorted(set(claims[0].source.split("+"))))
-            if claims[0].run:
-                resource[JOB_RUN] = claims[0].run
+            holders = [_whole(existing, "sample", resource)]
         elif claims:
-            ids = sorted({self.job_id(c) for c in claims})
-            job, from_claims = SHARED_SEPARATOR.join(ids), True
-            source = "+".join(sorted({s for c in claims for s in c.source.split("+")}))
-            if len(ids) > 1:
-                resource[JOB_SHARED] = True
+            holders = self._holders(device, claims, claim_resource)
         elif rule.job_id:
-            job, source = rule.job_id, "rule"
+            holders = [_whole(rule.job_id, "rule", resource)]
         elif existing:
-            job, source = existing, "sample"
+            holders = [_whole(existing, "sample", resource)]
         else:
             idle = next((found for s in self.idle_sources if (found := s.idle(device)) is not None), None)
             if idle is not None:
-                job, source = NO_JOB, idle
-
-        if from_claims:
-            for key, value in claim_resource.items():
-                if cfg.override or key not in resource:
-                    resource[key] = value
+                holders = [_whole(NO_JOB, idle, resource)]
 
         metadata = {p for c in claims for p in c.precisions} | device.precisions | self._label_precisions(layers,
                                                                                                           sample)
         precision = self._precision(sample.precision, metadata, rule.precision, rule.precision_override)
-        if job is not None:
-            resource[JOB_SOURCE] = source
-        return Resolution(job, source, resource, precision)
+        return Resolution(holders, precision)
+
+    def _holders(self, device: Device, claims: list[Claim], claim_resource: dict[str, str]) -> list[Holder]:
+        """The jobs the claims name, each with its attributes; several: each its share of the device."""
+        override = self.config.override
+        by_job: dict[str, list[Claim]] = {}
+        for claim in claims:
+            by_job.setdefault(self.job_id(claim), []).append(claim)
+        if len(by_job) == 1:  # the usual case: one job holds the GPU (one pod, or several of one job)
+            (job, own), = by_job.items()
+            resource = device.resource
+            for key, value in claim_resource.items():
+                if override or key not in resource:
+                    resource[key] = value
+            return [_holder(job, own, resource)]
+        # Several jobs: one holder each, with its own pods' attributes (never another job's: the
+        # attributes any claim sets are the holders', not the device's), and its share.
+        theirs = {key for claim in claims for key in claim.resource}
+        base = {k: v for k, v in device.resource.items() if k not in theirs}
+        jobs = sorted(by_job)
+        shares, basis = split(device, [by_job[job] for job in jobs])
+        out = []
+        for job, share in zip(jobs, shares, strict=True):
+            resource = {**base, **_merged_resource(by_job[job]), JOB_SHARED: True}
+            out.append(_holder(job, by_job[job], resource, share, basis))
+        return out
 
     def _precision(self, existing: str | None, metadata: set[str], rule: str | None, rule_override: bool) -> str | None:
         known = specs.normalize_precision(existing)
@@ -192,6 +214,45 @@ class Resolver:
             if precision != specs.UNKNOWN_PRECISION:
                 out.add(precision)
         return out
+
+
+def split(device: Device, jobs: list[list[Claim]]) -> tuple[list[float], str]:
+    """Each job's share of a device several hold (``jobs``: each job's claims), adding up to 1, and the
+    basis: by their processes' use where a source measured every holder's (``sm_util``), else evenly."""
+    count = len(jobs)
+    if device.measured:
+        uses = [math.fsum(c.use for c in claims if c.use is not None and math.isfinite(c.use) and c.use > 0)
+                for claims in jobs]
+        total = math.fsum(uses)
+        if total > 0:
+            return _exact([use / total for use in uses]), device.basis or SHARE_SM_UTIL
+    return _exact([1.0 / count] * count), SHARE_EVEN
+
+
+def _used(claims: list[Claim]) -> float:
+    return math.fsum(c.use for c in claims if c.use is not None and math.isfinite(c.use) and c.use > 0)
+
+
+def _exact(shares: list[float]) -> list[float]:
+    """The shares with the last one what the others leave of 1, so they add up to 1 to the last bit."""
+    if len(shares) > 1:
+        shares[-1] = max(0.0, 1.0 - math.fsum(shares[:-1]))
+    return shares
+
+
+def _whole(job: str, source: str, resource: dict[str, Any]) -> Holder:
+    resource[JOB_SOURCE] = source
+    return Holder(job, resource)
+
+
+def _holder(job: str, claims: list[Claim], resource: dict[str, Any], share: float | None = None,
+            basis: str = "") -> Holder:
+    """A job's holder from its claims: the sources that named it, its run when its pods agree on one."""
+    runs = {c.run for c in claims}
+    if len(runs) == 1 and claims[0].run:
+        resource[JOB_RUN] = claims[0].run
+    resource[JOB_SOURCE] = "+".join(sorted({s for c in claims for s in c.source.split("+")}))
+    return Holder(job, resource, share, basis)
 
 
 def _base_attributes(sample: GpuSample) -> dict[str, Any]:

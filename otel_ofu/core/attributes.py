@@ -83,8 +83,10 @@ _ATTRIBUTES = (
     AttributeInfo("ofu.job.source", RESOURCE, "Which source named the job: `kubelet`, `k8s_api`, `process`, "
                   "`slurm`, `scrape`, `hpc_job`, `rule`, `sample`, `report`, or several joined by `+`.",
                   ("processors/attribution",)),
-    AttributeInfo("ofu.job.shared", RESOURCE, "`true` when several jobs hold the GPU (pods on time-sliced "
-                  "replicas of it, several Slurm jobs); their ids are then comma-joined in ofu.job.id.",
+    AttributeInfo("ofu.job.shared", RESOURCE, "`true` when several jobs hold the GPU (pods on time-sliced or MPS "
+                  "replicas of it, one DRA claim in several pods, several Slurm jobs): each job gets a point set of "
+                  "its own with its share in gpu.job.share (docs/sharing.md). Older recordings and peers comma-join "
+                  "the jobs' ids in one ofu.job.id instead (read as an even split).",
                   ("processors/attribution",)),
     AttributeInfo("ofu.job.kind", RESOURCE, "The Kubernetes workload kind behind ofu.job.id (PyTorchJob, JobSet, "
                   "Job, Deployment, Pod, ...); a bounded set, kept on overflow. The jobs processor copies it onto "
@@ -155,6 +157,11 @@ _ATTRIBUTES = (
                   "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
                   "or `unknown`. Absent on the other parts. Per job: the cause behind most of that part's loss in the "
                   "window.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
+    AttributeInfo("ofu.share.basis", POINT, "How a shared GPU's split among its jobs was made (gpu.job.share): "
+                  "`sm_util` (each job's processes' SM utilization: NVML per-process utilization, dcgm-exporter's "
+                  "per-pod DCGM_FI_DEV_GPU_UTIL), `even` (nothing measured each job's use, or none used it), "
+                  "`mig_profile` (MIG devices of one profile on one GPU whose instance is not known: each job an even "
+                  "part of each; docs/sharing.md).", ("processors/ofu",), ("gpu.job.share",)),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",

@@ -34,6 +34,7 @@ APP_SM_CLOCK = 110
 CLOCKS_EVENT_REASONS = 112
 MAX_SM_CLOCK = 113
 POWER_USAGE = 155
+GPU_UTIL = 203  # percent; dcgm-exporter --kubernetes-virtual-gpus repeats it per pod as the pod's own SM use
 TOTAL_ENERGY_CONSUMPTION = 156
 GR_ENGINE_ACTIVE = 1001
 SM_ACTIVE = 1002
@@ -81,6 +82,9 @@ FIELDS: tuple[Field, ...] = (
     Field(MAX_SM_CLOCK, ("DCGM_FI_DEV_MAX_SM_CLOCK",), "MHz"),
     Field(POWER_USAGE, ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "dcgm_power_usage"), "W"),
     Field(TOTAL_ENERGY_CONSUMPTION, ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm_total_energy_consumption"), "mJ"),
+    # Read for one thing only: dcgm-exporter's per-pod copy of it on a shared GPU is the pod's processes' SM
+    # utilization (NVIDIA/dcgm-exporter#594), what a shared GPU is split by (receivers/dcgm_exporter.py).
+    Field(GPU_UTIL, ("DCGM_FI_DEV_GPU_UTIL", "dcgm_gpu_utilization"), "%"),
     Field(GR_ENGINE_ACTIVE, ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
                              "dcgm_fi_prof_gr_engine_active"), "1"),
     Field(SM_ACTIVE, ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", "dcgm_fi_prof_sm_active"), "1"),

@@ -39,8 +39,13 @@ _METRICS = (
     MetricInfo("gpu.ofu.reference_clock", "Hz", "gauge",
                "f_ref used for this point: the clock the GPU's tensor peak is quoted at."),
     MetricInfo("gpu.flops.achieved", "{flop}/s", "gauge",
-               "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7); "
-               "only when the precision and the share are known."),
+               "OFU x dense peak FLOP/s at the job's precision x the GPU's share (a MIG instance: its slices / 7) x "
+               "the job's share of a GPU several jobs hold (gpu.job.share); only when the precision and the share "
+               "are known."),
+    MetricInfo("gpu.job.share", RATIO, "gauge",
+               "The part of a GPU (or MIG instance) several jobs hold that this point set's job held in the window: "
+               "its share of the GPU's time, FLOPs, loss and energy; the shares of one GPU's jobs add up to 1. "
+               "ofu.share.basis says how it was split (docs/sharing.md). None on a GPU one job holds (all of it)."),
     MetricInfo("gpu.mig.share", RATIO, "gauge",
                "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
                "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
@@ -138,12 +143,12 @@ TRAINING_REPORT_METRICS: tuple[str, ...] = (MFU_REPORT_METRIC, *TFLOPS_REPORT_ME
 GPU_METRICS: tuple[str, ...] = (
     "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.loss", "gpu.tensor.activity",
     "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons", "gpu.sm.activity",
-    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped",
+    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped", "gpu.job.share",
 )
 # The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
 OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
-    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share", "gpu.ofu.loss",
-    "gpu.ofu.dropped"})
+    "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share", "gpu.job.share",
+    "gpu.ofu.loss", "gpu.ofu.dropped"})
 
 
 def register(info: MetricInfo) -> MetricInfo:
@@ -189,7 +194,8 @@ register(MetricInfo("otel_ofu.exporter.dropped", "{item}", "sum",
 # Which components emit the metrics defined here (the generated reference lists them on each
 # component's page; metrics defined in a component's own module are found there).
 _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.mig.share",
-                "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage",
+                "gpu.job.share", "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.sm.clock.max",
+                "gpu.power.usage",
                 "gpu.clock.event_reasons", "gpu.sm.activity", "gpu.graphics_engine.activity", "gpu.dram.activity",
                 "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
 _EMITTED_BY: dict[str, tuple[str, ...]] = {

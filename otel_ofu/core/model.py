@@ -30,6 +30,10 @@ JOB_KIND = "ofu.job.kind"
 # the incarnation of the job named by ofu.job.id: the UID of its workload object (Kubernetes);
 # a job deleted and created again under one name is a new run (a new job to the jobs processor)
 JOB_RUN = "ofu.job.run"
+# how a shared device's split among its jobs was made (gpu.job.share's point attribute): sm_util (each
+# job's processes' SM utilization), even (nothing measured each job's use), mig_profile (MIG devices of
+# one profile whose instance is not known; docs/sharing.md)
+SHARE_BASIS = "ofu.share.basis"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 LOSS_PART = "ofu.loss.part"  # a part of the loss account (otel_ofu.core.loss): engine_idle, clock, ...
@@ -115,6 +119,15 @@ class GpuSample:
     precision: str | None = None
     resource: dict[str, Any] = field(default_factory=dict)  # extra resource attributes (k8s, MIG, slurm)
     attributes: dict[str, Any] = field(default_factory=dict)  # extra point attributes
+    # A device several jobs hold in the window is one sample per job (attribution): the part of the
+    # device this one's job held (the jobs' shares sum to 1) and how it was made (SHARE_BASIS); None:
+    # the whole device (docs/sharing.md).
+    share: float | None = None
+    share_basis: str = ""
+    # This sample's pod's own use of the device, as a per-pod copy of a shared GPU's series says it
+    # (dcgm-exporter's per-pod DCGM_FI_DEV_GPU_UTIL: the SM utilization of the pod's processes, percent);
+    # attribution weighs the device's split by it. Raw, may be blank.
+    holder_use: object = None
 
     def gpu_key(self) -> GpuKey:
         """:func:`gpu_key` of this sample's GPU, without building its resource."""

@@ -44,6 +44,7 @@ from otel_ofu.jobs.windows import SeriesWindows, take
 
 OFU_METRIC = "gpu.ofu"
 FLOPS_METRIC = "gpu.flops.achieved"
+SHARE_METRIC = "gpu.job.share"
 
 
 @dataclass
@@ -149,14 +150,16 @@ class JobBook:
         self.clocks.next_batch()
         update = Update()
         flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
+        # A shared GPU's job's part of it, by its point set's window (the ofu processor's gpu.job.share).
+        shares = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == SHARE_METRIC}
         losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now, behind, losses)
+                self._gpu_point(point, flops, update, touched, now, behind, losses, shares)
         for source, late in behind.items():
-            self._late_or_stepped_back(source, late, flops, update, touched, now, losses)
+            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -186,7 +189,8 @@ class JobBook:
 
     def _late_or_stepped_back(self, source: Any, late: list[MetricPoint], flops: dict, update: Update,
                               touched: dict[str, JobTracker], now: float | None,
-                              losses: dict[tuple[Attributes, int], Parts] | None = None) -> None:
+                              losses: dict[tuple[Attributes, int], Parts] | None = None,
+                              shares: dict[tuple[Attributes, int], float] | None = None) -> None:
         """A host's points of this batch that are far behind its newest data: late (not counted, as
         any point out of order), or its clock was stepped back (HostClocks.stepped_back).
 
@@ -213,7 +217,7 @@ class JobBook:
         if now is None:  # a recording's clock: the newest data of its hosts as they are now
             self.newest = max(c.data for c in self.clocks.hosts.values())
         for point in late:
-            self._gpu_point(point, flops, update, touched, now, losses=losses)
+            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
@@ -237,10 +241,17 @@ class JobBook:
 
     def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
                    now: float | None, behind: dict[Any, list[MetricPoint]] | None = None,
-                   losses: dict[tuple[Attributes, int], Parts] | None = None) -> None:
+                   losses: dict[tuple[Attributes, int], Parts] | None = None,
+                   shares: dict[tuple[Attributes, int], float] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
+            return
+        # A GPU several jobs share counts once: each job's point set its share of the GPU's time, FLOPs and loss
+        # (gpu.job.share, docs/sharing.md); a point naming several jobs (older peers, recordings) evenly.
+        share = shares.get((point.resource, point.time_unix_nano)) if shares else None
+        if share is not None and not (0.0 <= share <= 1.0):  # NaN too
+            update.skip("bad_share")
             return
         facts = gpu_facts(point)
         gpu, source = facts.gpu, facts.source
@@ -272,16 +283,16 @@ class JobBook:
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
         if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
-            self.unattributed.add(end - start, point.value)
-            self.unattributed_histogram.add(point.value, end - start)
-            self.fleet_loss.add_unallocated(end - start)
+            part = 1.0 if share is None else share
+            self.unattributed.add((end - start) * part, point.value)
+            self.unattributed_histogram.add(point.value, (end - start) * part)
+            self.fleet_loss.add_unallocated((end - start) * part)
             return
         loss = losses.get((point.resource, point.time_unix_nano)) if losses else None
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
-        if rate is None:
+        if rate is None or share is not None:  # gpu.flops.achieved of a shared GPU's job is its part: the GPU's here
             rate = facts.flops(point.value)
-        # A GPU several jobs share (include_shared) counts for each, its time split equally between them.
-        weight = 1.0 / len(facts.jobs)
+        weight = share if share is not None else 1.0 / len(facts.jobs)
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)

@@ -50,9 +50,9 @@ class JobsConfig:
     max_pending_reports: int = 10000
     # Job ids that mean "no job": their GPUs count as GPUs without a job.
     ignore_jobs: list[str] = field(default_factory=lambda: [NO_JOB, "unknown", ""])
-    # Count GPUs several jobs share (ofu.job.shared) for each of them, their time split equally
-    # between the jobs; off by default, as their OFU cannot be split between the jobs.
-    include_shared: bool = False
+    # Count a GPU several jobs share (ofu.job.shared) for each of them by its share (gpu.job.share: by
+    # their processes' use where measured, else evenly; docs/sharing.md); false: for none (no job's).
+    include_shared: bool = True
     # Attributes copied from the job's first point onto the job's resource.
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)
     audit: AuditConfig = field(default_factory=AuditConfig)

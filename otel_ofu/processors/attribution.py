@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from otel_ofu.attribution import PER_JOB_ATTRIBUTES
 from otel_ofu.attribution.config import AttributionProcessorConfig
@@ -23,7 +24,7 @@ from otel_ofu.attribution.k8s_api import PodWatcher
 from otel_ofu.attribution.k8s_dra import DraWatcher
 from otel_ofu.attribution.limits import JobLimiter
 from otel_ofu.attribution.resolver import Resolver
-from otel_ofu.attribution.sources import Device, Polled, Source
+from otel_ofu.attribution.sources import Copy, Device, Polled, Source
 from otel_ofu.attribution.sources.dra import DraSource
 from otel_ofu.attribution.sources.kubelet import KubeletSource
 from otel_ofu.attribution.sources.kubernetes_api import PodSource
@@ -31,7 +32,20 @@ from otel_ofu.attribution.sources.labels import SampleLabelSource
 from otel_ofu.attribution.sources.processes import PidProvider, ProcessSource
 from otel_ofu.attribution.sources.reports import ReportSource
 from otel_ofu.core.metrics import MetricInfo, register
-from otel_ofu.core.model import JOB_ID, NO_JOB, Batch, GpuKey, GpuSample, MetricPoint, attrs, gpu_key, job_id_of
+from otel_ofu.core.model import (
+    GPU_MIG_INSTANCE,
+    GPU_MIG_PROFILE,
+    JOB_ID,
+    NO_JOB,
+    Batch,
+    GpuKey,
+    GpuSample,
+    MetricPoint,
+    attrs,
+    gpu_key,
+    job_id_of,
+)
+from otel_ofu.core.values import clean
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 OVERFLOW_METRIC = register(MetricInfo(
@@ -52,8 +66,10 @@ class AttributionProcessor(Processor):
         self.dra: DraWatcher | None = None  # the GPUs of DRA: the API's ResourceSlices and ResourceClaims
         self.kubelet = KubeletSource(config.kubelet, config.dra.drivers, ttl=float(config.cache_ttl),
                                      telemetry=telemetry, log=self.log, clock=clock) if config.kubelet.enabled else None
+        ttl = float(config.cache_ttl)
         self.processes = ProcessSource(config.processes, config.precision_env, provider=pid_provider, clock=clock,
-                                       polled=Polled("pids", dict, float(config.cache_ttl), telemetry, self.log, clock))
+                                       polled=Polled("pids", dict, ttl, telemetry, self.log, clock),
+                                       used=Polled("process_utilization", dict, ttl, telemetry, self.log, clock))
         self.labels = SampleLabelSource() if config.sample_labels else None
         self._dra_source: DraSource | None = None
         claims, idle = self._sources()
@@ -138,15 +154,22 @@ class AttributionProcessor(Processor):
         samples_over = 0
         latest = 0
         renamed: dict[tuple[GpuKey, str], str] = {}  # (GPU, job id before) -> job id after
-        for sample in batch.samples:
-            before = sample.job_id or NO_JOB
-            original = self.annotate(sample)
-            if sample.job_id is not None and sample.job_id != before:
-                renamed[(sample.gpu_key(), before)] = sample.job_id
-            if original is not None:
+        samples: list[GpuSample] = []
+        reshaped = False  # a device came as several copies, or went out as several jobs' samples
+        devices = _devices(batch.samples)
+        profiles = _mig_profiles(devices)
+        for copies in devices:
+            first = copies[0]
+            before = first.job_id or NO_JOB
+            out, over = self.annotate_device(copies, profiles.get(_profile_key(first), 0) if profiles else 0)
+            if len(out) == 1 and out[0].job_id is not None and out[0].job_id != before:
+                renamed[(first.gpu_key(), before)] = out[0].job_id
+            for original in over:
                 overflowed.add(original)
                 samples_over += 1
-                latest = max(latest, sample.time_unix_nano)
+                latest = max(latest, first.time_unix_nano)
+            samples += out
+            reshaped = reshaped or len(copies) > 1 or len(out) > 1
         if overflowed:
             self.context.telemetry.add(OVERFLOW_METRIC.name, samples_over)
             gap = self.config.job_idle_timeout * 1e9
@@ -164,8 +187,8 @@ class AttributionProcessor(Processor):
         if names and any(p.name in names for p in points):
             annotated = (self.reports.annotate(p, batch.peer) if p.name in names else p for p in points)
             points = [p for p in annotated if p is not None]
-        if points is not batch.points:
-            batch = Batch(samples=batch.samples, points=points, passthrough=batch.passthrough, events=batch.events,
+        if points is not batch.points or reshaped:
+            batch = Batch(samples=samples, points=points, passthrough=batch.passthrough, events=batch.events,
                           peer=batch.peer)
         return batch
 
@@ -174,25 +197,98 @@ class AttributionProcessor(Processor):
         return self.reports.annotate(point, peer)
 
     def annotate(self, sample: GpuSample) -> str | None:
-        """Set job, precision and attributes on one sample; returns the job id if it overflowed.
+        """Set job, precision and attributes on one sample of a device no other sample of the batch is
+        about; returns the job id if it overflowed. A device several jobs share gives several samples:
+        :meth:`annotate_device`."""
+        out, over = self.annotate_device([sample])
+        if len(out) > 1:
+            raise ValueError("a shared device: use annotate_device")
+        return over[0] if over else None
 
-        The sample's dicts are replaced, never mutated: pipelines share them (shallow copies).
+    def annotate_device(self, copies: list[GpuSample], same_profile: int = 0) -> tuple[list[GpuSample], list[str]]:
+        """One device's samples of one window (one, or a per-pod copy each) as one sample per job holding
+        it, each with its share when several do; and the job ids that overflowed max_jobs. ``same_profile``:
+        a MIG instance's GPU's instances of its profile in this window.
+
+        The first sample is annotated in place (its dicts replaced, never mutated: pipelines share
+        them); the others are new samples.
         """
-        device = Device(str(sample.uuid).strip().lower(), sample.gpu_key(), sample.host, dict(sample.resource),
-                        dict(sample.attributes))
+        sample = copies[0]
+        if len(copies) == 1:  # nearly always
+            resource = dict(sample.resource)
+            found_copies = [Copy(resource, _use(sample.holder_use))]
+        else:
+            resource = _common(c.resource for c in copies)
+            found_copies = [Copy(dict(c.resource), _use(c.holder_use)) for c in copies]
+        device = Device(str(sample.uuid).strip().lower(), sample.gpu_key(), sample.host, resource,
+                        dict(sample.attributes), copies=found_copies, same_profile=same_profile)
         self.processes.take_pids(device)
         found = self.resolver.resolve(device, sample)
-        resource, job = found.resource, found.job
         sample.precision = found.precision
-        overflow = None
-        if job is not None:
+        if not found.holders:
+            sample.resource, sample.attributes = device.resource, device.attributes
+            return [sample], []
+        out, over = [], []
+        for holder in found.holders:
+            job, resource = holder.job, holder.resource
             if job != NO_JOB and not self._limiter.admit(job, sample.time_unix_nano):
-                overflow, job = job, self.config.overflow_job_id
+                over.append(job)
+                job = self.config.overflow_job_id
                 for key in PER_JOB_ATTRIBUTES:
                     resource.pop(key, None)
-            sample.job_id = job
-        sample.resource, sample.attributes = resource, device.attributes
-        return overflow
+            if not out:
+                sample.job_id, sample.resource, sample.attributes = job, resource, device.attributes
+                sample.share, sample.share_basis = holder.share, holder.basis
+                out.append(sample)
+            else:
+                out.append(dataclasses.replace(sample, job_id=job, resource=resource, share=holder.share,
+                                               share_basis=holder.basis))
+        return out, over
+
+
+def _devices(samples: list[GpuSample]) -> list[list[GpuSample]]:
+    """The batch's samples by device and window (core.model.gpu_key and time), in order: a GPU
+    dcgm-exporter repeats per pod is one device, counted once."""
+    if len(samples) < 2:
+        return [samples] if samples else []
+    groups: dict[tuple[GpuKey, int], list[GpuSample]] = {}
+    for sample in samples:
+        groups.setdefault((sample.gpu_key(), sample.time_unix_nano), []).append(sample)
+    return list(groups.values())
+
+
+def _profile_key(sample: GpuSample) -> tuple | None:
+    profile, instance = sample.resource.get(GPU_MIG_PROFILE), sample.resource.get(GPU_MIG_INSTANCE)
+    if not profile or instance in (None, ""):
+        return None
+    return sample.host, str(sample.uuid).strip().lower(), str(profile), sample.time_unix_nano
+
+
+def _mig_profiles(devices: list[list[GpuSample]]) -> dict[tuple, int]:
+    """How many MIG instances of each profile each GPU has in each window of the batch."""
+    counts: dict[tuple, int] = {}
+    for copies in devices:
+        key = _profile_key(copies[0])
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _common(resources: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What every copy of a device says alike (its identity, MIG, driver), as a new dict."""
+    it = iter(resources)
+    common = dict(next(it))
+    for resource in it:
+        common = {k: v for k, v in common.items() if k in resource and resource[k] == v}
+    return common
+
+
+def _use(value: object) -> float | None:
+    """A copy's holder use as a number, None when blank or not given (values.clean's rule)."""
+    if value is None:
+        return None
+    number, _ = clean(value)
+    return number
 
 
 def _renamed(point: MetricPoint, renamed: dict[tuple[GpuKey, str], str]) -> MetricPoint:

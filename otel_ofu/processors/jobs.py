@@ -90,8 +90,9 @@ for _info in (
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, mfu_without_job, tflops_without_peak, future: stamped more than "
-               "max_future beyond its host's usual lead over this process's clock)."),
+               "(out_of_order, not_finite, bad_share: a gpu.job.share outside 0..1, mfu_without_job, "
+               "tflops_without_peak, future: stamped more than max_future beyond its host's usual lead over this "
+               "process's clock)."),
     MetricInfo("otel_ofu.jobs.reports.pending", "{point}", "gauge", "Reports (MFU, TFLOP/s) held for jobs no GPU "
                "has reported for yet (bounded by max_pending_reports)."),
 ):

@@ -40,6 +40,7 @@ from otel_ofu.core.model import (
     LOSS_CAUSE,
     LOSS_PART,
     PRECISION,
+    SHARE_BASIS,
     Attributes,
     Batch,
     GpuKey,
@@ -301,7 +302,8 @@ class OfuProcessor(Processor):
         values = {field: found[name].value * factor for name, (field, factor) in _INPUT_FIELDS.items()
                   if name in found}
         first = next(iter(found.values()))
-        extra = {k: v for k, v in first.attributes if k != FREF_SOURCE}
+        extra = {k: v for k, v in first.attributes if k != FREF_SOURCE and k != SHARE_BASIS}
+        shared = found.get("gpu.job.share")
         return GpuSample(t, 0.0, str(r.get(HOST_NAME, "")), int(index) if index.isdecimal() else index,
                          str(r.get(HW_ID, "")), str(r.get(HW_MODEL, "")), values.get("tensor_active"),
                          values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
@@ -310,7 +312,9 @@ class OfuProcessor(Processor):
                          source="otlp",
                          job_id=None if r.get(JOB_ID) is None else str(r[JOB_ID]),
                          precision=None if r.get(PRECISION) is None else str(r[PRECISION]),
-                         resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra)
+                         resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra,
+                         share=None if shared is None else shared.value,
+                         share_basis="" if shared is None else str(dict(shared.attributes).get(SHARE_BASIS, "")))
 
     def sample_points(self, sample: GpuSample) -> list[MetricPoint]:
         """The points of one GPU sample: its OFU (or its drop counter), loss account and inputs."""
@@ -364,10 +368,13 @@ class OfuProcessor(Processor):
         # known), the MIG share (an instance), the loss account's parts, the inputs present.
         values = [result.corrected, result.raw, result.fref_mhz * 1e6]
         flops = result.achieved_flops
+        job_share = sample.share
         if flops is not None:
-            values.append(flops)
+            values.append(flops if job_share is None else flops * job_share)  # a shared GPU's job: its part
         if gpu.mig:
             values.append(share)  # type: ignore[arg-type]
+        if job_share is not None:
+            values.append(job_share)
         loss = None
         if cfg.loss.enabled:
             names, shares, memory, clock = loss_shares(
@@ -376,7 +383,8 @@ class OfuProcessor(Processor):
             loss = (names, memory, clock)
             values += shares
         present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
-        layout_key = (result.fref_source, flops is not None, gpu.mig, loss, present)
+        layout_key = (result.fref_source, flops is not None, gpu.mig, None if job_share is None else sample.share_basis,
+                      loss, present)
         layout = layouts.get(layout_key)
         if layout is None:
             layout = layouts[layout_key] = self._layout(sample, layout_key, ofu_attrs_by_fref, loss_attrs,
@@ -393,7 +401,7 @@ class OfuProcessor(Processor):
     def _layout(sample: GpuSample, key: tuple, ofu_attrs_by_fref: dict[str, Attributes],
                 loss_attrs: dict[tuple, tuple[Attributes, ...]], point_attrs: Attributes) -> PointLayout:
         """The names, units and attributes of a GPU window's points (see :meth:`_sample_output`), for its key."""
-        fref_source, flops, mig, loss, present = key
+        fref_source, flops, mig, share_basis, loss, present = key
         ofu_attrs = ofu_attrs_by_fref.get(fref_source)
         if ofu_attrs is None:
             ofu_attrs = ofu_attrs_by_fref[fref_source] = attrs({**sample.attributes, FREF_SOURCE: fref_source})
@@ -404,6 +412,9 @@ class OfuProcessor(Processor):
         if mig:
             # What the recording rules weigh the instance by: its fraction of the physical GPU.
             points.append(("gpu.mig.share", RATIO, ofu_attrs))
+        if share_basis is not None:
+            # A shared GPU's job: its part of the GPU (docs/sharing.md), and how the split was made.
+            points.append(("gpu.job.share", RATIO, attrs({**dict(ofu_attrs), SHARE_BASIS: share_basis})))
         if loss is not None:
             part_attrs = loss_attrs.get(loss)
             if part_attrs is None:
@@ -436,21 +447,31 @@ class OfuProcessor(Processor):
 
     def _window_start(self, sample: GpuSample, gpu: _Gpu, resource: Attributes) -> int:
         """The start of the window a GPU's gpu.ofu covers, when its job or pod changed since its previous
-        sample: that sample's time (0 otherwise, and for a GPU's first sample).
+        sample, and always for a GPU several jobs share: that sample's time (0 otherwise, and for a GPU's
+        first sample).
 
         Why: the jobs tier gets a GPU's points of each job on the instance that job is routed to; a
         GPU that leaves a job and comes back within max_gap would otherwise be counted for that job
-        over the time it ran another one (docs/jobs.md, "Windows"). Only the first point after a
-        change says it: the usual point stays a plain gauge point (cheaper to encode).
+        over the time it ran another one (docs/jobs.md, "Windows"). A shared GPU's jobs (one sample
+        each at one time) come and go window by window. Only such points say it: the usual point
+        stays a plain gauge point (cheaper to encode).
         """
         key = gpu.key
         t = sample.time_unix_nano
-        previous = self._previous.get(key)
+        shared = sample.share is not None
+        previous = self._previous.get(key)  # (time, the resource then (None: shared), that window's start)
+        if previous is not None and previous[0] == t:  # another job of the same shared window
+            return previous[2] if shared else 0
+        entry = (t, None if shared else resource, previous[0] if previous is not None and previous[0] < t else 0)
         if previous is None:
-            self._previous.put(key, (t, resource))
+            self._previous.put(key, entry)
         else:
-            self._previous[key] = (t, resource)  # replaced: the cache does not grow
-        if previous is None or previous[1] is resource or not previous[0] < t or previous[1] == resource:
+            self._previous[key] = entry  # replaced: the cache does not grow
+        if previous is None or not previous[0] < t:
+            return 0
+        if shared or previous[1] is None:
+            return previous[0]
+        if previous[1] is resource or previous[1] == resource:
             return 0
         return previous[0]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.core import dcgm_fields
-from otel_ofu.core.model import Batch, GpuSample
+from otel_ofu.core.model import GPU_MIG_INSTANCE, Batch, GpuSample
 from otel_ofu.gpu.missing_inputs import MissingInputs, how_to_enable
 from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, require
@@ -45,6 +45,7 @@ from otel_ofu.scrape.client import (
 )
 
 SOURCE = "dcgm_exporter"
+K8S_POD_LABEL, K8S_NAMESPACE_LABEL = "k8s.pod.name", "k8s.namespace.name"  # dcgm_fields.identity_from_labels'
 
 @dataclass
 class DcgmExporterReceiverConfig:
@@ -92,8 +93,10 @@ def parse_metrics(text: str, *, time_unix_nano: int, window_s: float, host_overr
     """GPU samples from one dcgm-exporter page; raises ValueError when the text is not Prometheus.
 
     One sample per GPU entity: a GPU, or a MIG instance (same UUID, its own GPU_I_ID), or one
-    pod's view of a shared GPU (dcgm-exporter repeats the series per pod). Metrics that are
-    not DCGM fields we read, and series without a GPU identity, are ignored.
+    pod's view of a shared GPU (dcgm-exporter repeats the series per pod; attribution counts the
+    copies of one GPU once). Metrics that are not DCGM fields we read, and series without a GPU
+    identity, are ignored. ``DCGM_FI_DEV_GPU_UTIL`` makes no sample of its own: on a shared GPU's
+    per-pod copy it is that pod's use (:func:`_pod_uses`).
     """
     entities: dict[tuple, tuple[dict[str, Any], dict[int, object]]] = {}
     for family in parse_text(text):
@@ -105,16 +108,47 @@ def parse_metrics(text: str, *, time_unix_nano: int, window_s: float, host_overr
             ident = dcgm_fields.identity_from_labels(labels)
             key = (ident["host"], ident["gpu_index"], ident["uuid"], tuple(sorted(ident["resource"].items())))
             entities.setdefault(key, (ident, {}))[1][fid] = sample.value  # raw: int, float, NaN or a sentinel
+    uses = _pod_uses(entities)
     out = []
     for ident, fields in entities.values():
+        if fields.keys() <= {dcgm_fields.GPU_UTIL}:
+            continue  # a utilization row alone: no GPU window (see _pod_uses)
         index = ident["gpu_index"]
         out.append(dcgm_fields.sample_from_fields(
             fields, time_unix_nano=time_unix_nano, window_s=window_s,
             host=host_override or ident["host"] or default_host,
             gpu_index=int(index) if str(index).isdecimal() else index, uuid=ident["uuid"], model=ident["model"],
             source=SOURCE, job_id=ident["job_id"], resource=dict(ident["resource"]),
+            holder_use=uses.get(_pod_of(ident)),
         ))
     return out
+
+
+def _device_of(ident: dict[str, Any]) -> tuple:
+    resource = ident["resource"]
+    return ident["host"], ident["gpu_index"], ident["uuid"], resource.get(GPU_MIG_INSTANCE, "")
+
+
+def _pod_of(ident: dict[str, Any]) -> tuple:
+    resource = ident["resource"]
+    return (*_device_of(ident), resource.get(K8S_NAMESPACE_LABEL, ""), resource.get(K8S_POD_LABEL, ""))
+
+
+def _pod_uses(entities: dict[tuple, tuple[dict[str, Any], dict[int, object]]]) -> dict[tuple, object]:
+    """Each pod's use of a shared GPU, from dcgm-exporter's per-process rows: with --kubernetes-virtual-gpus
+    and per-process metrics (NVIDIA/dcgm-exporter#594, 4.5.3-4.8.2: internal/pkg/transformation/
+    kubernetes.go createPerProcessMetrics), ``DCGM_FI_DEV_GPU_UTIL`` comes once for the device (no pod
+    labels) and once per pod holding it, the sum of its processes' SM utilization (0 for an idle pod;
+    those rows always carry ``pod_uid``, the other series only with --kubernetes-enable-pod-uid, so they
+    may be rows of their own). Without the device's own row (older pages copy the device's value to every
+    pod) nothing says a pod's own use."""
+    devices = {_device_of(ident) for ident, fields in entities.values()
+               if fields.keys() == {dcgm_fields.GPU_UTIL} and not ident["resource"].get(K8S_POD_LABEL)}
+    if not devices:
+        return {}
+    return {_pod_of(ident): fields[dcgm_fields.GPU_UTIL] for ident, fields in entities.values()
+            if dcgm_fields.GPU_UTIL in fields and ident["resource"].get(K8S_POD_LABEL)
+            and _device_of(ident) in devices}
 
 
 class DcgmExporterReceiver(PollingReceiver):

@@ -51,7 +51,7 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
-from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
+from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
@@ -498,7 +498,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric, *config.tflops_metrics, TRUTH_METRIC}
+    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, config.mfu_metric, *config.tflops_metrics,
+             TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
     lines = sum(s.lines for s in sources)

@@ -49,6 +49,9 @@ class FakeNvmlGpu:
     memory_clock: int = 2619
     reasons: int = 0x4  # SW power cap
     processes: list[tuple[int, int, int, int]] = field(default_factory=list)  # pid, bytes, GI, CI
+    # The driver's per-process utilization samples: (pid, CPU timestamp in microseconds, SM util %), one per
+    # process with non-zero utilization per sampling period (nvmlDeviceGetProcessUtilization)
+    process_utilization: list[tuple[int, int, int]] = field(default_factory=list)
     mig: list[FakeNvmlMig] = field(default_factory=list)
     lost: bool = False
     gpm_permission: bool = True
@@ -228,6 +231,20 @@ class FakeNvml:
             info = _real.c_nvmlProcessInfo_v3_t()
             info.pid, info.usedGpuMemory, info.gpuInstanceId, info.computeInstanceId = pid, used, gi, ci
             out.append(_real.nvmlStructToFriendlyObject(info))
+        return out
+
+    def nvmlDeviceGetProcessUtilization(self, handle, timeStamp):
+        """As pynvml: the samples newer than ``timeStamp`` as c_nvmlProcessUtilizationSample_t structs;
+        NVML_ERROR_NOT_FOUND when there is none (NVML's documented answer: no valid sample since then)."""
+        gpu = self._gpu(handle)
+        out = []
+        for pid, stamp, sm in gpu.process_utilization:
+            if stamp > timeStamp:
+                sample = _real.c_nvmlProcessUtilizationSample_t()
+                sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil = pid, stamp, sm, 0
+                out.append(sample)
+        if not out:
+            raise self._error(_real.NVML_ERROR_NOT_FOUND)
         return out
 
     # --- MIG -------------------------------------------------------------------------------------

@@ -46,7 +46,21 @@ REFRESH_ERRORS_METRIC = register(MetricInfo(
     "Failed attribution lookups, by source (kubelet, pids); the last good answer is used for cache_ttl.",
     emitted_by=("processors/attribution",)))
 
+# How a shared device's split was made (ofu.share.basis, docs/sharing.md).
+SHARE_SM_UTIL = "sm_util"  # each job's processes' SM utilization
+SHARE_EVEN = "even"  # nothing measured each job's use (or none used it)
+SHARE_MIG_PROFILE = "mig_profile"  # MIG devices of one profile whose instance is not known
+
 MIG_UUID = "gpu.mig.uuid"  # a MIG instance's own UUID (the nvml receiver's), beside its parent's hw.id
+
+
+@dataclass
+class Copy:
+    """One sample of a device in a window: a GPU's only one, or one of the per-pod copies of a shared
+    GPU's series (dcgm-exporter repeats them per pod): its own resource and its pod's use, if given."""
+
+    resource: dict[str, Any]
+    use: float | None = None  # the SM utilization of its pod's processes, percent (GpuSample.holder_use)
 
 
 @dataclass
@@ -54,8 +68,10 @@ class Device:
     """One GPU or MIG instance in one window, as attribution asks its sources about it.
 
     ``resource`` and ``attributes`` are the sample's, copied (the sample's own dicts are shared
-    between pipelines and never changed); ``pids`` its processes' (processes source);
-    ``precisions`` precisions its processes declare without naming a job.
+    between pipelines and never changed); with several copies, ``resource`` holds what they all
+    say alike and ``copies`` each one's own. ``pids``: its processes' (processes source);
+    ``precisions``: precisions its processes declare without naming a job; ``measured``: a source
+    measured every holder's use of it (a holder whose claim carries none used nothing).
     """
 
     uuid: str  # lower case; "" when the source names none (dmon, CSV)
@@ -65,6 +81,13 @@ class Device:
     attributes: dict[str, Any]
     pids: list[int] = field(default_factory=list)
     precisions: set[str] = field(default_factory=set)
+    copies: list[Copy] = field(default_factory=list)
+    measured: bool = False
+    # How the holders' weights on their claims were made when measured (the resolver's ofu.share.basis);
+    # "": their processes' SM use.
+    basis: str = ""
+    # A MIG instance: how many instances of its profile its GPU has in this window (the batch's samples).
+    same_profile: int = 0
 
     @property
     def mig(self) -> bool:

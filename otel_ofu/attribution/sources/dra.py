@@ -18,7 +18,7 @@ from otel_ofu.attribution.claims import Claim
 from otel_ofu.attribution.k8s_api import PodWatcher
 from otel_ofu.attribution.k8s_dra import DeviceRef, DraGpu, DraWatcher
 from otel_ofu.attribution.kubelet import DraHolder, PodContainer
-from otel_ofu.attribution.sources import Device, Source, pod_claims
+from otel_ofu.attribution.sources import SHARE_MIG_PROFILE, Device, Source, pod_claims
 from otel_ofu.attribution.sources.kubelet import KubeletSource
 
 
@@ -34,6 +34,9 @@ class DraSource(Source):
         # "<parent uuid>/<MIG profile>" -> the containers holding it; the node's DRA GPUs, same keys.
         self._holders: dict[str, list[PodContainer]] = {}
         self._known: frozenset[str] = frozenset()
+        # Held MIG devices no UUID names on a sample (created on demand, or one of several of a profile):
+        # (parent uuid, profile) -> each such device's holders.
+        self._by_profile: dict[tuple[str, str], dict[DeviceRef, list[PodContainer]]] = {}
         self._unmapped_logged = False
 
     # --- background ---------------------------------------------------------------------------------
@@ -42,10 +45,15 @@ class DraSource(Source):
         if self.resource_claims:
             self.watcher.claims.sync(self._node_claims())
         holders: dict[str, list[PodContainer]] = {}
+        by_profile: dict[tuple[str, str], dict[DeviceRef, list[PodContainer]]] = {}
 
-        def add(gpu: DraGpu, holder: PodContainer) -> None:
+        def add(gpu: DraGpu, holder: PodContainer, ref: DeviceRef) -> None:
             for key in self._keys(gpu):
                 found = holders.setdefault(key, [])
+                if holder not in found:
+                    found.append(holder)
+            if gpu.mig:
+                found = by_profile.setdefault((gpu.parent_uuid, gpu.profile), {}).setdefault(ref, [])
                 if holder not in found:
                     found.append(holder)
 
@@ -59,7 +67,7 @@ class DraSource(Source):
                 continue
             for dra_holder in dra_holders:
                 if not self._admin_access(dra_holder, ref):
-                    add(gpu, dra_holder.holder)
+                    add(gpu, dra_holder.holder, ref)
         if unmapped and not self._unmapped_logged and self.watcher.synced.is_set():
             self._unmapped_logged = True
             self.log.warning("kubelet pod-resources reports GPUs allocated by DRA (%s) that cannot be mapped to a "
@@ -73,8 +81,8 @@ class DraSource(Source):
                     gpu = self.watcher.gpu(ref)
                     if gpu is not None:
                         for holder in containers:
-                            add(gpu, holder)
-        self._holders, self._known = holders, frozenset(known)
+                            add(gpu, holder, ref)
+        self._holders, self._known, self._by_profile = holders, frozenset(known), by_profile
 
     def _node_claims(self) -> dict[tuple[str, str], frozenset[str]]:
         """The ResourceClaims this node's pods use -> the pods using each."""
@@ -128,7 +136,28 @@ class DraSource(Source):
 
     def claims(self, device: Device) -> list[Claim]:
         holders = self.holders(device)
-        return pod_claims(holders) if holders else []
+        if holders:
+            return pod_claims(holders)
+        return self._profile_claims(device) if device.mig and device.mig_profile else []
+
+    def _profile_claims(self, device: Device) -> list[Claim]:
+        """A MIG instance known by its parent and profile only, when its GPU's instances of that profile
+        are exactly the held DRA devices of that profile (MIG devices created on demand, DynamicMIG: the
+        slices name none of them by UUID, and an instance exists only while a claim holds it): which one
+        is whose is not known, so each holder gets an even part of each (n holders of n instances: one
+        instance's worth each, its GPU time exact, its OFU the instances' mean; ofu.share.basis
+        mig_profile). Another number of instances: none (never a guess)."""
+        held = self._by_profile.get((device.uuid, device.mig_profile))
+        if not held or device.same_profile != len(held):
+            return []
+        claims = []
+        for containers in held.values():
+            own = pod_claims(containers)
+            for claim in own:
+                claim.use = 1.0 / (len(held) * len(own))
+            claims += own
+        device.measured, device.basis = True, SHARE_MIG_PROFILE
+        return claims
 
     def idle(self, device: Device) -> str | None:
         keys = [device.mig_uuid, f"{device.uuid}/{device.mig_profile}"] if device.mig else [device.uuid]

@@ -42,4 +42,4 @@ class PodSource(Source):
         precisions = {record.precision} if record.precision else claim.precisions
         source = "+".join(sorted({*claim.source.split("+"), self.name}))
         return Claim(("k8s", record.namespace, record.name), source, resource, precisions, record.job_id,
-                     record.job.run)
+                     record.job.run, claim.use)

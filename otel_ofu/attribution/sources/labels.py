@@ -19,7 +19,7 @@ from otel_ofu.attribution import (
     K8S_RESOURCECLAIM_NAMESPACE,
 )
 from otel_ofu.attribution.claims import Claim, k8s_key
-from otel_ofu.attribution.sources import Device, Source
+from otel_ofu.attribution.sources import Copy, Device, Source
 from otel_ofu.attribution.sources.dra import DraSource
 from otel_ofu.core.model import GPU_MIG_INSTANCE, GPU_MIG_PROFILE, GpuSample
 
@@ -50,18 +50,27 @@ class SampleLabelSource(Source):
                 hosts.popitem(last=False)
 
     def claims(self, device: Device) -> list[Claim]:
-        resource = device.resource
+        """The pod (or HPC job) each copy of the device names, with its pod's use when the copy gives it:
+        a GPU dcgm-exporter repeats per pod (--kubernetes-virtual-gpus) is held by every pod it names."""
         claims: list[Claim] = []
-        k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
-        key = k8s_key(k8s)
-        if key and not _other_mig_profile(resource):
-            claims.append(Claim(key, self.name, k8s))
-            name, namespace = k8s.get(K8S_RESOURCECLAIM_NAME), k8s.get(K8S_RESOURCECLAIM_NAMESPACE)
-            if name and namespace and self.dra is not None:
-                claims += self.dra.consumers(namespace, name, k8s.get(K8S_POD_NAME))
-        hpc = resource.get(HPC_JOB_ID)
-        if hpc:
-            claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
+        seen: set[tuple[str, ...]] = set()  # two copies naming one pod (two replicas it holds) are one holder
+        for copy in device.copies or (Copy(device.resource),):
+            resource = copy.resource
+            k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
+            key = k8s_key(k8s)
+            if key and key not in seen and not _other_mig_profile(resource):
+                seen.add(key)
+                claims.append(Claim(key, self.name, k8s, use=copy.use))
+                name, namespace = k8s.get(K8S_RESOURCECLAIM_NAME), k8s.get(K8S_RESOURCECLAIM_NAMESPACE)
+                if name and namespace and self.dra is not None:
+                    claims += self.dra.consumers(namespace, name, k8s.get(K8S_POD_NAME))
+            hpc = resource.get(HPC_JOB_ID)
+            if hpc:
+                claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
+        pods = [copy for copy in device.copies if k8s_key({k: str(v) for k, v in copy.resource.items()
+                                                            if k.startswith("k8s.") and v not in (None, "")})]
+        if pods and all(copy.use is not None for copy in pods):
+            device.measured = True  # dcgm-exporter gives every pod of the GPU its use (0 when idle)
         return claims
 
     def idle(self, device: Device) -> str | None:

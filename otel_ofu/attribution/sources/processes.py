@@ -31,13 +31,16 @@ class ProcessSource(Source):
     name = "process"
 
     def __init__(self, config: ProcessSourceConfig, precision_env: str, *, provider: PidProvider | None,
-                 polled: Polled, clock: Callable[[], float]):
+                 polled: Polled, used: Polled, clock: Callable[[], float]):
         self.config = config
         self.precision_env = precision_env
-        self.provider = provider  # GPU uuid -> [pids]; a test's seam, else NVML when configured
+        # GPU uuid -> [pids]; a test's seam, else NVML when configured. One with a ``utilization()`` (NvmlPids)
+        # also gives each pid's SM utilization.
+        self.provider = provider
         self._nvml: Any = None
         self._clock = clock
         self._provider_pids = polled  # uuid -> [pid]
+        self._provider_use = used  # uuid -> {pid: SM utilization, percent}
         self._lock = threading.Lock()  # guards _sample_pids and _procs
         self._sample_pids: dict[GpuKey, tuple[list[int], float]] = {}  # by GPU: dmon/CSV GPUs have no UUID
         self._procs: dict[int, ProcessInfo | None] = {}
@@ -56,6 +59,9 @@ class ProcessSource(Source):
             provider = self._nvml = self._nvml or NvmlPids()
         if provider is not None:
             self._provider_pids.poll(lambda: {str(k).strip().lower(): list(v) for k, v in provider().items()})
+            utilization = getattr(provider, "utilization", None)
+            if utilization is not None and self.config.utilization:
+                self._provider_use.poll(lambda: {str(k).strip().lower(): dict(v) for k, v in utilization().items()})
         now = self._clock()
         with self._lock:
             ttl = self.config.pid_ttl
@@ -106,7 +112,10 @@ class ProcessSource(Source):
         return info
 
     def claims(self, device: Device) -> list[Claim]:
+        """Each process's pod or Slurm job, with the process's SM use where NVML measured the GPU's (a GPU,
+        not a MIG instance: NVML gives no per-process utilization of those)."""
         claims: list[Claim] = []
+        used = None if device.mig else self._provider_use.value.get(device.uuid)
         for pid in device.pids:
             info = self.process(pid)
             if info is None:
@@ -115,9 +124,13 @@ class ProcessSource(Source):
             precisions = {precision} if precision != specs.UNKNOWN_PRECISION else set()
             claim = process_claim(info, precisions)
             if claim is not None:
+                if used is not None:
+                    claim.use = used.get(pid, 0.0)  # NVML lists only processes that used it
                 claims.append(claim)
             else:
                 device.precisions |= precisions
+        if used is not None and claims:
+            device.measured = True
         return claims
 
     def claim_of(self, pid: int) -> Claim | None:
