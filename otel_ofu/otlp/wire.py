@@ -15,6 +15,18 @@ to pass through, their point counts, and how to cut the pass-through.
 The request was parsed (so validated) by protobuf before it comes here; these readers only
 locate things. A layout they do not expect raises :class:`WireError`, and the caller reads
 that ResourceMetrics through protobuf objects instead.
+
+Invariant (what this fast path must equal): for a ResourceMetrics of a learned shape,
+:meth:`Shape.read` gives exactly what the message path gives for the same bytes parsed by
+protobuf (``ResourceMetrics.FromString`` then the join and ``codec`` decoding): the same decoded
+points (name, value, time, start time, resource and point attributes, unit, in order) and a
+pass-through whose bytes parse to exactly the message path's remaining messages, with the same
+point counts, and make the same request to send.
+It may refuse (:class:`WireError`, None): then the message path reads it; it never returns a part
+of the answer. A shape never covers a metric the join reads (``READ_METRICS``): those are read
+every request. Checked by tests/test_otlp_shapes.py (``test_read_by_shape_equals_the_message_path``
+on random requests, ``test_the_join_inputs_are_never_read_by_shape``,
+``test_a_different_skeleton_of_the_same_size_is_not_taken_for_the_shape``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,14 @@ it with ``send_batch_max_size``). Input points of no GPU pass through untouched:
 sender sent disappears (docs/otlp-receiver.md).
 
 This module walks a request (the message path, and ResourceMetrics recognized by their
-shape); one concern per module beside it:
+shape). Invariant of its byte-level paths: ``split_wire(body)`` and ``split(request, wire=body)``
+equal ``split(ExportMetricsServiceRequest.FromString(body))`` (the message path): the same samples
+field by field and in order, the same decoded points, and a pass-through whose bytes parse to
+exactly the message path's remaining messages, with the same point counts; a layout a byte reader
+does not expect goes the message path, whole. tests/test_otlp_join_wire.py (``test_wire_path_equals_message_path``,
+``test_string_attributes_read_as_protobuf_does``), tests/test_otlp_scrape_shapes.py and
+tests/test_corpus.py (every corpus page as the Collector forwards it, both ways) check it. One
+concern per module beside it:
 
 - :mod:`.inputs`: which metrics are read, what each feeds, in which unit;
 - :mod:`.point_bytes`: a serialized data point's layout and its attributes as label pairs;

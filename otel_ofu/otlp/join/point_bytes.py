@@ -5,6 +5,10 @@ dcgm-exporter scrape's label values repeat across GPUs and requests. The join's 
 (:class:`otel_ofu.otlp.join.points.Joiner`) reads a point's time and value at fixed offsets
 and identifies its GPU by the bytes of its attributes; this module says where those lie and
 decodes each distinct serialized label once. Anything laid out otherwise is left to protobuf.
+
+Invariant: a point's label pairs read here equal its attributes as protobuf decodes them, each
+value as :func:`label_text` writes the decoded value (tests/test_otlp_join_wire.py
+``test_string_attributes_read_as_protobuf_does``, on random attribute values).
 """
 
 from __future__ import annotations

@@ -33,6 +33,17 @@ A shape is learned only from what this reader reads exactly as the message path 
 (:func:`learn`): one ScopeMetrics, no field twice, input points with a time, a value and
 labels of a GPU and nothing else; anything else (a staleness marker, a point of no GPU, a
 metric decoded into points, a second scope) leaves that node to the message path.
+
+Invariant (what this fast path must equal): a request read by its nodes' shapes gives what
+:func:`otel_ofu.otlp.join.split` gives for the same bytes parsed by protobuf, request after
+request: the same GPU samples, every field, in the same order (so the same windows, holders and
+OFU downstream: a shared GPU's per-pod copies arrive as the same samples either way); a
+pass-through whose bytes parse to the same messages, with the same point counts; the same decoded
+points. Where a
+ResourceMetrics does not match, the whole request goes the message path (never part of it by
+shape). Checked by tests/test_otlp_scrape_shapes.py on random scrapes around the Collector's
+layout (hypothesis, both field orders), on the kept and the remade Collector capture of every
+dcgm-exporter page of the corpus, and on benchmarks/stage.py's workload.
 """
 
 from __future__ import annotations
