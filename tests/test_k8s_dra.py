@@ -271,13 +271,24 @@ def test_without_the_kubelet_socket_the_api_claims_map_the_dra_gpus(cluster):
 
 def test_a_republished_slice_generation_replaces_the_mapping_without_a_restart(cluster, kubelet):
     """The driver restarts and numbers its GPUs the other way round: generation 2 maps gpu-0 to the
-    former gpu-1's UUID. The old generation's slice, still there, must not map anything."""
+    former gpu-1's UUID. The old generation's slice, still there, must not map anything. The slice set
+    replaced while the jobs run (issue 32): each window's GPUs are counted once, the PyTorchJob one GPU
+    of the two in each, the claim's two pods the other, halved."""
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+    from tests.test_sharing import jobs_account
+
     kubelet.pods = kubelet_answer(DRA, cluster.objects)
     proc = attribution(cluster, DRA["node"], kubelet.socket)
     first, second = "GPU-3b1f6a2e-7c4d-4e8a-9f10-0a1b2c3d4e50", "GPU-3b1f6a2e-7c4d-4e8a-9f10-0a1b2c3d4e54"
+
+    def window(t: int) -> list:
+        return [sample(first, host=DRA["node"], t=t), sample(second, index=4, host=DRA["node"], t=t)]
+
+    t0, t1 = 10**18, 10**18 + 30 * 10**9
     try:
-        before = jobs_of(proc, [sample(first, host=DRA["node"]), sample(second, index=4, host=DRA["node"])])
+        before = jobs_of(proc, window(t0))
         assert before[first][0] == "k8s:ml/PyTorchJob/llama" and before[second][3] is True
+        held = [proc.process(Batch(samples=window(t0))).samples]
         republished = copy.deepcopy(DRA["slices"][0])
         republished["metadata"] = {"name": "gpu-node-dra-gpu.nvidia.com-r2d2x",
                                    "generateName": "gpu-node-dra-gpu.nvidia.com-"}
@@ -288,11 +299,16 @@ def test_a_republished_slice_generation_replaces_the_mapping_without_a_restart(c
         create(cluster, republished)
         wait_for("the new generation", lambda: (
             lambda j: j if j[first][3] is True and j[second][0] == "k8s:ml/PyTorchJob/llama" else None)(
-                jobs_of(proc, [sample(first, host=DRA["node"]), sample(second, index=4, host=DRA["node"])])),
+                jobs_of(proc, window(t1))),
             timeout=30, interval=0.2)
+        held.append(proc.process(Batch(samples=window(t1))).samples)
     finally:
         proc.shutdown()
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/gpu-node-dra-gpu.nvidia.com-r2d2x")
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu", Telemetry()))
+    account = jobs_account([p for samples in held for p in ofu.process(Batch(samples=samples)).points])
+    assert dict(account.seconds) == pytest.approx({
+        "k8s:ml/PyTorchJob/llama": 60.0, "k8s:gpu-test3/Pod/pod1": 30.0, "k8s:gpu-test3/Pod/pod2": 30.0})
 
 
 def test_mig_devices_by_their_own_uuid_or_by_parent_and_profile(cluster, kubelet):
