@@ -171,9 +171,12 @@ class Resolver:
         """The jobs the claims name, each with its attributes; several: each its share of the device."""
         override = self.config.override
         by_job: dict[str, list[Claim]] = {}
-        for claim in claims:
-            by_job.setdefault(self.job_id(claim), []).append(claim)
-        if len(by_job) == 1:  # the usual case: one job holds the GPU (one pod, or several of one job)
+        if len(claims) == 1:  # the usual case: one pod holds the GPU
+            by_job[self.job_id(claims[0])] = claims
+        else:
+            for claim in claims:
+                by_job.setdefault(self.job_id(claim), []).append(claim)
+        if len(by_job) == 1:  # one job holds the GPU (one pod, or several of one job)
             (job, own), = by_job.items()
             resource = device.resource
             for key, value in claim_resource.items():
@@ -248,9 +251,15 @@ def _whole(job: str, source: str, resource: dict[str, Any]) -> Holder:
 def _holder(job: str, claims: list[Claim], resource: dict[str, Any], share: float | None = None,
             basis: str = "") -> Holder:
     """A job's holder from its claims: the sources that named it, its run when its pods agree on one."""
-    runs = {c.run for c in claims}
-    if len(runs) == 1 and claims[0].run:
-        resource[JOB_RUN] = claims[0].run
+    first = claims[0]
+    if len(claims) == 1:
+        if first.run:
+            resource[JOB_RUN] = first.run
+        source = first.source
+        resource[JOB_SOURCE] = source if "+" not in source else "+".join(sorted(set(source.split("+"))))
+        return Holder(job, resource, share, basis)
+    if first.run and all(c.run == first.run for c in claims):
+        resource[JOB_RUN] = first.run
     resource[JOB_SOURCE] = "+".join(sorted({s for c in claims for s in c.source.split("+")}))
     return Holder(job, resource, share, basis)
 

@@ -158,12 +158,12 @@ class AttributionProcessor(Processor):
         reshaped = False  # a device came as several copies, or went out as several jobs' samples
         devices = _devices(batch.samples)
         profiles = _mig_profiles(devices)
-        for copies in devices:
+        for key, copies in devices:
             first = copies[0]
             before = first.job_id or NO_JOB
-            out, over = self.annotate_device(copies, profiles.get(_profile_key(first), 0) if profiles else 0)
+            out, over = self.annotate_device(copies, profiles.get(_profile_key(first), 0) if profiles else 0, key)
             if len(out) == 1 and out[0].job_id is not None and out[0].job_id != before:
-                renamed[(first.gpu_key(), before)] = out[0].job_id
+                renamed[(key, before)] = out[0].job_id
             for original in over:
                 overflowed.add(original)
                 samples_over += 1
@@ -205,7 +205,8 @@ class AttributionProcessor(Processor):
             raise ValueError("a shared device: use annotate_device")
         return over[0] if over else None
 
-    def annotate_device(self, copies: list[GpuSample], same_profile: int = 0) -> tuple[list[GpuSample], list[str]]:
+    def annotate_device(self, copies: list[GpuSample], same_profile: int = 0,
+                        key: GpuKey | None = None) -> tuple[list[GpuSample], list[str]]:
         """One device's samples of one window (one, or a per-pod copy each) as one sample per job holding
         it, each with its share when several do; and the job ids that overflowed max_jobs. ``same_profile``:
         a MIG instance's GPU's instances of its profile in this window.
@@ -220,7 +221,7 @@ class AttributionProcessor(Processor):
         else:
             resource = _common(c.resource for c in copies)
             found_copies = [Copy(dict(c.resource), _use(c.holder_use)) for c in copies]
-        device = Device(str(sample.uuid).strip().lower(), sample.gpu_key(), sample.host, resource,
+        device = Device(str(sample.uuid).strip().lower(), key or sample.gpu_key(), sample.host, resource,
                         dict(sample.attributes), copies=found_copies, same_profile=same_profile)
         self.processes.take_pids(device)
         found = self.resolver.resolve(device, sample)
@@ -246,14 +247,17 @@ class AttributionProcessor(Processor):
         return out, over
 
 
-def _devices(samples: list[GpuSample]) -> list[list[GpuSample]]:
+def _devices(samples: list[GpuSample]) -> list[tuple[GpuKey, list[GpuSample]]]:
     """The batch's samples by device and window (core.model.gpu_key and time), in order: a GPU
     dcgm-exporter repeats per pod is one device, counted once."""
-    if len(samples) < 2:
-        return [samples] if samples else []
-    groups: dict[tuple[GpuKey, int], list[GpuSample]] = {}
+    groups: dict[tuple[GpuKey, int], tuple[GpuKey, list[GpuSample]]] = {}
     for sample in samples:
-        groups.setdefault((sample.gpu_key(), sample.time_unix_nano), []).append(sample)
+        key = sample.gpu_key()
+        found = groups.get((key, sample.time_unix_nano))
+        if found is None:
+            groups[(key, sample.time_unix_nano)] = (key, [sample])
+        else:
+            found[1].append(sample)
     return list(groups.values())
 
 
@@ -264,10 +268,10 @@ def _profile_key(sample: GpuSample) -> tuple | None:
     return sample.host, str(sample.uuid).strip().lower(), str(profile), sample.time_unix_nano
 
 
-def _mig_profiles(devices: list[list[GpuSample]]) -> dict[tuple, int]:
+def _mig_profiles(devices: list[tuple[GpuKey, list[GpuSample]]]) -> dict[tuple, int]:
     """How many MIG instances of each profile each GPU has in each window of the batch."""
     counts: dict[tuple, int] = {}
-    for copies in devices:
+    for _, copies in devices:
         key = _profile_key(copies[0])
         if key is not None:
             counts[key] = counts.get(key, 0) + 1

@@ -54,10 +54,14 @@ class SampleLabelSource(Source):
         a GPU dcgm-exporter repeats per pod (--kubernetes-virtual-gpus) is held by every pod it names."""
         claims: list[Claim] = []
         seen: set[tuple[str, ...]] = set()  # two copies naming one pod (two replicas it holds) are one holder
+        pods = measured = 0  # copies naming a pod, and those that give its use
         for copy in device.copies or (Copy(device.resource),):
             resource = copy.resource
             k8s = {k: str(v) for k, v in resource.items() if k.startswith("k8s.") and v not in (None, "")}
             key = k8s_key(k8s)
+            if key:
+                pods += 1
+                measured += copy.use is not None
             if key and key not in seen and not _other_mig_profile(resource):
                 seen.add(key)
                 claims.append(Claim(key, self.name, k8s, use=copy.use))
@@ -67,9 +71,7 @@ class SampleLabelSource(Source):
             hpc = resource.get(HPC_JOB_ID)
             if hpc:
                 claims.append(Claim(("hpc", str(hpc)), "hpc_job", {HPC_JOB_ID: str(hpc)}, job_id=str(hpc)))
-        pods = [copy for copy in device.copies if k8s_key({k: str(v) for k, v in copy.resource.items()
-                                                            if k.startswith("k8s.") and v not in (None, "")})]
-        if pods and all(copy.use is not None for copy in pods):
+        if pods and measured == pods:
             device.measured = True  # dcgm-exporter gives every pod of the GPU its use (0 when idle)
         return claims
 
