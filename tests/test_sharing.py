@@ -37,7 +37,7 @@ from otel_ofu.processors.attribution import AttributionProcessor, AttributionPro
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.dcgm_exporter import DcgmExporterReceiver, DcgmExporterReceiverConfig
 from otel_ofu.report.build import build_report
-from tests.e2e_util import PageServer
+from tests.e2e_util import PageServer, wait_for
 from tests.fakes.nvml import FakeNvml, FakeNvmlGpu
 from tests.test_attribution import PROC, kubelet, pod  # noqa: F401 (kubelet: the gRPC server fixture)
 
@@ -263,6 +263,68 @@ def test_two_slurm_jobs_on_one_gpu_are_split_by_their_processes_sm_use_from_nvml
     account = jobs_account(first_points + second_points, shards=[0, 1])
     assert account.seconds["slurm:4242"] == pytest.approx(INTERVAL * (62 / 82 + 0.5), abs=1e-9)
     assert account.seconds["slurm:4242"] + account.seconds["slurm:4243"] == pytest.approx(2 * INTERVAL, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from tests.kube_apiserver import WATCHER_USER, KubeApiServer
+
+    server = KubeApiServer(tmp_path_factory.mktemp("kube")).start()
+    server.grant(WATCHER_USER, "otel-ofu-pods", [{"apiGroups": [""], "resources": ["pods"],
+                                                  "verbs": ["get", "list", "watch"]}])
+    yield server
+    server.stop()
+
+
+def test_pods_time_sharing_a_gpu_are_split_by_their_processes_sm_use(cluster, kubelet, tmp_path):  # noqa: F811
+    """The chain dcgm-exporter's per-process metrics walk (#594: pidmapper.go), here: NVML lists the GPU's
+    processes and each one's SM utilization; each pid's cgroup names its pod's UID (cgroup v2, systemd
+    driver: kubepods-burstable-pod<uid with underscores>.slice); the Kubernetes API names the pod with that
+    UID, which the kubelet lists as holding a time-sliced replica of the GPU. The pods' jobs split the GPU
+    45:15 by their processes' use, and a process of a pod that holds no replica (a UID the API does not
+    know on this node) makes the split even: its use says nothing of how the holders shared it."""
+    from tests.kube_apiserver import WATCHER_TOKEN, WATCHER_USER
+
+    cluster.namespace("share")
+    uids = {name: cluster.create_pod("share", name, "node-s")["metadata"]["uid"] for name in ("p-a", "p-b")}
+    gpu = "GPU-ffffffff-0000-0000-0000-000000000006"
+    kubelet.pods = [pod("p-a", "share", ("main", "nvidia.com/gpu", [gpu + "::0"])),
+                    pod("p-b", "share", ("main", "nvidia.com/gpu", [gpu + "::1"]))]
+    proc_root = tmp_path / "proc"
+    stranger = "0f0e0d0c-0b0a-4909-8807-060504030201"
+    for pid, uid in ((7001, uids["p-a"]), (7002, uids["p-b"]), (7003, stranger)):
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{pid:064x}.scope\n")
+    api = FakeNvml([FakeNvmlGpu(uuid=gpu, processes=[(7001, 8 << 30, 0xFFFFFFFF, 0xFFFFFFFF),
+                                                     (7002, 4 << 30, 0xFFFFFFFF, 0xFFFFFFFF)])])
+    proc = attribution({"refresh_interval": "1h", "dra": {"drivers": []},
+                        "kubelet": {"enabled": True, "socket": kubelet.socket, "timeout": "5s"},
+                        "processes": {"enabled": True, "proc_root": str(proc_root), "pid_sources": ["nvml"]},
+                        "kubernetes_api": {"enabled": True, "node_name": "node-s", "request_timeout": "5s",
+                                           "kubeconfig": str(cluster.kubeconfig(WATCHER_TOKEN, WATCHER_USER))}},
+                       pid_provider=NvmlPids(api))
+    proc.start()
+    try:
+        assert proc.pods.synced.wait(60)
+        # The processor's thread's first refresh read NVML's samples up to now (a refresh reads those since the last)
+        wait_for("the first refresh on the processor's thread", lambda: proc.processes._provider_use.at, timeout=30)
+        api.gpus[0].process_utilization += [(7001, 1_000, 45), (7002, 1_000, 15)]  # since that refresh
+        proc.refresh()
+        sample = GpuSample(T0 * 10**9, INTERVAL, "node-s", 0, gpu, H100, 0.5, 1755)
+        out = proc.process(Batch(samples=[sample])).samples
+        assert [(s.job_id, s.share, s.share_basis, s.resource["k8s.pod.uid"]) for s in out] == [
+            ("k8s:share/Pod/p-a", 0.75, "sm_util", uids["p-a"]), ("k8s:share/Pod/p-b", 0.25, "sm_util", uids["p-b"])]
+        api.gpus[0].processes.append((7003, 1 << 30, 0xFFFFFFFF, 0xFFFFFFFF))
+        api.gpus[0].process_utilization += [(7001, 2_000, 45), (7002, 2_000, 15), (7003, 2_000, 40)]
+        proc.refresh()
+        later = GpuSample((T0 + INTERVAL) * 10**9, INTERVAL, "node-s", 0, gpu, H100, 0.5, 1755)
+        out = proc.process(Batch(samples=[later])).samples
+        assert [(s.job_id, s.share, s.share_basis) for s in out] == [
+            ("k8s:share/Pod/p-a", 0.5, "even"), ("k8s:share/Pod/p-b", 0.5, "even")]
+    finally:
+        proc.shutdown()
 
 
 def test_nvml_per_process_utilization_reads_only_new_samples_and_says_none_when_not_found():
