@@ -192,19 +192,6 @@ class AttributionProcessor(Processor):
                           peer=batch.peer)
         return batch
 
-    def annotate_report(self, point: MetricPoint, peer: str | None = None) -> MetricPoint | None:
-        """The report's job (:meth:`ReportSource.annotate`); None when its sender may not send it."""
-        return self.reports.annotate(point, peer)
-
-    def annotate(self, sample: GpuSample) -> str | None:
-        """Set job, precision and attributes on one sample of a device no other sample of the batch is
-        about; returns the job id if it overflowed. A device several jobs share gives several samples:
-        :meth:`annotate_device`."""
-        out, over = self.annotate_device([sample])
-        if len(out) > 1:
-            raise ValueError("a shared device: use annotate_device")
-        return over[0] if over else None
-
     def annotate_device(self, copies: list[GpuSample], same_profile: int = 0,
                         key: GpuKey | None = None) -> tuple[list[GpuSample], list[str]]:
         """One device's samples of one window (one, or a per-pod copy each) as one sample per job holding
