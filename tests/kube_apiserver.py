@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import yaml
 
 from tests import certs
 from tests.e2e_util import Process, built_tool, free_ports, port_open, unavailable, wait_for
+from tests.pod_network import Forwarder
 
 ADMIN_TOKEN = "admin-token-0123456789"
 WATCHER_USER, WATCHER_TOKEN = "otel-ofu", "otel-ofu-token-0123456789"
@@ -211,7 +210,7 @@ class KubeApiServer:
                 and e.get("stage") in ("ResponseComplete", "Panic")]
 
 
-class CuttableProxy:
+class CuttableProxy(Forwarder):
     """A TCP forwarder to the API server whose connections the test can cut (a network partition).
 
     While cut, open connections are closed and new ones are accepted and closed at once, as a
@@ -219,65 +218,5 @@ class CuttableProxy:
     """
 
     def __init__(self, upstream_port: int):
-        self.upstream_port = upstream_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._cut = threading.Event()
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def cut(self) -> None:
-        self._cut.set()
-        with self._lock:
-            for sock in self._open:
-                _close(sock)
-            self._open.clear()
-
-    def restore(self) -> None:
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._closed = True
-        self.cut()
-        _close(self._listener)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._cut.is_set():
-                _close(client)
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            with self._lock:
-                self._open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while chunk := source.recv(65536):
-            sink.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        _close(source)
-        _close(sink)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
+        super().__init__(("127.0.0.1", upstream_port))
 
