@@ -128,6 +128,20 @@ class GpuSample:
     # (dcgm-exporter's per-pod DCGM_FI_DEV_GPU_UTIL: the SM utilization of the pod's processes, percent);
     # attribution weighs the device's split by it. Raw, may be blank.
     holder_use: object = None
+    # The ledger's counters (issue 34), raw as read, each None where the source has none:
+    # cumulative energy since the driver loaded, in mJ (DCGM 156; 1611 in J converted to mJ; NVML
+    # nvmlDeviceGetTotalEnergyConsumption): energy per window is the difference of two samples.
+    energy_mj: object = None
+    # Cumulative nanoseconds the clock was held down, per reason (DCGM 1420-1424, ``..._NS``), keyed by
+    # the cause names of otel_ofu.core.loss (sw_power_cap, sync_boost, sw_thermal, hw_thermal,
+    # hw_power_brake); splits the loss account's clock part by each reason's share of the window.
+    clock_event_ns: dict[str, object] | None = None
+    # Interconnect traffic over the window, bytes per second (DCGM 1009/1010 PCIe, 1011/1012 NVLink;
+    # NVML GPM PCI and NVLink tx/rx): what tells a stalled job (busy engine, idle links) from a working one.
+    pcie_tx_bytes_per_s: object = None
+    pcie_rx_bytes_per_s: object = None
+    nvlink_tx_bytes_per_s: object = None
+    nvlink_rx_bytes_per_s: object = None
 
     def gpu_key(self) -> GpuKey:
         """:func:`gpu_key` of this sample's GPU, without building its resource."""
