@@ -21,7 +21,7 @@ from otel_ofu.receivers.replay import (
     detect_format,
     parse_csv,
     parse_dmon,
-    parse_otlp_json,
+    parse_otlp,
     read_frames,
 )
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
@@ -228,7 +228,7 @@ def test_file_exporter_output_replays_to_the_same_points(tmp_path):
 
 
 def test_committed_otlp_sample_parses():
-    frames = list(parse_otlp_json(OTLP.read_text().splitlines(), str(OTLP)))
+    frames = list(parse_otlp(OTLP.read_text().splitlines(), str(OTLP)))
     assert len(frames) == 3 and all(f.batch.points for f in frames)
     assert frames[1].time_unix_nano - frames[0].time_unix_nano == 10 * S
 
@@ -240,7 +240,7 @@ def test_committed_otlp_sample_parses():
 ])
 def test_malformed_otlp_names_the_line(body, line, words):
     with pytest.raises(ReplayFormatError) as info:
-        list(parse_otlp_json(body.splitlines(keepends=True), "out.jsonl"))
+        list(parse_otlp(body.splitlines(keepends=True), "out.jsonl"))
     assert info.value.line == line and words in info.value.message
 
 

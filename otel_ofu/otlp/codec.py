@@ -580,6 +580,21 @@ def from_request(request: ExportMetricsServiceRequest) -> Iterator[MetricPoint]:
                                       metric.unit or "1", monotonic, dp.start_time_unix_nano)
 
 
+def from_proto_record(record: bytes) -> ExportMetricsServiceRequest | ExportLogsServiceRequest:
+    """One protobuf record of a recording (the Collector file exporter's ``format: proto``) as its
+    request: metrics or logs, told by its first item (:func:`otel_ofu.otlp.files.proto_signal`);
+    raises ValueError naming what is wrong."""
+    from google.protobuf.message import DecodeError
+
+    from otel_ofu.otlp.files import proto_signal
+
+    kind = ExportLogsServiceRequest if proto_signal(record) == "logs" else ExportMetricsServiceRequest
+    try:
+        return kind.FromString(record)
+    except DecodeError as exc:
+        raise ValueError(f"not an OTLP protobuf export request: {exc}") from None
+
+
 # --- Serialized OTLP -> points, for the metrics a receiver decodes (another otel-ofu's output) -------
 #
 # Why from bytes: reading a data point through protobuf objects costs several microseconds

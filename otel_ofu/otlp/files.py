@@ -9,13 +9,18 @@ compresses):
 - gzip: one stream or one member per write; zstd: one stream or one frame per write (the
   Collector's native compression, ``zstd`` on the command line, ``pzstd``'s leading skippable
   frame);
-- the Collector's length-prefixed records (``compression: zstd`` without native compression,
-  ``format: proto``): a 4-byte big-endian length, then the record, zstd-compressed or not.
-  JSON records are read, one line each; protobuf records are refused with a message.
+- the Collector's length-prefixed records (``format: proto``, and ``compression: zstd`` without
+  native compression): a 4-byte big-endian length, then the record, zstd-compressed or not
+  (``exportMessageAsBuffer`` in the Collector's exporter/fileexporter/file_writer.go); with
+  native compression the records are inside one zstd/gzip stream. A JSON record is read as a
+  line; an OTLP protobuf record (an export request: its first field is 1, ``0x0a``) is read as
+  its bytes, which :func:`proto_signal` tells metrics from logs.
 
-A crash leaves at most one partly written last line, frame or record. It is skipped with one
-warning per file (:class:`RecordedFile` keeps what was skipped), and the lines before it are
-read. A last line that is complete JSON without its newline (another tool's file) is kept.
+:func:`read_items` yields both (text lines as ``str``, protobuf records as ``bytes``);
+:func:`read_lines` is its text-only form. A crash leaves at most one partly written last line,
+frame or record. It is skipped with one warning per file (:class:`RecordedFile` keeps what was
+skipped), and the lines (records) before it are read. A last line that is complete JSON
+without its newline (another tool's file) is kept.
 
 Writing (docs/file-exporter.md). The current file is ``path``. A rotated file is renamed as the
 Collector's file exporter (lumberjack) does: the rotation time, ``YYYY-MM-DDTHH-MM-SS.mmm``
@@ -37,7 +42,7 @@ import logging
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +51,8 @@ log = logging.getLogger("otel_ofu.otlp.files")
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
+# An OTLP export request's first byte: field 1 (resource_metrics / resource_logs), length-delimited.
+PROTO_REQUEST_START = b"\x0a"
 COMPRESSIONS = ("zstd", "gzip")
 # A length-prefixed record is at most this long: also keeps a text file (first byte >= 0x09)
 # from reading as a length.
@@ -199,7 +206,9 @@ class RecordedFile:
     """One recorded file as it is read: what its bytes turned out to be, and what a crash cut."""
 
     path: Path
-    compression: str = ""  # "" | gzip | zstd | records (length-prefixed) | records+zstd
+    # "" | gzip | zstd | records (length-prefixed) | records+zstd (each record a zstd frame) |
+    # zstd+records, gzip+records (records inside one compressed stream: native compression)
+    compression: str = ""
     partial_tail: bool = False  # a partly written last line, frame or record was skipped
     notes: list[str] = field(default_factory=list)
     # Told about a skipped partial tail instead of the log (a warning), once per file.
@@ -225,20 +234,22 @@ def detect_compression(head: bytes) -> str:
         return "gzip"
     if len(head) >= 8:
         (size,) = struct.unpack(">I", head[:4])
-        if 0 < size <= MAX_RECORD_BYTES and (head[4:8] == ZSTD_MAGIC or head[4:5] == b"{"):
+        if 0 < size <= MAX_RECORD_BYTES and (head[4:8] == ZSTD_MAGIC or head[4:5] in (b"{", PROTO_REQUEST_START)):
             return "records"
     return ""
 
 
-def read_lines(source: RecordedFile, *, errors: str = "strict", progress: Callable[[int], object] | None = None
-               ) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every line of a recording, decompressed or unframed as its bytes say.
+def read_items(source: RecordedFile, *, errors: str = "strict", progress: Callable[[int], object] | None = None
+               ) -> Iterator[tuple[int, str | bytes]]:
+    """(line or record number, item) of a recording, decompressed or unframed as its bytes say.
 
-    A line keeps its line end; only a plain file's last line may lack one (another tool's file,
-    or a crash: :func:`skip_partial_last_line` tells them apart for JSON lines). A cut
-    compressed stream or record ends the lines: the text after the last complete line is
-    skipped, with one warning (``source.skipped_tail``). Records are numbered as lines.
-    ``progress`` is told how many file bytes were read. Raises :class:`RecordingError`.
+    An item is a text line (``str``, JSON records too) or an OTLP protobuf record (``bytes``, the
+    Collector's ``format: proto``). A line keeps its line end; only a plain file's last line may
+    lack one (another tool's file, or a crash: :func:`skip_partial_last_line` tells them apart
+    for JSON lines). A cut compressed stream or record ends the items: what follows the last
+    complete line or record is skipped, with one warning (``source.skipped_tail``). Records are
+    numbered as lines. ``progress`` is told how many file bytes were read. Raises
+    :class:`RecordingError`.
     """
     try:
         raw: Any = open(source.path, "rb", buffering=0)  # noqa: SIM115 (closed through the handle below)
@@ -248,47 +259,75 @@ def read_lines(source: RecordedFile, *, errors: str = "strict", progress: Callab
     with handle:
         compression = detect_compression(handle.peek(8)[:8])
         if compression == "records":
-            yield from _record_lines(source, handle, errors)
+            source.compression = "records"
+            yield from _records(source, handle, errors)
             return
         frames = _Frames(handle, compression) if compression else None
         source.compression = compression
         binary = io.BufferedReader(frames, buffer_size=1 << 20) if frames is not None else handle
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors=errors, newline="")
-        text._CHUNK_SIZE = 1 << 16  # type: ignore[attr-defined]  # fewer, larger reads: lines are ~10 kB
-        number = 0
-        pending: str | None = None
-        try:
-            for line in text:
-                if pending is not None:
-                    yield number, pending
-                number += 1
-                pending = line
-        except UnicodeDecodeError as exc:  # in the chunk after line ``number``: count its lines up to the byte
-            before = exc.object[:exc.start].count(b"\n") if isinstance(exc.object, bytes) else 0
-            raise RecordingError(source.path, number + 1 + before,
-                                 f"not UTF-8 text ({exc.reason}); is this a recording?") from None
-        if frames is not None and frames.problem:
-            if pending is not None and not pending.endswith("\n"):
-                source.skipped_tail(number, f"skipping a partly written last line ({len(pending)} characters; "
-                                            f"the compressed stream {frames.problem}): the writer stopped "
-                                            "mid-write (a crash?)")
-                return
-            if pending is None:
-                source.skipped_tail(0, f"the compressed stream {frames.problem} before its first line (the writer "
-                                       "stopped mid-write: a crash?)")
-                return
-            yield number, pending
-            source.skipped_tail(0, f"the compressed stream {frames.problem} after line {number} (the writer "
-                                   "stopped mid-write: a crash?); the lines before the cut are read")
+        if frames is not None and detect_compression(binary.peek(8)[:8]) == "records":
+            # Native compression (the Collector's exporter.file.nativeCompression gate) of records:
+            # one compressed stream, length-prefixed records inside (format: proto).
+            source.compression = f"{compression}+records"
+            count = yield from _records(source, binary, errors)
+            if frames.problem and not source.partial_tail:
+                source.skipped_tail(0, f"the compressed stream {frames.problem} after record {count} (the writer "
+                                       "stopped mid-write: a crash?); the records before the cut are read")
             return
-        if pending is not None:
-            yield number, pending
+        yield from _text_lines(source, binary, frames, errors)
 
 
-def skip_partial_last_line(lines: Iterable[tuple[int, str]], source: RecordedFile) -> Iterator[tuple[int, str]]:
+def read_lines(source: RecordedFile, *, errors: str = "strict", progress: Callable[[int], object] | None = None
+               ) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of a text recording: :func:`read_items` less protobuf records,
+    which are refused (a dmon or CSV reader has no use for them)."""
+    for number, item in read_items(source, errors=errors, progress=progress):
+        if isinstance(item, bytes):
+            raise RecordingError(source.path, 0, f"record {number}: OTLP protobuf (the Collector's format: proto), "
+                                                 "not text")
+        yield number, item
+
+
+def _text_lines(source: RecordedFile, binary: IO[bytes], frames: _Frames | None, errors: str
+                ) -> Iterator[tuple[int, str]]:
+    text = io.TextIOWrapper(binary, encoding="utf-8", errors=errors, newline="")
+    text._CHUNK_SIZE = 1 << 16  # type: ignore[attr-defined]  # fewer, larger reads: lines are ~10 kB
+    number = 0
+    pending: str | None = None
+    try:
+        for line in text:
+            if pending is not None:
+                yield number, pending
+            number += 1
+            pending = line
+    except UnicodeDecodeError as exc:  # in the chunk after line ``number``: count its lines up to the byte
+        before = exc.object[:exc.start].count(b"\n") if isinstance(exc.object, bytes) else 0
+        raise RecordingError(source.path, number + 1 + before,
+                             f"not UTF-8 text ({exc.reason}); is this a recording?") from None
+    if frames is not None and frames.problem:
+        if pending is not None and not pending.endswith("\n"):
+            source.skipped_tail(number, f"skipping a partly written last line ({len(pending)} characters; "
+                                        f"the compressed stream {frames.problem}): the writer stopped "
+                                        "mid-write (a crash?)")
+            return
+        if pending is None:
+            source.skipped_tail(0, f"the compressed stream {frames.problem} before its first line (the writer "
+                                   "stopped mid-write: a crash?)")
+            return
+        yield number, pending
+        source.skipped_tail(0, f"the compressed stream {frames.problem} after line {number} (the writer "
+                               "stopped mid-write: a crash?); the lines before the cut are read")
+        return
+    if pending is not None:
+        yield number, pending
+
+
+def skip_partial_last_line(lines: Iterable[tuple[int, str | bytes]], source: RecordedFile
+                           ) -> Iterator[tuple[int, str | bytes]]:
     """JSON lines: ``lines`` less a crash's partly written last line (no line end and not valid JSON),
-    which is skipped with a warning. A complete JSON last line without its newline is kept."""
-    pending: tuple[int, str] | None = None
+    which is skipped with a warning. A complete JSON last line without its newline is kept.
+    Protobuf records pass (a cut record is skipped where it is read)."""
+    pending: tuple[int, str | bytes] | None = None
     for item in lines:
         if pending is not None:
             yield pending
@@ -296,7 +335,7 @@ def skip_partial_last_line(lines: Iterable[tuple[int, str]], source: RecordedFil
     if pending is None:
         return
     number, line = pending
-    if not line.endswith("\n") and line.strip():
+    if isinstance(line, str) and not line.endswith("\n") and line.strip():
         try:
             json.loads(line)
         except ValueError:
@@ -308,41 +347,130 @@ def skip_partial_last_line(lines: Iterable[tuple[int, str]], source: RecordedFil
 
 def read_json_lines(path: str | Path, on_partial: Callable[[str], object] | None = None
                     ) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every line of a JSON lines recording, a crash's partial tail skipped.
+    """(line number, text) of every line of a JSON lines recording, a crash's partial tail skipped
+    (protobuf records are refused: :func:`read_requests` reads both).
 
     ``on_partial`` (default: a logged warning) is told about a skipped partial tail.
     """
     source = RecordedFile(Path(path), on_partial=on_partial)
-    return skip_partial_last_line(read_lines(source), source)
+    return skip_partial_last_line(read_lines(source), source)  # type: ignore[return-value]
 
 
-def _record_lines(source: RecordedFile, handle: IO[bytes], errors: str) -> Iterator[tuple[int, str]]:
-    """The Collector's length-prefixed records, each a JSON request (zstd-compressed or not)."""
-    source.compression = "records"
+def read_requests(path: str | Path, on_partial: Callable[[str], object] | None = None
+                  ) -> Iterator[tuple[int, str | bytes]]:
+    """(number, request) of every export request of an OTLP recording: a JSON line (``str``) or a
+    protobuf record (``bytes``), a crash's partial tail skipped."""
+    source = RecordedFile(Path(path), on_partial=on_partial)
+    return skip_partial_last_line(read_items(source), source)
+
+
+def proto_signal(record: bytes) -> str:
+    """'metrics', 'logs' or '' (no item at all) of an OTLP protobuf export request, from its bytes.
+
+    Both requests are ``repeated Resource* = 1`` holding ``repeated Scope* = 2`` holding their
+    items as field 2 (the Collector writes a message's fields highest number first, so nothing
+    can be told by position), and the Collector's file exporter writes both signals into one
+    file without a marker. Every field of a Metric is length-delimited and it has no field 6;
+    a LogRecord has fixed64 times, a varint severity, fixed32 flags or its attributes (field
+    6), one of which every log record the Collector or otel-ofu writes carries.
+    """
+    for resource in _len_fields(record, 0, len(record), 1):
+        for scope in _len_fields(record, *resource, 2):
+            for item in _len_fields(record, *scope, 2):
+                if item[0] == item[1]:
+                    continue
+                return "logs" if any(kind != 2 or number == 6 for number, kind in _fields(record, *item)) \
+                    else "metrics"
+    return ""
+
+
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """(number, wire type) of each field of the message ``data[start:end]``."""
+    i = start
+    while i < end:
+        key, i = _varint(data, i)
+        kind = key & 7
+        yield key >> 3, kind
+        if kind == 2:
+            size, i = _varint(data, i)
+            i += size
+        elif kind == 0:
+            _, i = _varint(data, i)
+        elif kind == 1:
+            i += 8
+        elif kind == 5:
+            i += 4
+        else:
+            return
+
+
+def _len_fields(data: bytes, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each length-delimited field ``number`` of the message ``data[start:end]``."""
+    i = start
+    while i < end:
+        key, i = _varint(data, i)
+        kind = key & 7
+        if kind == 2:
+            size, i = _varint(data, i)
+            if key >> 3 == number:
+                yield i, min(i + size, end)
+            i += size
+        elif kind == 0:
+            _, i = _varint(data, i)
+        elif kind == 1:
+            i += 8
+        elif kind == 5:
+            i += 4
+        else:
+            return  # groups (never in OTLP) or damage: nothing more to find
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while i < len(data):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+    return value, len(data) + 1  # cut: past the end
+
+
+def _records(source: RecordedFile, handle: IO[bytes], errors: str) -> Generator[tuple[int, str | bytes], None, int]:
+    """The Collector's length-prefixed records, each a JSON or protobuf request (zstd-compressed or not);
+    returns how many were read."""
     number = 0
     decompressor = None
     while True:
         header = handle.read(4)
         if not header:
-            return
-        number += 1
+            return number
         size = struct.unpack(">I", header)[0] if len(header) == 4 else 0
         body = handle.read(size) if size else b""
         if len(header) < 4 or len(body) < size:
-            source.skipped_tail(0, f"record {number} is cut short (the writer stopped mid-write: a crash?): skipped")
-            return
+            source.skipped_tail(0, f"record {number + 1} is cut short (the writer stopped mid-write: a crash?): "
+                                   "skipped")
+            return number
+        number += 1
         if body.startswith(ZSTD_MAGIC):
             import zstandard
 
-            source.compression = "records+zstd"
+            if source.compression == "records":
+                source.compression = "records+zstd"
             decompressor = decompressor or zstandard.ZstdDecompressor()
             try:
                 body = decompressor.decompressobj().decompress(body)
             except zstandard.ZstdError as exc:
                 raise RecordingError(source.path, 0, f"record {number}: not a zstd frame: {exc}") from None
+        if not body:
+            continue  # an empty request
+        if body[:1] == PROTO_REQUEST_START:
+            yield number, body
+            continue
         if not _JSON_START.match(body):
-            raise RecordingError(source.path, 0, f"record {number}: not JSON; the Collector's format: proto is not "
-                                                 "read here: record with format: json")
+            raise RecordingError(source.path, 0, f"record {number}: neither OTLP JSON nor an OTLP protobuf export "
+                                                 f"request (starts with {body[:8]!r})")
         try:
             text = body.decode("utf-8", errors)
         except UnicodeDecodeError as exc:

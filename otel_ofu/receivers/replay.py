@@ -1,6 +1,7 @@
 """The ``replay`` receiver: feeds a recorded trace through a pipeline, in real time or faster.
 
-Three recordings are understood (``format: auto`` tells them apart by their first lines):
+Four recordings are understood (``format: auto`` tells them apart by their first bytes and lines,
+whatever the file is called):
 
 - ``dmon``: the table ``dcgmi dmon -e 1004,100,... -d <ms>`` prints (dcgmi/DeviceMonitor.cpp):
   a ``#Entity`` header of field short names (``TENSO``, ``SMCLK``, ...), a units line, then one
@@ -15,6 +16,8 @@ Three recordings are understood (``format: auto`` tells them apart by their firs
 - ``otlp_json``: this project's ``file`` exporter output (OTLP JSON, one request per line):
   its metric points and events are re-emitted as they were, so a recorded pipeline output can
   be replayed into another exporter.
+- ``otlp_proto``: the same as OTLP protobuf export requests in the Collector file exporter's
+  length-prefixed records (``format: proto``), compressed or not (:mod:`otel_ofu.otlp.files`).
 
 Recorded timestamps are kept (``rebase_time`` shifts them to now). ``speed`` 1 replays in real
 time, 60 a minute per second, 0 or ``max`` as fast as the pipeline takes it. A malformed line
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -46,7 +50,8 @@ from otel_ofu.pipeline.component import Context, Factory, PollingReceiver
 from otel_ofu.pipeline.config import Duration, invalid, path_kind, require
 
 SOURCE = "replay"
-FORMATS = ("dmon", "csv", "otlp_json")
+FORMATS = ("dmon", "csv", "otlp_json", "otlp_proto")
+OTLP_FORMATS = ("otlp_json", "otlp_proto")
 DMON_DEFAULT_DELAY_S = 1.0  # dcgmi dmon -d default: 1000 ms
 DMON_ENTITY_GROUPS = ("GPU", "GPU-I", "GPU-CI", "vGPU", "Switch", "GPU_I", "GPU_CI", "CPU", "CPU_CORE", "Link")
 CSV_DEFAULT_WINDOW_S = 1.0
@@ -333,10 +338,19 @@ def _fill_windows(frame: Frame, spacing_s: float) -> Frame:
 
 # --- OTLP JSON lines -------------------------------------------------------------------------------
 
-def parse_otlp_json(lines: Iterable[str], path: str, *, on_error: ErrorHandler | None = None) -> Iterator[Frame]:
-    """Frames from OTLP JSON lines (the file exporter's output): one per line."""
+def parse_otlp(lines: Iterable[str | bytes], path: str, *, on_error: ErrorHandler | None = None) -> Iterator[Frame]:
+    """Frames from OTLP requests: JSON lines (the file exporter's output) or protobuf records
+    (``bytes``, the Collector's ``format: proto``): one per request."""
     fail = on_error or _raise
     for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            try:
+                request = otlp.from_proto_record(line)
+            except ValueError as exc:
+                fail(ReplayFormatError(path, number, str(exc)))
+                continue
+            yield from _request_frame(request, number)
+            continue
         if not line.strip():
             continue
         try:
@@ -352,14 +366,18 @@ def parse_otlp_json(lines: Iterable[str], path: str, *, on_error: ErrorHandler |
         except ValueError as exc:
             fail(ReplayFormatError(path, number, str(exc)))
             continue
-        batch = Batch()
-        if "resourceLogs" in document:
-            batch.events = list(otlp.events_from_request(request))  # type: ignore[arg-type]
-        else:
-            batch.points = list(otlp.from_request(request))  # type: ignore[arg-type]
-        times = [p.time_unix_nano for p in batch.points] + [e.time_unix_nano for e in batch.events]
-        if times:
-            yield Frame(max(times), batch, number)
+        yield from _request_frame(request, number)
+
+
+def _request_frame(request: object, number: int) -> Iterator[Frame]:
+    batch = Batch()
+    if isinstance(request, otlp.ExportLogsServiceRequest):
+        batch.events = list(otlp.events_from_request(request))
+    else:
+        batch.points = list(otlp.from_request(request))  # type: ignore[arg-type]
+    times = [p.time_unix_nano for p in batch.points] + [e.time_unix_nano for e in batch.events]
+    if times:
+        yield Frame(max(times), batch, number)
 
 
 # --- format detection and the file --------------------------------------------------------------
@@ -392,13 +410,17 @@ FORMATS_BY_SUFFIX = {".jsonl": "otlp_json", ".json": "otlp_json", ".ndjson": "ot
 
 
 def detect_format(path: str | Path) -> str:
-    """dmon, csv or otlp_json from the first lines of a file (then its suffix)."""
+    """dmon, csv, otlp_json or otlp_proto from the first bytes and lines of a file (then its suffix)."""
     path = Path(path)
     # Compressed files and the Collector's records too; a cut tail is reported when the file is read.
-    lines = files.read_lines(files.RecordedFile(path, on_partial=lambda message: None), errors="replace")
+    items = files.read_items(files.RecordedFile(path, on_partial=lambda message: None), errors="replace")
     try:
-        with contextlib.closing(lines):
-            fmt, first, first_line = sniff_format(text for _, text in lines)
+        with contextlib.closing(items):
+            first_item = next(items, None)
+            if isinstance(first_item, tuple) and isinstance(first_item[1], bytes):
+                return "otlp_proto"
+            lines = itertools.chain([first_item] if first_item else [], items)
+            fmt, first, first_line = sniff_format(text for _, text in lines)  # type: ignore[misc]
     except files.RecordingError as exc:
         raise ReplayFormatError(exc.path, exc.line, exc.message) from None
     if fmt is not None:
@@ -409,7 +431,7 @@ def detect_format(path: str | Path) -> str:
     if not first:
         raise ReplayFormatError(str(path), 1, "the file is empty")
     raise ReplayFormatError(str(path), first_line, f"cannot tell the format from {first[:60]!r}: set format to "
-                                                   "dmon, csv or otlp_json")
+                                                   "dmon, csv, otlp_json or otlp_proto")
 
 
 def read_frames(path: str | Path, fmt: str, *, start_unix_nano: int, interval_s: float | None = None,
@@ -424,16 +446,20 @@ def read_frames(path: str | Path, fmt: str, *, start_unix_nano: int, interval_s:
     if fmt == "auto":
         fmt = detect_format(path)
     source = files.RecordedFile(Path(path))
-    lines = files.read_lines(source)
+    if fmt in OTLP_FORMATS:
+        lines: Iterator[tuple[int, str | bytes]] = files.read_items(source)
+    else:
+        lines = files.read_lines(source)  # type: ignore[assignment]
+    texts = (text for _, text in lines)
     try:
-        if fmt == "otlp_json":
-            yield from parse_otlp_json((text for _, text in files.skip_partial_last_line(lines, source)), name,
-                                       on_error=on_error)
+        if fmt in OTLP_FORMATS:
+            yield from parse_otlp((item for _, item in files.skip_partial_last_line(lines, source)), name,
+                                  on_error=on_error)
         elif fmt == "dmon":
-            yield from parse_dmon((text for _, text in lines), name, start_unix_nano=start_unix_nano,
+            yield from parse_dmon(texts, name, start_unix_nano=start_unix_nano,  # type: ignore[arg-type]
                                   interval_s=interval_s, model=model, host=host, on_error=on_error)
         else:
-            yield from parse_csv((text for _, text in lines), name, interval_s=interval_s, model=model, host=host,
+            yield from parse_csv(texts, name, interval_s=interval_s, model=model, host=host,  # type: ignore[arg-type]
                                  on_error=on_error)
     except files.RecordingError as exc:
         raise ReplayFormatError(exc.path, exc.line, exc.message) from None
@@ -463,8 +489,9 @@ def shift_batch(batch: Batch, offset_ns: int) -> Batch:
 @dataclass
 class ReplayReceiverConfig:
     path: str = ""  # the recording; checked to exist when the config is validated
-    # auto looks at the first lines, then the suffix (.dmon, .csv, .jsonl).
-    format: Literal["auto", "dmon", "csv", "otlp_json"] = "auto"
+    # auto looks at the first bytes and lines (OTLP protobuf records, OTLP JSON, dmon, CSV), then the
+    # suffix (.dmon, .csv, .jsonl).
+    format: Literal["auto", "dmon", "csv", "otlp_json", "otlp_proto"] = "auto"
     # Recorded seconds per wall second: 1 = real time, 60 = a minute per second, 0 or "max" = as
     # fast as the pipeline accepts.
     speed: float | Literal["max"] = 1.0
@@ -486,7 +513,7 @@ class ReplayReceiverConfig:
     host_name: str = ""  # dmon (and csv without a host column): host.name of the GPUs
     # Log (the first 10) and count bad lines and replay the rest, instead of refusing the file.
     skip_malformed: bool = False
-    # OTLP JSON: replay the rotated files of path first (the file exporter's and the Collector's
+    # OTLP (JSON or protobuf): replay the rotated files of path first (the file exporter's and the Collector's
     # rotation names beside it, e.g. metrics-2026-11-30T12-00-00.000.jsonl), oldest first, then
     # path itself: the whole recording, in the order it was written.
     rotated: bool = True
@@ -507,7 +534,7 @@ class ReplayReceiverConfig:
     def output_kind(self) -> str:
         """A replay of OTLP JSON sends finished points; dmon and CSV send GPU samples for the ofu processor."""
         try:
-            return "points" if self._format_of(self.recording_files()[-1]) == "otlp_json" else "samples"
+            return "points" if self._format_of(self.recording_files()[-1]) in OTLP_FORMATS else "samples"
         except (ReplayFormatError, OSError):
             return "samples"
 
@@ -522,7 +549,7 @@ class ReplayReceiverConfig:
         if not found or found == [path]:
             return [path]
         try:
-            return found if self._format_of(found[-1]) == "otlp_json" else [path]
+            return found if self._format_of(found[-1]) in OTLP_FORMATS else [path]
         except (ReplayFormatError, OSError):
             return [path]
 
