@@ -75,11 +75,38 @@ LAYOUTS = {
 }
 
 
+def _proto() -> list[bytes]:
+    """The same requests as LINES, as OTLP protobuf (what the Collector's format: proto holds)."""
+    out = [otlp.to_request(SENT[w * 10:(w + 1) * 10]).SerializeToString() for w in range(WINDOWS)]
+    event = Event("ofu.job.end", T0 + WINDOWS * 10 * S, attrs({"ofu.job.id": "job-0"}), (), "ended", "INFO")
+    out.insert(3, otlp.events_to_request([event]).SerializeToString())
+    return out
+
+
+PROTO = _proto()
+
+
+def _prefixed(records: list[bytes]) -> bytes:
+    return b"".join(struct.pack(">I", len(record)) + record for record in records)
+
+
+# The Collector's file exporter with format: proto (exportMessageAsBuffer: 4-byte big-endian
+# length, then the message): plain; compression: zstd (each record a zstd frame); with the
+# exporter.file.nativeCompression gate, one zstd or gzip stream around the records.
+PROTO_LAYOUTS = {
+    "records": ("records", _prefixed),
+    "records+zstd": ("records+zstd", lambda records: _prefixed([zstandard.ZstdCompressor().compress(r)
+                                                                for r in records])),
+    "zstd+records": ("zstd+records", lambda records: zstandard.ZstdCompressor().compress(_prefixed(records))),
+    "gzip+records": ("gzip+records", lambda records: gzip.compress(_prefixed(records), mtime=0)),
+}
+
+
 def read_by_every_caller(path: Path, caplog) -> dict[str, tuple]:
     """What each caller read: (lines or frames, partial tail seen, warnings about the file)."""
     caplog.clear()
     told: list[str] = []
-    library = [text for _, text in files.read_json_lines(path, told.append)]
+    library = [text for _, text in files.read_requests(path, told.append)]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         frames = list(read_frames(path, "auto", start_unix_nano=0))
@@ -120,6 +147,49 @@ def test_a_crash_cut_tail_is_skipped_once_and_the_lines_before_it_are_read(tmp_p
     assert read == {caller: (len(LINES) - 1, True, 1) for caller in ("library", "replay", "report")}
 
 
+@pytest.mark.parametrize("layout", PROTO_LAYOUTS)
+def test_protobuf_records_are_read_by_every_caller_whatever_the_file_is_called(tmp_path, caplog, layout):
+    """Binary OTLP recordings: told by their bytes (a .jsonl name does not matter), read as the
+    same requests as the JSON lines: the same points replayed, the same report."""
+    compression, write = PROTO_LAYOUTS[layout]
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(write(PROTO))
+    assert detect_format(path) == "otlp_proto"
+    read = read_by_every_caller(path, caplog)
+    assert read.pop("compression") == compression
+    assert read == {caller: (len(PROTO), False, 0) for caller in ("library", "replay", "report")}
+    replayed = [f.batch for f in read_frames(path, "auto", start_unix_nano=0)]
+    assert sorted(key(p) for b in replayed for p in b.points) == sorted(map(key, SENT))
+    assert [e.name for b in replayed for e in b.events] == ["ofu.job.end"]
+    as_json = tmp_path / "same.jsonl"
+    as_json.write_bytes(b"".join(LINES))
+    assert _report_of(path) == _report_of(as_json)
+
+
+def _report_of(path: Path) -> dict:
+    from otel_ofu.report.build import report_json
+
+    out = report_json(build_report(path))
+    out.pop("source")
+    for source in out.pop("inputs"):
+        assert source.pop("format") in ("otlp_json", "otlp_proto") and source.pop("path") == str(path)
+        source.pop("compression")
+        out.setdefault("inputs", []).append(source)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["records", "zstd+records"])
+def test_a_crash_cut_protobuf_record_is_skipped_once_and_the_records_before_it_are_read(tmp_path, caplog, layout):
+    _, write = PROTO_LAYOUTS[layout]
+    whole = _prefixed(PROTO)
+    cut = whole[:len(whole) - len(PROTO[-1]) // 2]  # halfway through the last record
+    path = tmp_path / "crashed.binpb"
+    path.write_bytes(cut if layout == "records" else zstandard.ZstdCompressor().compress(cut))
+    read = read_by_every_caller(path, caplog)
+    read.pop("compression")
+    assert read == {caller: (len(PROTO) - 1, True, 1) for caller in ("library", "replay", "report")}
+
+
 def test_a_complete_last_line_without_its_newline_is_kept(tmp_path, caplog):
     path = tmp_path / "other-tool.jsonl"
     path.write_bytes(b"".join(LINES).rstrip(b"\n"))
@@ -145,21 +215,22 @@ def test_a_cut_compressed_csv_replays_its_whole_rows(tmp_path, caplog):
 
 
 def test_what_cannot_be_read_is_a_located_error_for_every_caller(tmp_path):
-    proto = tmp_path / "proto.bin"  # the Collector's format: proto
-    body = otlp.to_request(gpu_points(gpus=1, windows=1)).SerializeToString()
-    proto.write_bytes(_records([body + b"\n"]))
+    damaged = tmp_path / "damaged.pb"  # a protobuf record whose first field runs past its end
+    damaged.write_bytes(_records([b"\x0a\xff\xff\xff\x0f\n"]))
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(LINES[0] + '{"caf\u00e9"}\n'.encode("latin-1"))
-    for path, line, words in ((proto, 0, "record 1: not JSON; the Collector's format: proto"),
-                              (latin, 2, "not UTF-8 text")):
-        with pytest.raises(files.RecordingError) as library:
-            list(files.read_json_lines(path))
-        assert library.value.line == line and words in library.value.message
+    for path, line, words in ((damaged, 1, "not an OTLP protobuf export request"), (latin, 2, "not UTF-8 text")):
         with pytest.raises(ReplayFormatError) as replay:
-            list(read_frames(path, "otlp_json", start_unix_nano=0))
+            list(read_frames(path, "auto", start_unix_nano=0))
         assert replay.value.line == line and words in replay.value.message
         with pytest.raises(ReportError, match=words):
             build_report(path)
+    with pytest.raises(files.RecordingError, match="not UTF-8 text") as library:
+        list(files.read_json_lines(latin))
+    assert library.value.line == 2
+    # The JSON lines reader refuses protobuf records (read_items and read_requests read them).
+    with pytest.raises(files.RecordingError, match="record 1: OTLP protobuf"):
+        list(files.read_json_lines(damaged))
 
 
 # --- rotated names -------------------------------------------------------------------------------
@@ -244,6 +315,59 @@ service:
         key(p) for f in read_frames(rotated[-1], "auto", start_unix_nano=0) for p in f.batch.points)
 
 
+def test_the_collectors_protobuf_files_with_and_without_compression(tmp_path):
+    """The real Collector's file exporter, ``format: proto``: plain, ``compression: zstd`` (each
+    record a zstd frame), and a logs pipeline into the same file (records of both signals with no
+    marker). Recognized by their bytes whatever they are called (.binpb, no extension); replay
+    reads the same points and events as were sent, and the report is the one of the JSON file the
+    same Collector wrote beside them."""
+    binary = collector_binary()
+    (port,) = free_ports(1)
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "collector.yaml"
+    config.write_text(f"""
+receivers:
+  otlp: {{protocols: {{http: {{endpoint: 127.0.0.1:{port}}}}}}}
+exporters:
+  file/proto: {{path: {out / 'metrics.binpb'}, format: proto}}
+  file/zstd: {{path: {out / 'metrics'}, format: proto, compression: zstd}}
+  file/json: {{path: {out / 'metrics.jsonl'}}}
+service:
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    metrics: {{receivers: [otlp], exporters: [file/proto, file/zstd, file/json]}}
+    logs: {{receivers: [otlp], exporters: [file/proto, file/zstd, file/json]}}
+""")
+    collector = Process("otelcol", [binary, f"--config=file:{config}"], tmp_path / "otelcol.log")
+    sent = []
+    event = Event("ofu.job.end", T0 + 20 * 10 * S, attrs({"ofu.job.id": "job-0"}), (("ofu.job.end_reason", "idle"),),
+                  "ended", "INFO")
+    try:
+        wait_for("the Collector's OTLP/HTTP port", lambda: port_open(port) or None, timeout=60)
+        for w in range(20):
+            points = gpu_points(gpus=4, windows=1, t0=T0 + w * 10 * S)
+            sent += points
+            assert _post(port, otlp.to_request(points).SerializeToString())
+        assert _post(port, otlp.events_to_request([event]).SerializeToString(), "logs")
+    finally:
+        assert collector.stop() == 0, collector.tail()
+    plain, zstd = out / "metrics.binpb", out / "metrics"
+    assert files.detect_compression(plain.read_bytes()[:8]) == files.detect_compression(zstd.read_bytes()[:8]) \
+        == "records"
+    expected = sorted(map(key, sent))
+    for recording in (plain, zstd):
+        assert detect_format(recording) == "otlp_proto"
+        frames = [f.batch for f in read_frames(recording, "auto", start_unix_nano=0)]
+        assert sorted(key(p) for b in frames for p in b.points) == expected
+        assert [e for b in frames for e in b.events] == [event]
+    reports = {path.name: _report_of(path) for path in (plain, zstd, out / "metrics.jsonl")}
+    assert reports["metrics.binpb"] == reports["metrics"] == reports["metrics.jsonl"], reports
+    assert build_report(zstd).inputs[0].compression == "records+zstd"
+    # A directory of them: the report finds the protobuf files by their bytes, whatever their names.
+    assert sorted(s.path.name for s in build_report(out).inputs) == ["metrics", "metrics.binpb", "metrics.jsonl"]
+
+
 def _replay(path: Path, **config) -> list:
     got: list[Batch] = []
     receiver = ReplayReceiver(build_config(ReplayReceiverConfig, {"path": str(path), "speed": "max", **config}),
@@ -275,8 +399,8 @@ def read_frames_of(data: bytes, path: Path) -> list[list]:
     return [f.batch.points for f in read_frames(path, "auto", start_unix_nano=0)]
 
 
-def _post(port: int, body: bytes) -> bool:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/metrics", data=body,
+def _post(port: int, body: bytes, signal: str = "metrics") -> bool:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/{signal}", data=body,
                                      headers={"Content-Type": "application/x-protobuf"})
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:

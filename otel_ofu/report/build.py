@@ -27,9 +27,9 @@ import itertools
 import json
 import logging
 import math
+import os
 import sys
 import time
-from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -60,6 +60,7 @@ from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
 from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths
 from otel_ofu.report.loss import breakdown_lines, largest_record, lost_gpu_hours, recommendations
+from otel_ofu.report.points import PointStore, json_attributes
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -67,6 +68,7 @@ TRUTH_METRIC = "sim.gpu.mfu.true"
 # The CSV's lost_gpu_hours_<part> columns: every loss part a job can have (empty where it has none)
 CSV_LOSS_PARTS = (*LOSS_PARTS, UNACCOUNTED)
 PROGRESS_MIN_BYTES = 5_000_000  # below this a progress bar is noise
+PARALLEL_MIN_BYTES = 20_000_000  # below this, starting processes costs more than reading the files here
 _FINDING_META = {"id", "kind", "cause", "since_unix_nano", "opened_unix_nano", "duration_s"}
 
 
@@ -75,27 +77,6 @@ class ReportError(Exception):
 
 
 # --- reading ----------------------------------------------------------------------------------
-
-def _any_value(value: dict[str, Any]) -> Any:
-    for key, kind in (("stringValue", str), ("boolValue", bool), ("doubleValue", None)):
-        if key in value:
-            if kind is not None and not isinstance(value[key], kind):  # found by benchmarks/fuzz.py
-                raise ValueError(f"{key} is not a {kind.__name__}: {value[key]!r:.60}")
-            return float(value[key]) if key == "doubleValue" else value[key]
-    if "intValue" in value:
-        return int(value["intValue"])
-    for key in ("arrayValue", "kvlistValue", "bytesValue"):
-        if key in value:
-            return json.dumps(value[key], separators=(",", ":"))
-    return None
-
-
-def _attributes(key_values: list[dict[str, Any]] | None) -> Attributes:
-    for kv in key_values or ():
-        if not isinstance(kv.get("key"), str):
-            raise ValueError(f"an attribute key is not a string: {kv.get('key')!r:.60}")
-    return tuple(sorted((kv["key"], _any_value(kv.get("value") or {})) for kv in key_values or ()))
-
 
 def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]:
     """The gauge and sum points of the metrics in ``names`` from one OTLP/JSON metrics request.
@@ -117,7 +98,7 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                 else:
                     continue
                 if resource is None:
-                    resource = _attributes((rm.get("resource") or {}).get("attributes"))
+                    resource = json_attributes((rm.get("resource") or {}).get("attributes"))
                 for dp in data.get("dataPoints") or ():
                     value = float(dp["asDouble"]) if "asDouble" in dp else float(int(dp.get("asInt", 0)))
                     t, start = int(dp.get("timeUnixNano", 0)), int(dp.get("startTimeUnixNano", 0))
@@ -128,7 +109,7 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                                          "(0 means missing)")
                     if not math.isfinite(value):
                         raise ValueError(f"{metric['name']} value {value} is not a number")
-                    yield MetricPoint(metric["name"], value, t, resource, _attributes(dp.get("attributes")),
+                    yield MetricPoint(metric["name"], value, t, resource, json_attributes(dp.get("attributes")),
                                       metric.get("unit") or "1", monotonic, start)
 
 
@@ -161,81 +142,6 @@ def _events(path: Path | str, number: int, doc: dict[str, Any]) -> list[Event]:
         raise ReportError(f"{path}:{number}: malformed OTLP logs: {exc}") from None
 
 
-# --- gathering points -------------------------------------------------------------------------
-
-class PointStore:
-    """The report's points from every input, compact, replayed in data-time order.
-
-    Resources and attribute sets are interned (a GPU's points share one tuple); values live in
-    typed arrays: time (8 bytes), metric (1), resource (4), attributes (4), value (8).
-    """
-
-    def __init__(self, names: list[str]):
-        self.names = names
-        self._codes = {n: i for i, n in enumerate(names)}
-        self._tables: dict[Attributes, int] = {}
-        self.attributes: list[Attributes] = []
-        self.times = array("q")
-        self.metric = array("b")
-        self.resource = array("i")
-        self.attrs = array("i")
-        self.values = array("d")
-
-    def _intern(self, value: Attributes) -> int:
-        code = self._tables.get(value)
-        if code is None:
-            code = self._tables[value] = len(self.attributes)
-            self.attributes.append(value)
-        return code
-
-    def add(self, point: MetricPoint) -> None:
-        self.times.append(point.time_unix_nano)
-        self.metric.append(self._codes[point.name])
-        self.resource.append(self._intern(point.resource))
-        self.attrs.append(self._intern(point.attributes))
-        self.values.append(point.value)
-
-    def __len__(self) -> int:
-        return len(self.times)
-
-    def in_time_order(self, first_window_max_s: float) -> Iterator[list[MetricPoint]]:
-        """The points as batches of one timestamp each, oldest first.
-
-        A series' first gpu.ofu point gets ``start_time_unix_nano`` one interval before it (the
-        spacing to the series' next point, when within ``first_window_max_s``), so its first
-        window counts as long as the others instead of the jobs default.
-        """
-        if not self.times:
-            return
-        import numpy
-
-        order = numpy.argsort(numpy.frombuffer(self.times, dtype=numpy.int64), kind="stable")
-        ofu = self._codes[OFU_METRIC]
-        first_seen: dict[int, list[int]] = {}  # resource -> [first time, second time]
-        for i in order.tolist():
-            if self.metric[i] == ofu:
-                seen = first_seen.setdefault(self.resource[i], [])
-                if len(seen) < 2 and (not seen or self.times[i] > seen[0]):
-                    seen.append(self.times[i])
-        starts = {r: 2 * ts[0] - ts[1] for r, ts in first_seen.items()
-                  if len(ts) == 2 and (ts[1] - ts[0]) <= first_window_max_s * 1e9}
-        batch: list[MetricPoint] = []
-        batch_t = None
-        for i in order.tolist():
-            t, code, res = self.times[i], self.metric[i], self.resource[i]
-            if batch and t != batch_t:
-                yield batch
-                batch = []
-            batch_t = t
-            start = 0
-            if code == ofu and res in starts and t == first_seen[res][0]:
-                start = starts.pop(res)
-            batch.append(MetricPoint(self.names[code], self.values[i], t, self.attributes[res],
-                                     self.attributes[self.attrs[i]], start_time_unix_nano=start))
-        if batch:
-            yield batch
-
-
 @dataclass
 class ReadOptions:
     """How to read dmon and CSV recordings (they lack what OTLP carries): as the replay receiver's settings."""
@@ -245,25 +151,46 @@ class ReadOptions:
     start_time: str | None = None
     interval: float | None = None
     skip_malformed: bool = False
+    processes: int = 0  # files read at once (0: the CPUs this process may use, default_processes())
 
 
-def _read_otlp(source: InputFile, lines: Iterable[tuple[int, str]], names: set[str], store: PointStore,
+def _read_otlp(source: InputFile, items: Iterable[tuple[int, str | bytes]], names: set[str], store: PointStore,
                events: list[Event], options: ReadOptions) -> None:
-    for number, line in recorded.skip_partial_last_line(lines, source):
-        doc = parse_line(source, number, line, options.skip_malformed)
-        if doc is None:
-            continue
-        source.lines += 1
-        if "resourceLogs" in doc:
-            events += _events(source.path, number, doc)
-            continue
-        try:
-            points = list(metric_points(doc, names))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ReportError(f"{source.path}:{number}: malformed OTLP metrics: {exc!r}") from None
-        for p in points:
-            source.seen(p.time_unix_nano / 1e9)
-            store.add(p)
+    """OTLP requests, JSON lines or protobuf records, into the store's columns (:mod:`.points`)."""
+    for number, item in recorded.skip_partial_last_line(items, source):
+        if isinstance(item, bytes):
+            where = f"{source.path}: record {number}"
+            try:
+                request = otlp.from_proto_record(item)
+            except ValueError as exc:
+                if options.skip_malformed:
+                    source.notes.append(f"record {number}: {exc}: skipped")
+                    log.warning("%s: %s: skipped", where, exc)
+                    continue
+                raise ReportError(f"{where}: {exc} (--skip-malformed reads on)") from None
+            source.lines += 1
+            if isinstance(request, otlp.ExportLogsServiceRequest):
+                events += otlp.events_from_request(request)
+                continue
+            try:
+                span = store.add_proto_metrics(request, names)
+            except ValueError as exc:
+                raise ReportError(f"{where}: malformed OTLP metrics: {exc!r}") from None
+        else:
+            doc = parse_line(source, number, item, options.skip_malformed)
+            if doc is None:
+                continue
+            source.lines += 1
+            if "resourceLogs" in doc:
+                events += _events(source.path, number, doc)
+                continue
+            try:
+                span = store.add_json_metrics(doc, names)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ReportError(f"{source.path}:{number}: malformed OTLP metrics: {exc!r}") from None
+        if span is not None:
+            source.seen(span[0] / 1e9)
+            source.seen(span[1] / 1e9)
 
 
 def _read_replayable(source: InputFile, lines: Iterator[str], store: PointStore, names: set[str],
@@ -299,11 +226,56 @@ def _read_replayable(source: InputFile, lines: Iterator[str], store: PointStore,
         raise ReportError(f"{exc} (--skip-malformed reads on)") from None
 
 
-def read_inputs(paths: list[str], names: set[str], options: ReadOptions
-                ) -> tuple[list[InputFile], list[str], PointStore, list[Event]]:
-    """Every file the paths name, read into one store; the files in data-time order."""
+def read_file(path: Path, names: set[str], options: ReadOptions, progress: Any = None
+              ) -> tuple[InputFile, PointStore, list[Event]]:
+    """One recording into a store of its own: its format told by its first bytes and lines."""
     from otel_ofu.receivers.replay import FORMATS_BY_SUFFIX, sniff_format
 
+    source = InputFile(path)
+    store = PointStore(sorted(names))
+    events: list[Event] = []
+    try:
+        items = recorded.read_items(source, progress=progress)
+        head: list[tuple[int, str | bytes]] = []
+        for item in items:  # enough lines to tell the format
+            head.append(item)
+            if len(head) >= 50 or isinstance(item[1], bytes) or item[1].strip().startswith("{"):
+                break
+        if head and isinstance(head[-1][1], bytes):
+            fmt: str | None = "otlp_proto"
+        else:
+            fmt, first_text, _ = sniff_format(text for _, text in head)  # type: ignore[misc]
+            suffix = recorded.unrotated_name(path.name).lower().removesuffix(".gz").removesuffix(
+                ".zst").removesuffix(".zstd")
+            fmt = fmt or FORMATS_BY_SUFFIX.get(Path(suffix).suffix)
+            if fmt is None:
+                if not first_text:
+                    source.notes.append("empty")
+                    return source, store, events
+                raise ReportError(f"{path}: not a recording: expected OTLP JSON lines (the file exporter's output), "
+                                  "OTLP protobuf records (the Collector's format: proto), dcgmi dmon output or a CSV "
+                                  f"with a timestamp column; starts with {first_text[:60]!r}")
+        source.format = fmt
+        if fmt in ("otlp_json", "otlp_proto"):
+            _read_otlp(source, itertools.chain(head, items), names, store, events, options)
+        else:
+            text = (line for _, line in itertools.chain(head, items))
+            _read_replayable(source, text, store, names, options)  # type: ignore[arg-type]
+    except recorded.RecordingError as exc:
+        raise ReportError(str(exc)) from None
+    return source, store, events
+
+
+def default_processes() -> int:
+    """Processes reading files at once by default: the CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def read_inputs(paths: list[str], names: set[str], options: ReadOptions
+                ) -> tuple[list[InputFile], list[str], PointStore, list[Event]]:
+    """Every file the paths name, read into one store (in the order named: the replay sorts by data
+    time); the files in data-time order. Several files of PARALLEL_MIN_BYTES or more in all are read
+    by up to ``options.processes`` processes at once."""
     try:
         files, notes = expand_paths(paths)
     except InputError as exc:
@@ -316,39 +288,57 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
 
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", file=sys.stderr, leave=False,
                disable=None if total >= PROGRESS_MIN_BYTES else True)
-    for path in files:
-        source = InputFile(path)
+    processes = min(len(files), options.processes or default_processes())
+    if processes > 1 and total >= PARALLEL_MIN_BYTES:
+        read = _read_in_processes(files, names, options, processes, bar)
+    else:
+        read = (_read_here(path, names, options, bar) for path in files)
+    for source, file_store, file_events in read:
         sources.append(source)
-        bar.set_description(f"reading {path.name}")
-        try:
-            lines = recorded.read_lines(source, progress=bar.update)
-            head: list[tuple[int, str]] = []
-            for item in lines:  # enough lines to tell the format
-                head.append(item)
-                if len(head) >= 50 or item[1].strip().startswith("{"):
-                    break
-            fmt, first_text, _ = sniff_format(text for _, text in head)
-            suffix = recorded.unrotated_name(path.name).lower().removesuffix(".gz").removesuffix(".zst").removesuffix(
-                ".zstd")
-            fmt = fmt or FORMATS_BY_SUFFIX.get(Path(suffix).suffix)
-            if fmt is None:
-                if not first_text:
-                    source.notes.append("empty")
-                    continue
-                raise ReportError(f"{path}: not a recording: expected OTLP JSON lines (the file exporter's output), "
-                                  f"dcgmi dmon output or a CSV with a timestamp column; starts with "
-                                  f"{first_text[:60]!r}")
-            source.format = fmt
-            if fmt == "otlp_json":
-                _read_otlp(source, itertools.chain(head, lines), names, store, events, options)
-            else:
-                text = (line for _, line in itertools.chain(head, lines))
-                _read_replayable(source, text, store, names, options)
-        except recorded.RecordingError as exc:
-            raise ReportError(str(exc)) from None
+        store.extend(file_store)
+        events += file_events
     bar.close()
     sources.sort(key=data_time_order)
     return sources, notes, store, events
+
+
+def _read_here(path: Path, names: set[str], options: ReadOptions, bar: Any
+               ) -> tuple[InputFile, PointStore, list[Event]]:
+    bar.set_description(f"reading {path.name}")
+    return read_file(path, names, options, bar.update)
+
+
+def _read_in_processes(files: list[Path], names: set[str], options: ReadOptions, processes: int, bar: Any
+                       ) -> Iterator[tuple[InputFile, PointStore, list[Event]]]:
+    """Each file read in a worker process, the results in the order of ``files``; what a worker
+    logged is logged here, in that order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        running = [pool.submit(_read_in_worker, path, names, options) for path in files]
+        for path, future in zip(files, running, strict=True):
+            result, records = future.result()
+            for record in records:
+                logging.getLogger(record.name).handle(record)
+            bar.update(path.stat().st_size)
+            yield result
+
+
+def _read_in_worker(path: Path, names: set[str], options: ReadOptions
+                    ) -> tuple[tuple[InputFile, PointStore, list[Event]], list[logging.LogRecord]]:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            record.msg, record.args = record.getMessage(), None
+            records.append(record)
+
+    otel_ofu_log = logging.getLogger("otel_ofu")
+    otel_ofu_log.handlers[:] = [Keep()]  # this process is the worker's own: what it says is the parent's to say
+    otel_ofu_log.propagate = False
+    return read_file(path, names, options), records
 
 
 # --- building the report ----------------------------------------------------------------------

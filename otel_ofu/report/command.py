@@ -34,7 +34,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         config = _jobs_config(args.config) if args.config else None
         options = ReadOptions(model=args.model or "", host_name=args.host_name or "", start_time=args.start_time,
-                              interval=args.interval, skip_malformed=args.skip_malformed)
+                              interval=args.interval, skip_malformed=args.skip_malformed,
+                              processes=args.processes)
         report = build_report(args.paths, config, recompute=args.recompute, options=options,
                               config_source=f"the jobs settings of {args.config}" if args.config
                               else "default jobs settings")
@@ -60,7 +61,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "report", help="per-job table (GPU hours, OFU, FLOPs, waste, findings) and plots from recordings",
-        description="Reads recordings (the file exporter's OTLP JSON lines, also rotated or compressed; dcgmi dmon "
+        description="Reads recordings (the file exporter's OTLP JSON lines and the Collector's OTLP protobuf records "
+                    "(format: proto), told by their bytes, also rotated or compressed; dcgmi dmon "
                     "output and CSV, computed as the replay receiver and the ofu processor would) and prints a "
                     "per-job table sorted by wasted GPU hours. Points of all files are taken in data-time order. "
                     "docs/report.md has the details.")
@@ -68,6 +70,9 @@ def register(subparsers: Any) -> None:
                         help="files, directories (every recording inside) or globs; .gz and .zst are read")
     parser.add_argument("--gpus", action="store_true", help="also print the per-GPU table (always printed when no "
                         "job was attributed)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="read up to N files at once, each in its own process (default 0: as many as the CPUs "
+                        "this process may use; inputs under 20 MB in all are read in this process)")
     parser.add_argument("--skip-malformed", action="store_true",
                         help="skip lines that do not parse (with a warning) instead of stopping")
     replay = parser.add_argument_group("dmon and CSV recordings (as the replay receiver's settings)")

@@ -1,7 +1,10 @@
 """Which files ``otel-ofu report PATH...`` reads, in what order, and what it says about each.
 
 Paths may be files, directories (every recording inside, recursively), or globs (quoted, so
-the shell does not expand them, or expanded by it: both work). Reading a file (compression,
+the shell does not expand them, or expanded by it: both work). A file named on the command line
+is read whatever it is called (its bytes tell its format); in a directory, recordings are found
+by name (:data:`DATA_SUFFIXES`, compressed or rotated) and, whatever their name, by their first
+bytes when they are the Collector's length-prefixed records (its ``format: proto``). Reading a file (compression,
 the Collector's length-prefixed records, rotated names, a crash's partial last line) is the
 library's one reader, :mod:`otel_ofu.otlp.files`; this module only chooses the files and
 records what reading each found.
@@ -15,12 +18,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ofu.otlp.files import RecordedFile, rotation_stamp, unrotated_name
+from otel_ofu.otlp.files import RecordedFile, detect_compression, rotation_stamp, unrotated_name
 
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
-# Names a directory is searched for: the file exporter's JSON lines, and recordings the replay
-# receiver reads (dmon, CSV), each possibly compressed and rotated.
-DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".csv", ".dmon")
+# Names a directory is searched for: the file exporter's JSON lines, OTLP protobuf records (the
+# Collector's format: proto; .binpb is protobuf's own name for binary messages), and recordings the
+# replay receiver reads (dmon, CSV), each possibly compressed and rotated.
+DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".pb", ".binpb", ".proto", ".otlp", ".csv", ".dmon")
 _GLOB_CHARS = re.compile(r"[*?[]")
 
 
@@ -33,7 +37,7 @@ class InputFile(RecordedFile):
     """One file the report reads, and what reading it found (compression, a skipped partial tail,
     notes: :class:`RecordedFile`)."""
 
-    format: str = ""  # otlp_json | dmon | csv
+    format: str = ""  # otlp_json | otlp_proto | dmon | csv
     lines: int = 0
     first: float | None = None  # data time, seconds
     last: float | None = None
@@ -50,13 +54,20 @@ def data_time_order(source: InputFile) -> tuple:
 
 
 def is_data_file(path: Path) -> bool:
-    """Whether a file found in a directory is a recording (by name: compressed, rotated or not)."""
+    """Whether a file found in a directory is a recording: by name (compressed, rotated or not), or
+    whatever its name by its first bytes, when they are the Collector's length-prefixed records."""
     name = unrotated_name(path.name).lower()
     for suffix in COMPRESSED_SUFFIXES:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return name.endswith(DATA_SUFFIXES)
+    if name.endswith(DATA_SUFFIXES):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return detect_compression(handle.read(8)) == "records"
+    except OSError:
+        return False
 
 
 def expand_paths(args: list[str]) -> tuple[list[Path], list[str]]:
@@ -78,8 +89,9 @@ def expand_paths(args: list[str]) -> tuple[list[Path], list[str]]:
             data = [p for p in found if is_data_file(p)]
             if not data:
                 raise InputError(f"{arg}: a directory without recordings (looked for {', '.join(DATA_SUFFIXES)}, "
-                                 f"also compressed {'/'.join(COMPRESSED_SUFFIXES)})")
-            skipped = [p for p in found if not is_data_file(p)]
+                                 f"also compressed {'/'.join(COMPRESSED_SUFFIXES)}, and length-prefixed records "
+                                 "of any name)")
+            skipped = [p for p in found if p not in data]
             if skipped:
                 names = ", ".join(p.name for p in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
                 notes.append(f"{arg}: skipped {len(skipped)} file(s) that are not recordings: {names}")

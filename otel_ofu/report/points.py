@@ -1,0 +1,265 @@
+"""The report's points, read straight into columns: OTLP JSON requests (``json.loads`` and a walk
+of the dicts) and OTLP protobuf records (upb's decode and a walk of the messages).
+
+Only the metrics the report reads are touched; a point becomes five array entries (time,
+metric, resource, attributes, value), never an object: resources and attribute sets are
+interned once per distinct encoding (a GPU's resource repeats every window, a loss part's
+attribute on every GPU). What it reads equals :func:`otel_ofu.report.build.metric_points`
+(the dict walk that builds :class:`MetricPoint`\\ s), point for point and in order
+(tests/test_report_speed.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+from otel_ofu.core.model import Attributes, MetricPoint
+from otel_ofu.jobs.book import OFU_METRIC
+from otel_ofu.otlp import codec as otlp
+
+_MAX_NS = 1 << 63
+
+
+class PointStore:
+    """The report's points from every input, compact, replayed in data-time order.
+
+    Resources and attribute sets are interned (a GPU's points share one tuple); values live in
+    typed arrays: time (8 bytes), metric (1), resource (4), attributes (4), value (8).
+    """
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self._codes = {n: i for i, n in enumerate(names)}
+        self._tables: dict[Attributes, int] = {}
+        self.attributes: list[Attributes] = []
+        self.times = array("q")
+        self.metric = array("b")
+        self.resource = array("i")
+        self.attrs = array("i")
+        self.values = array("d")
+        # The encoded attribute sets already interned: JSON's (hashable) and protobuf's serialized bytes.
+        self._encoded: dict[Any, int] = {}
+
+    def intern(self, value: Attributes) -> int:
+        code = self._tables.get(value)
+        if code is None:
+            code = self._tables[value] = len(self.attributes)
+            self.attributes.append(value)
+        return code
+
+    _intern = intern
+
+    def add(self, point: MetricPoint) -> None:
+        self.times.append(point.time_unix_nano)
+        self.metric.append(self._codes[point.name])
+        self.resource.append(self._intern(point.resource))
+        self.attrs.append(self._intern(point.attributes))
+        self.values.append(point.value)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def extend(self, other: PointStore) -> None:
+        """Append another store's points (a file read in another process), its codes mapped to ours."""
+        import numpy
+
+        metric_map = numpy.array([self._codes[n] for n in other.names], dtype=numpy.int8)
+        attr_map = numpy.array([self.intern(a) for a in other.attributes] or [0], dtype=numpy.int32)
+        self.times.frombytes(other.times.tobytes())
+        self.values.frombytes(other.values.tobytes())
+        for target, source, mapping in ((self.metric, other.metric, metric_map), (self.resource, other.resource,
+                                        attr_map), (self.attrs, other.attrs, attr_map)):
+            codes = numpy.frombuffer(source, dtype=numpy.dtype(source.typecode))
+            target.frombytes(mapping[codes].astype(numpy.dtype(target.typecode)).tobytes() if len(codes) else b"")
+
+    # --- reading requests ---------------------------------------------------------------------
+
+    def _json_attributes(self, key_values: Any) -> int:
+        """The code of a JSON attribute list, decoded once per distinct list."""
+        key = _json_key(key_values) if key_values else ()
+        code = self._encoded.get(key, -1) if key is not None else -1
+        if code < 0:
+            code = self.intern(json_attributes(key_values))
+            if key is not None:
+                self._encoded[key] = code
+        return code
+
+    def add_json_metrics(self, doc: dict[str, Any], names: set[str]) -> tuple[int, int] | None:
+        """The gauge and sum points of ``names`` in one OTLP/JSON metrics request (a parsed line);
+        returns the request's (first, last) point time in ns, None without points.
+
+        The same mapping and checks as :func:`otel_ofu.report.build.metric_points`; raises
+        KeyError, TypeError, ValueError or AttributeError on malformed input.
+        """
+        codes = self._codes
+        times, metric_col, resource_col, attrs_col, values = (self.times, self.metric, self.resource, self.attrs,
+                                                              self.values)
+        first, last = _MAX_NS, -1
+        no_attributes = self.intern(())
+        isfinite = math.isfinite
+        for rm in doc.get("resourceMetrics") or ():
+            resource = -1
+            for sm in rm.get("scopeMetrics") or ():
+                for metric in sm.get("metrics") or ():
+                    name = metric.get("name")
+                    if name not in names:
+                        continue
+                    if "gauge" in metric:
+                        data = metric["gauge"]
+                    elif "sum" in metric:
+                        data = metric["sum"]
+                    else:
+                        continue
+                    if resource < 0:
+                        resource = self._json_attributes((rm.get("resource") or {}).get("attributes"))
+                    code = codes[name]
+                    for dp in data.get("dataPoints") or ():
+                        value = float(dp["asDouble"]) if "asDouble" in dp else float(int(dp.get("asInt", 0)))
+                        t, start = int(dp.get("timeUnixNano", 0)), int(dp.get("startTimeUnixNano", 0))
+                        if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
+                            raise ValueError(f"timeUnixNano {t} / startTimeUnixNano {start} out of range "
+                                             "(0 means missing)")
+                        if not isfinite(value):
+                            raise ValueError(f"{name} value {value} is not a number")
+                        key_values = dp.get("attributes")
+                        attributes = self._json_attributes(key_values) if key_values else no_attributes
+                        times.append(t)
+                        metric_col.append(code)
+                        resource_col.append(resource)
+                        attrs_col.append(attributes)
+                        values.append(value)
+                        if t < first:
+                            first = t
+                        if t > last:
+                            last = t
+        return (first, last) if last >= 0 else None
+
+    def add_proto_metrics(self, request: Any, names: set[str]) -> tuple[int, int] | None:
+        """The gauge and sum points of ``names`` in one decoded ExportMetricsServiceRequest; returns
+        the request's (first, last) point time in ns, None without points. The same checks as the
+        JSON walk; raises ValueError on a point it refuses."""
+        codes = self._codes
+        encoded = self._encoded
+        times, metric_col, resource_col, attrs_col, values = (self.times, self.metric, self.resource, self.attrs,
+                                                              self.values)
+        first, last = _MAX_NS, -1
+        no_attributes = self.intern(())
+        isfinite = math.isfinite
+        for rm in request.resource_metrics:
+            resource = -1
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    name = metric.name
+                    if name not in names:
+                        continue
+                    kind = metric.WhichOneof("data")
+                    if kind == "gauge":
+                        data = metric.gauge
+                    elif kind == "sum":
+                        data = metric.sum
+                    else:
+                        continue
+                    if resource < 0:
+                        wire = rm.resource.SerializeToString()
+                        resource = encoded.get(wire, -1)
+                        if resource < 0:
+                            resource = encoded[wire] = self.intern(otlp.attributes_of(rm.resource.attributes))
+                    code = codes[name]
+                    for dp in data.data_points:
+                        value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+                        t, start = dp.time_unix_nano, dp.start_time_unix_nano
+                        if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
+                            raise ValueError(f"time_unix_nano {t} / start_time_unix_nano {start} out of range "
+                                             "(0 means missing)")
+                        if not isfinite(value):
+                            raise ValueError(f"{name} value {value} is not a number")
+                        if dp.attributes:
+                            chunk = b"P" + b"".join(kv.SerializeToString() for kv in dp.attributes)
+                            attributes = encoded.get(chunk, -1)
+                            if attributes < 0:
+                                attributes = encoded[chunk] = self.intern(otlp.attributes_of(dp.attributes))
+                        else:
+                            attributes = no_attributes
+                        times.append(t)
+                        metric_col.append(code)
+                        resource_col.append(resource)
+                        attrs_col.append(attributes)
+                        values.append(value)
+                        if t < first:
+                            first = t
+                        if t > last:
+                            last = t
+        return (first, last) if last >= 0 else None
+
+    def in_time_order(self, first_window_max_s: float) -> Iterator[list[MetricPoint]]:
+        """The points as batches of one timestamp each, oldest first.
+
+        A series' first gpu.ofu point gets ``start_time_unix_nano`` one interval before it (the
+        spacing to the series' next point, when within ``first_window_max_s``), so its first
+        window counts as long as the others instead of the jobs default.
+        """
+        if not self.times:
+            return
+        import numpy
+
+        order = numpy.argsort(numpy.frombuffer(self.times, dtype=numpy.int64), kind="stable")
+        ofu = self._codes[OFU_METRIC]
+        first_seen: dict[int, list[int]] = {}  # resource -> [first time, second time]
+        for i in order.tolist():
+            if self.metric[i] == ofu:
+                seen = first_seen.setdefault(self.resource[i], [])
+                if len(seen) < 2 and (not seen or self.times[i] > seen[0]):
+                    seen.append(self.times[i])
+        starts = {r: 2 * ts[0] - ts[1] for r, ts in first_seen.items()
+                  if len(ts) == 2 and (ts[1] - ts[0]) <= first_window_max_s * 1e9}
+        batch: list[MetricPoint] = []
+        batch_t = None
+        for i in order.tolist():
+            t, code, res = self.times[i], self.metric[i], self.resource[i]
+            if batch and t != batch_t:
+                yield batch
+                batch = []
+            batch_t = t
+            start = 0
+            if code == ofu and res in starts and t == first_seen[res][0]:
+                start = starts.pop(res)
+            batch.append(MetricPoint(self.names[code], self.values[i], t, self.attributes[res],
+                                     self.attributes[self.attrs[i]], start_time_unix_nano=start))
+        if batch:
+            yield batch
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON AnyValue as the value :class:`MetricPoint` attributes hold."""
+    for key, kind in (("stringValue", str), ("boolValue", bool), ("doubleValue", None)):
+        if key in value:
+            if kind is not None and not isinstance(value[key], kind):  # found by benchmarks/fuzz.py
+                raise ValueError(f"{key} is not a {kind.__name__}: {value[key]!r:.60}")
+            return float(value[key]) if key == "doubleValue" else value[key]
+    if "intValue" in value:
+        return int(value["intValue"])
+    for key in ("arrayValue", "kvlistValue", "bytesValue"):
+        if key in value:
+            return json.dumps(value[key], separators=(",", ":"))
+    return None
+
+
+def json_attributes(key_values: list[dict[str, Any]] | None) -> Attributes:
+    """An OTLP/JSON attribute list as sorted Attributes; ValueError for a key that is not a string."""
+    for kv in key_values or ():
+        if not isinstance(kv.get("key"), str):
+            raise ValueError(f"an attribute key is not a string: {kv.get('key')!r:.60}")
+    return tuple(sorted((kv["key"], any_value(kv.get("value") or {})) for kv in key_values or ()))
+
+
+def _json_key(key_values: list[Any]) -> tuple | None:
+    """A hashable key of a JSON attribute list, each value with its type (``true`` is not ``1``);
+    None where a value is a list or an object (not cached: decoded each time)."""
+    try:
+        return tuple((kv["key"], *((k, v.__class__, v) for k, v in kv["value"].items())) for kv in key_values)
+    except (KeyError, TypeError, AttributeError):
+        return None
