@@ -207,28 +207,35 @@ class PointStore:
         import numpy
 
         order = numpy.argsort(numpy.frombuffer(self.times, dtype=numpy.int64), kind="stable")
+        times = numpy.frombuffer(self.times, dtype=numpy.int64)[order]
+        metric = numpy.frombuffer(self.metric, dtype=numpy.int8)[order]
+        resource = numpy.frombuffer(self.resource, dtype=numpy.int32)[order]
         ofu = self._codes[OFU_METRIC]
         first_seen: dict[int, list[int]] = {}  # resource -> [first time, second time]
-        for i in order.tolist():
-            if self.metric[i] == ofu:
-                seen = first_seen.setdefault(self.resource[i], [])
-                if len(seen) < 2 and (not seen or self.times[i] > seen[0]):
-                    seen.append(self.times[i])
+        is_ofu = metric == ofu
+        for res, t in zip(resource[is_ofu].tolist(), times[is_ofu].tolist(), strict=True):
+            seen = first_seen.setdefault(res, [])
+            if len(seen) < 2 and (not seen or t > seen[0]):
+                seen.append(t)
         starts = {r: 2 * ts[0] - ts[1] for r, ts in first_seen.items()
                   if len(ts) == 2 and (ts[1] - ts[0]) <= first_window_max_s * 1e9}
+        names, attributes = self.names, self.attributes
         batch: list[MetricPoint] = []
         batch_t = None
-        for i in order.tolist():
-            t, code, res = self.times[i], self.metric[i], self.resource[i]
-            if batch and t != batch_t:
-                yield batch
-                batch = []
-            batch_t = t
+        for t, code, res, attrs, value in zip(times.tolist(), metric.tolist(), resource.tolist(),
+                                              numpy.frombuffer(self.attrs, dtype=numpy.int32)[order].tolist(),
+                                              numpy.frombuffer(self.values, dtype=numpy.float64)[order].tolist(),
+                                              strict=True):
+            if t != batch_t:
+                if batch:
+                    yield batch
+                    batch = []
+                batch_t = t
             start = 0
             if code == ofu and res in starts and t == first_seen[res][0]:
                 start = starts.pop(res)
-            batch.append(MetricPoint(self.names[code], self.values[i], t, self.attributes[res],
-                                     self.attributes[self.attrs[i]], start_time_unix_nano=start))
+            batch.append(MetricPoint(names[code], value, t, attributes[res], attributes[attrs],
+                                     start_time_unix_nano=start))
         if batch:
             yield batch
 
