@@ -132,3 +132,13 @@ def test_fleet_direct_tiny():
     out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
     assert out["requests"] == 20 and out["points"] > 0
     assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0
+
+
+def test_report_scale_tiny():
+    """A 16-GPU fleet, 6 windows: the recording in JSON and protobuf, the decode, both reports."""
+    out = run_json("report_scale.py", "--gpus", "16", "--windows", "6")
+    assert out["gpu_windows"] == 16 * 6 and out["data_points"] > out["gpu_windows"]
+    for key in ("upb_decode_cpu_s", "report_proto_cpu_s", "report_json_cpu_s", "ratio_proto", "ratio_json",
+                "day_1000_gpus_proto_s", "day_1000_gpus_json_s", "day_1000_gpus_record_json_s"):
+        assert is_number(out[key]) and out[key] > 0
+    assert out["proto_bytes"] < out["json_bytes"]
