@@ -29,6 +29,7 @@ import json
 import os
 import random
 import string
+import struct
 import sys
 import tempfile
 import threading
@@ -631,12 +632,12 @@ def _gen_jsonl(rng: random.Random, corpus: list[bytes]) -> bytes:
 
 def run_jsonl(data: bytes) -> str:
     """The replay receiver's otlp_json reader, and the report's reader on the same lines."""
-    from otel_ofu.receivers.replay import ReplayFormatError, parse_otlp_json
+    from otel_ofu.receivers.replay import ReplayFormatError, parse_otlp
     from otel_ofu.report.build import ReportError, build_report
 
     text = data.decode("utf-8", "replace")
     skipped: list[ReplayFormatError] = []
-    frames = list(parse_otlp_json(io.StringIO(text, newline=""), "rec.jsonl", on_error=skipped.append))
+    frames = list(parse_otlp(io.StringIO(text, newline=""), "rec.jsonl", on_error=skipped.append))
     for error in skipped:
         _require_clear(str(error), "rec.jsonl:")
     del frames
@@ -647,6 +648,63 @@ def run_jsonl(data: bytes) -> str:
         _require_clear(str(exc), str(path))
         return "rejected"
     return "rejected" if skipped else "accepted"
+
+
+def _gen_proto_records(rng: random.Random, corpus: list[bytes]) -> bytes:
+    """The Collector's format: proto: length-prefixed OTLP protobuf requests, metrics and logs, some
+    zstd per record, bytes flipped, lengths wrong, the end cut."""
+    import zstandard
+
+    from otel_ofu.core.model import Event, MetricPoint, attrs
+    from otel_ofu.otlp import codec as otlp
+
+    if rng.random() < 0.05:
+        return rng.randbytes(rng.randint(0, 256))
+    records = []
+    for _ in range(rng.randint(1, 4)):
+        if rng.random() < 0.7:
+            points = [MetricPoint(rng.choice(["gpu.ofu", "gpu.flops.achieved", "gpu.ofu.loss", "training.mfu", "x"]),
+                                  float(hostile_number(rng)), rng.getrandbits(63),
+                                  attrs({"hw.id": hostile_label(rng), "host.name": hostile_label(rng)}),
+                                  attrs({"ofu.job.id": hostile_label(rng), "ofu.loss.part": hostile_label(rng)}))
+                      for _ in range(rng.randint(0, 5))]
+            body = otlp.to_request(points).SerializeToString()
+        else:
+            events = [Event(rng.choice(["ofu.job.start", "ofu.job.end", "ofu.finding.open", "x"]), rng.getrandbits(63),
+                            attrs({"ofu.job.id": hostile_label(rng)}), attrs({"ofu.finding.id": hostile_label(rng)}),
+                            hostile_label(rng)) for _ in range(rng.randint(0, 3))]
+            body = otlp.events_to_request(events).SerializeToString()
+        body = bytearray(body)
+        for _ in range(rng.choice([0, 0, 1, 3])):
+            if body:
+                body[rng.randrange(len(body))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            body = bytearray(zstandard.ZstdCompressor().compress(bytes(body)))
+        size = len(body) + rng.choice([0, 0, 0, -1, 1, 1 << 20])
+        records.append(struct.pack(">I", max(0, size) & 0xFFFFFFFF) + bytes(body))
+    data = b"".join(records)
+    return data[:rng.randint(0, len(data))] if rng.random() < 0.2 else data
+
+
+def run_proto_records(data: bytes) -> str:
+    """The replay receiver's and the report's reading of the same protobuf records."""
+    from otel_ofu.receivers.replay import ReplayFormatError, read_frames
+    from otel_ofu.report.build import ReportError, build_report
+
+    path = _scratch("rec.binpb", data)
+    rejected = False
+    try:
+        for _ in read_frames(path, "auto", start_unix_nano=0):
+            pass
+    except ReplayFormatError as exc:
+        _require_clear(str(exc), str(path))
+        rejected = True
+    try:
+        build_report(path)
+    except ReportError as exc:
+        _require_clear(str(exc), str(path))
+        return "rejected"
+    return "rejected" if rejected else "accepted"
 
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="otel-ofu-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
@@ -829,6 +887,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("csv", "a CSV recording (replay receiver)", lambda: _replay_seeds("*.csv"), _gen_csv, run_csv),
     Target("otlp_json_lines", "OTLP JSON lines: the replay receiver and otel-ofu report",
            lambda: _replay_seeds("*.jsonl"), _gen_jsonl, run_jsonl),
+    Target("otlp_proto_records", "OTLP protobuf records (the Collector's format: proto): replay and otel-ofu report",
+           lambda: [b""], _gen_proto_records, run_proto_records),
     Target("config_yaml", "a YAML config with ${env:...}: load, substitute, validate", _config_seeds, _gen_config,
            run_config),
     Target("kubelet_pod_resources", "a kubelet pod-resources List reply", lambda: [b""], _gen_kubelet, run_kubelet),
