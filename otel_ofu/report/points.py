@@ -41,8 +41,10 @@ class PointStore:
         self.resource = array("i")
         self.attrs = array("i")
         self.values = array("d")
-        # The encoded attribute sets already interned: JSON's (hashable) and protobuf's serialized bytes.
+        # The encoded attribute sets already interned: JSON's (hashable) and protobuf's serialized
+        # resources; protobuf's serialized point attributes (KeyValues) apart.
         self._encoded: dict[Any, int] = {}
+        self._point_sets: dict[bytes, int] = {}
 
     def intern(self, value: Attributes) -> int:
         code = self._tables.get(value)
@@ -143,7 +145,7 @@ class PointStore:
         the request's (first, last) point time in ns, None without points. The same checks as the
         JSON walk; raises ValueError on a point it refuses."""
         codes = self._codes
-        encoded = self._encoded
+        encoded, point_sets = self._encoded, self._point_sets
         times, metric_col, resource_col, attrs_col, values = (self.times, self.metric, self.resource, self.attrs,
                                                               self.values)
         first, last = _MAX_NS, -1
@@ -177,11 +179,13 @@ class PointStore:
                                              "(0 means missing)")
                         if not isfinite(value):
                             raise ValueError(f"{name} value {value} is not a number")
-                        if dp.attributes:
-                            chunk = b"P" + b"".join(kv.SerializeToString() for kv in dp.attributes)
-                            attributes = encoded.get(chunk, -1)
+                        key_values = dp.attributes
+                        if key_values:
+                            chunk = (key_values[0].SerializeToString() if len(key_values) == 1
+                                     else b"".join([kv.SerializeToString() for kv in key_values]))
+                            attributes = point_sets.get(chunk, -1)
                             if attributes < 0:
-                                attributes = encoded[chunk] = self.intern(otlp.attributes_of(dp.attributes))
+                                attributes = point_sets[chunk] = self.intern(otlp.attributes_of(key_values))
                         else:
                             attributes = no_attributes
                         times.append(t)
