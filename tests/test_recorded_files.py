@@ -361,6 +361,7 @@ service:
         frames = [f.batch for f in read_frames(recording, "auto", start_unix_nano=0)]
         assert sorted(key(p) for b in frames for p in b.points) == expected
         assert [e for b in frames for e in b.events] == [event]
+        assert sorted(map(key, _replay(recording))) == expected  # the receiver in a pipeline
     reports = {path.name: _report_of(path) for path in (plain, zstd, out / "metrics.jsonl")}
     assert reports["metrics.binpb"] == reports["metrics"] == reports["metrics.jsonl"], reports
     assert build_report(zstd).inputs[0].compression == "records+zstd"
