@@ -22,6 +22,7 @@ from otel_ofu.jobs.book import OFU_METRIC
 from otel_ofu.otlp import codec as otlp
 
 _MAX_NS = 1 << 63
+_REPLAY_CHUNK = 1 << 20  # points turned into Python values at once by the replay
 
 
 class PointStore:
@@ -210,36 +211,42 @@ class PointStore:
             return
         import numpy
 
-        order = numpy.argsort(numpy.frombuffer(self.times, dtype=numpy.int64), kind="stable")
-        times = numpy.frombuffer(self.times, dtype=numpy.int64)[order]
-        metric = numpy.frombuffer(self.metric, dtype=numpy.int8)[order]
-        resource = numpy.frombuffer(self.resource, dtype=numpy.int32)[order]
+        all_times = numpy.frombuffer(self.times, dtype=numpy.int64)
+        all_metrics = numpy.frombuffer(self.metric, dtype=numpy.int8)
+        all_resources = numpy.frombuffer(self.resource, dtype=numpy.int32)
+        all_attrs = numpy.frombuffer(self.attrs, dtype=numpy.int32)
+        all_values = numpy.frombuffer(self.values, dtype=numpy.float64)
+        order = numpy.argsort(all_times, kind="stable")
         ofu = self._codes[OFU_METRIC]
-        first_seen: dict[int, list[int]] = {}  # resource -> [first time, second time]
-        is_ofu = metric == ofu
-        for res, t in zip(resource[is_ofu].tolist(), times[is_ofu].tolist(), strict=True):
-            seen = first_seen.setdefault(res, [])
-            if len(seen) < 2 and (not seen or t > seen[0]):
-                seen.append(t)
-        starts = {r: 2 * ts[0] - ts[1] for r, ts in first_seen.items()
-                  if len(ts) == 2 and (ts[1] - ts[0]) <= first_window_max_s * 1e9}
+        # Each gpu.ofu series' first time, and the first time after it (times in order, ties kept).
+        ofu_order = order[all_metrics[order] == ofu]
+        series, ofu_times = all_resources[ofu_order], all_times[ofu_order]
+        resources, first_at, which = numpy.unique(series, return_index=True, return_inverse=True)
+        later = ofu_times > ofu_times[first_at][which]
+        seconds, second_at = numpy.unique(series[later], return_index=True)
+        firsts = dict(zip(resources.tolist(), ofu_times[first_at].tolist(), strict=True))
+        starts = {r: (firsts[r], 2 * firsts[r] - t1) for r, t1 in zip(seconds.tolist(),
+                                                                          ofu_times[later][second_at].tolist(),
+                                                                          strict=True)
+                  if t1 - firsts[r] <= first_window_max_s * 1e9}
         names, attributes = self.names, self.attributes
         batch: list[MetricPoint] = []
         batch_t = None
-        for t, code, res, attrs, value in zip(times.tolist(), metric.tolist(), resource.tolist(),
-                                              numpy.frombuffer(self.attrs, dtype=numpy.int32)[order].tolist(),
-                                              numpy.frombuffer(self.values, dtype=numpy.float64)[order].tolist(),
-                                              strict=True):
-            if t != batch_t:
-                if batch:
-                    yield batch
-                    batch = []
-                batch_t = t
-            start = 0
-            if code == ofu and res in starts and t == first_seen[res][0]:
-                start = starts.pop(res)
-            batch.append(MetricPoint(names[code], value, t, attributes[res], attributes[attrs],
-                                     start_time_unix_nano=start))
+        for lo in range(0, len(order), _REPLAY_CHUNK):  # a chunk at a time: a day's points do not fit as lists
+            chunk = order[lo:lo + _REPLAY_CHUNK]
+            for t, code, res, attrs, value in zip(all_times[chunk].tolist(), all_metrics[chunk].tolist(),
+                                                  all_resources[chunk].tolist(), all_attrs[chunk].tolist(),
+                                                  all_values[chunk].tolist(), strict=True):
+                if t != batch_t:
+                    if batch:
+                        yield batch
+                        batch = []
+                    batch_t = t
+                start = 0
+                if code == ofu and res in starts and t == starts[res][0]:
+                    start = starts.pop(res)[1]
+                batch.append(MetricPoint(names[code], value, t, attributes[res], attributes[attrs],
+                                         start_time_unix_nano=start))
         if batch:
             yield batch
 
