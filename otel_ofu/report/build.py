@@ -280,7 +280,7 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
         files, notes = expand_paths(paths)
     except InputError as exc:
         raise ReportError(str(exc)) from None
-    store = PointStore(sorted(names))
+    store: PointStore | None = None
     events: list[Event] = []
     sources = []
     total = sum(p.stat().st_size for p in files)
@@ -295,11 +295,14 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
         read = (_read_here(path, names, options, bar) for path in files)
     for source, file_store, file_events in read:
         sources.append(source)
-        store.extend(file_store)
+        if store is None:
+            store = file_store  # the first file's columns are the store's: one large file is not copied
+        else:
+            store.extend(file_store)
         events += file_events
     bar.close()
     sources.sort(key=data_time_order)
-    return sources, notes, store, events
+    return sources, notes, store if store is not None else PointStore(sorted(names)), events
 
 
 def _read_here(path: Path, names: set[str], options: ReadOptions, bar: Any
