@@ -247,7 +247,11 @@ def _message(schema: _Schema, raw: bytes, i: int, end: int) -> str:
 
 
 def _message_text(schema: _Schema, raw: bytes, i: int, end: int) -> str:
-    if schema is _METRIC:
+    if schema is _SCOPE_METRICS:
+        fast = _scope_metrics(raw, i, end)
+        if fast is not None:
+            return fast
+    elif schema is _METRIC:
         fast = _metric(raw, i, end)
         if fast is not None:
             return fast
@@ -354,12 +358,40 @@ def _fields_text(schema: _Schema, raw: bytes, i: int, end: int) -> str:
 # (exemplars, flags, a field out of order) returns None: the general loop reads it.
 
 _METRIC = _schema(metrics_pb2.Metric.DESCRIPTOR)
+_SCOPE_METRICS = _schema(metrics_pb2.ScopeMetrics.DESCRIPTOR)
+_SCOPE = _SCOPE_METRICS.fields[1].schema
+_SCOPE_KEY = _SCOPE_METRICS.fields[1].key
+_METRICS_KEY = _SCOPE_METRICS.fields[2].key
 _NUMBER_POINT = _schema(metrics_pb2.NumberDataPoint.DESCRIPTOR)
 _KEY_VALUE = _schema(common_pb2.KeyValue.DESCRIPTOR)
 _KEY_VALUES: Cache = _KEY_VALUE.cache  # type: ignore[assignment]
 _GAUGE_KEY = _METRIC.fields[5].key + "{" + _METRIC.fields[5].schema.fields[1].key  # type: ignore[union-attr]
 _SUM_KEY = _METRIC.fields[7].key + "{" + _METRIC.fields[7].schema.fields[1].key  # type: ignore[union-attr]
 _heads: Cache = Cache("otlp json metric heads", 1 << 14)  # a Metric's name, description, unit bytes -> JSON
+
+
+def _scope_metrics(raw: bytes, i: int, end: int) -> str | None:
+    """A ScopeMetrics: its scope (kept by its bytes), then its metrics, each through :func:`_metric`."""
+    parts = []
+    if i < end and raw[i] == 0x0A:
+        size, j = _varint(raw, i + 1)
+        parts.append(_SCOPE_KEY + _message(_SCOPE, raw, j, j + size))
+        i = j + size
+    metrics = []
+    while i < end and raw[i] == 0x12:
+        size = raw[i + 1]
+        if size < 0x80:
+            i += 2
+        else:
+            size, i = _varint(raw, i + 1)
+        metric = _metric(raw, i, i + size)
+        metrics.append(metric if metric is not None else _fields_text(_METRIC, raw, i, i + size))
+        i += size
+    if i != end:
+        return None  # a schema URL, or fields out of order: the general loop
+    if metrics:
+        parts.append(_METRICS_KEY + "[" + ",".join(metrics) + "]")
+    return "{" + ",".join(parts) + "}"
 
 
 def _metric(raw: bytes, i: int, end: int) -> str | None:
@@ -371,6 +403,26 @@ def _metric(raw: bytes, i: int, end: int) -> str | None:
         else:
             size, j = _varint(raw, j + 1)
             j += size
+    if (end - j < 0x80 and raw[j] == 0x2A and raw[j + 2] == 0x0A and raw[j + 4] == 0x19 and raw[j + 13] == 0x21
+            and raw[j + 1] == end - j - 2 and raw[j + 3] == end - j - 4):
+        # A gauge of one point: its time, its value, then (only) attributes: written from a template.
+        key = (raw[i:j], raw[j + 22:end])
+        template = _one_point_gauges.get(key)
+        if template is None:
+            template = _one_point_template(raw, i, j, end)
+            if template is not None:
+                _one_point_gauges.put(key, template)
+        if template:
+            t, value = _TIME_VALUE.unpack_from(raw, j + 5)
+            if t:
+                if value != value or value in _INFINITIES:
+                    return template[0] + str(t) + template[1] + _double(raw, j + 14) + template[2]
+                return template[0] + str(t) + template[1] + repr(value) + template[2]
+    return _metric_general(raw, i, j, end)
+
+
+def _metric_general(raw: bytes, i: int, j: int, end: int) -> str | None:
+    """A Metric whose name, description and unit are ``raw[i:j]``: its head's JSON kept, its points read."""
     head = _heads.get(raw[i:j])
     if head is None:
         head = _heads.put(raw[i:j], _fields_text(_METRIC, raw, i, j)[:-1])
@@ -413,6 +465,27 @@ def _metric(raw: bytes, i: int, end: int) -> str | None:
         return None
     separator = "," if len(head) > 1 else ""
     return head + separator + (_GAUGE_KEY if tag == 0x2A else _SUM_KEY) + "[" + ",".join(points) + "]" + tail + "}}"
+
+
+_one_point_gauges: Cache = Cache("otlp json one-point gauges", _CACHE_SIZE)  # (head, attributes) -> template
+_TIME_VALUE = struct.Struct("<Qxd")  # a point's time, the value's tag, the value
+_INFINITIES = (float("inf"), float("-inf"))
+
+
+def _one_point_template(raw: bytes, i: int, j: int, end: int) -> tuple[str, str, str] | tuple[()]:
+    """(before the time, between the time and the value, after the value) of a one-point gauge Metric's
+    JSON, from the Metric written with a time of 1 and a value of 0.5 in their place; () when the
+    general loop is to write it (its point's attributes are not plain KeyValues)."""
+    probe = bytearray(raw[i:end])
+    at = j + 5 - i
+    probe[at:at + 17] = _TIME_VALUE.pack(1, 0.5)
+    probe[at + 8] = 0x21
+    text = _metric_general(bytes(probe), 0, j - i, len(probe))
+    marked = '"timeUnixNano":"1","asDouble":0.5'
+    if text is None or text.count(marked) != 1:
+        return ()
+    before, after = text.split(marked)
+    return before + '"timeUnixNano":"', '","asDouble":', after
 
 
 def _number_point(raw: bytes, i: int, end: int) -> str | None:
