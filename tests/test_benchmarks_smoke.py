@@ -132,3 +132,16 @@ def test_fleet_direct_tiny():
     out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
     assert out["requests"] == 20 and out["points"] > 0
     assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0
+
+
+def test_record_speed_tiny():
+    out = run_json("record_speed.py", "--gpus", "16", "--windows", "3", "--warmup", "1")
+    assert set(out["variants"]) == {"json_format", "json", "json_zstd", "proto", "proto_zstd"}
+    for row in out["variants"].values():
+        for key in ("exporter_cpu_s_per_window", "fleet_gpu_windows_per_cpu_s", "day_fleet_cpu_min",
+                    "bytes_per_gpu_window"):
+            assert is_number(row[key]) and row[key] > 0
+    # The two JSON writers write the same bytes; protobuf fewer.
+    variants = out["variants"]
+    assert variants["json"]["bytes_per_gpu_window"] == variants["json_format"]["bytes_per_gpu_window"]
+    assert variants["proto"]["bytes_per_gpu_window"] < variants["json"]["bytes_per_gpu_window"]
