@@ -244,10 +244,10 @@ def test_json_format_writes_what_the_reference_writes():
         json_format.MessageToDict(request, use_integers_for_enums=True), separators=(",", ":"))
 
 
-def test_one_point_gauges_written_from_their_template_keep_each_time_and_value():
-    """The same metrics, resources and attributes request after request (their JSON kept as a template),
+def test_resources_written_from_their_template_keep_each_time_and_value():
+    """The same metrics, resources and attributes request after request (their JSON kept as templates),
     each time with other times and values: NaN, the infinities, -0.0, a time of 0 (not written)."""
-    resource = attrs({"host.name": "n-1", "hw.id": "GPU-1"})
+    resource = attrs({"host.name": "n-1", "hw.id": "GPU-1", "note": "100% %d %r {}"})  # format characters
     values = [0.25, float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-300, 123456789.0]
     for k, value in enumerate(values):
         points = [MetricPoint(f"metric.{m}", value * m, (1_767_225_600_000_000_000 + k) if k != 5 else 0, resource,
@@ -255,4 +255,5 @@ def test_one_point_gauges_written_from_their_template_keep_each_time_and_value()
                   for m in range(4)]
         body = codec.encode_request(points)
         assert wire_json.request_json(body) == reference(ExportMetricsServiceRequest.FromString(body))
-    assert any(key[0].startswith(b"\x0a\x08metric.") for key in wire_json._one_point_gauges)  # the templates' path
+    assert any(key[0].startswith(b"\x0a\x08metric.") for key in wire_json._one_point_gauges)  # the templates' paths
+    assert any(b"GPU-1" in key and template.hits for key, template in wire_json._rm_templates.items())
