@@ -385,7 +385,8 @@ _heads: Cache = Cache("otlp json metric heads", 1 << 14)  # a Metric's name, des
 # written) or a value that is not finite (written as a string) takes the general path.
 
 _RESOURCE_METRICS = _schema(metrics_pb2.ResourceMetrics.DESCRIPTOR)
-_rm_templates: Cache = Cache("otlp json resource templates", _CACHE_SIZE)  # resource field bytes -> template
+# About 5 KB each (a GPU's JSON format and bytes): 32,768 resources is about 160 MB at most.
+_rm_templates: Cache = Cache("otlp json resource templates", 1 << 15)  # resource field bytes -> template
 _MARK_TIME = 1_000_000_000_000_000_000  # probe times and values, found again in the probe's JSON
 _MARK_VALUE = float(1 << 50)
 
