@@ -137,7 +137,7 @@ class _OutputFile:
                 _check_appendable(path, records)
                 cut = self.repair_tail(path)
                 if cut:
-                    log.warning("%s ended with a partly written line or frame (a crash?): cut %d bytes before "
+                    log.warning("%s ended with a partly written line, frame or record (a crash?): cut %d bytes before "
                                 "appending", path, cut)
             elif rotation is not None:
                 self._rename_to_backup()
@@ -222,8 +222,8 @@ class _OutputFile:
     def _reopen(self) -> None:
         cut = self.repair_tail(self.path)
         if cut:
-            self.log.warning("%s ended with a partly written line or frame: cut %d bytes before writing", self.path,
-                             cut)
+            self.log.warning("%s ended with a partly written line, frame or record: cut %d bytes before writing",
+                             self.path, cut)
         self._open(keep=True)
 
     def close(self) -> None:
@@ -287,8 +287,8 @@ def without_known_descriptions(request: bytes, described: set[str]) -> bytes:
     """A serialized ExportMetricsServiceRequest without the descriptions of metrics in ``described``;
     the metrics whose description it keeps are added to ``described``.
 
-    Through protobuf (upb: parsing and writing in C; a walk of the bytes in Python took half as
-    long again): the request as it was when nothing changes.
+    Through protobuf (upb parses and writes in C; a walk of the bytes in Python was slower): the
+    request as it was when nothing changes.
     """
     message = ExportMetricsServiceRequest.FromString(request)
     changed = False
