@@ -6,7 +6,9 @@ writing a 1,000-GPU fleet's JSON lines through it was about half of the whole pi
 of each message in field-number order under their lowerCamelCase names, 64-bit integers as
 strings, enums as integers, NaN and the infinities as strings. This module reads the wire
 format once, with a table per message built from the protobuf descriptors, and writes the
-text as it goes; what repeats (a resource, an attribute) is looked up by its bytes.
+text as it goes; what repeats (a resource, an attribute) is looked up by its bytes, and a
+ResourceMetrics that is last time's but for its points' times and values (a GPU's, every
+interval) is written from a template with them put in.
 
 The output is byte for byte what ``json.dumps(json_format.MessageToDict(request,
 use_integers_for_enums=True), separators=(",", ":"))`` writes for the same request (the file
