@@ -67,6 +67,8 @@ TRUTH_METRIC = "sim.gpu.mfu.true"
 # The CSV's lost_gpu_hours_<part> columns: every loss part a job can have (empty where it has none)
 CSV_LOSS_PARTS = (*LOSS_PARTS, UNACCOUNTED)
 PROGRESS_MIN_BYTES = 5_000_000  # below this a progress bar is noise
+# inputs[].format of a Prometheus-compatible backend (``report --prometheus``, report/backend.py)
+BACKEND_FORMAT = "prometheus"
 _FINDING_META = {"id", "kind", "cause", "since_unix_nano", "opened_unix_nano", "duration_s"}
 
 
@@ -398,10 +400,12 @@ class Report:
     config_source: str = "default settings"
     notes: list[str] = field(default_factory=list)
     recorded_events: bool = False  # the recording holds the jobs processor's finding/job events
+    gpus_seen: int | None = None  # GPUs counted without a per-GPU table (the backend report); None: len(gpus)
+    lines_word: str = "lines"  # what ``lines`` counts (the backend report: queries)
 
     @property
     def gpu_count(self) -> int:
-        return len(self.gpus)
+        return len(self.gpus) if self.gpus_seen is None else self.gpus_seen
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -663,12 +667,13 @@ def _fleet_tile_factors(report: Report) -> dict[str, float]:
 # these fields. ``[]`` marks a list's items; a field whose meaning starts with "mapping" is a
 # mapping whose keys vary (not listed).
 REPORT_FIELDS: dict[str, str] = {
-    "source": "the file read, or how many",
-    "lines": "lines (or dmon/CSV rows) read, all files together",
+    "source": "the file read, or how many; with --prometheus the backend's URL (credentials masked)",
+    "lines": "lines (or dmon/CSV rows) read, all files together; with --prometheus the queries run",
     "start": "the first data time (ISO 8601, UTC)",
     "end": "the last data time",
     "inputs[].path": "a file read, in data-time order",
-    "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data",
+    "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data; `prometheus` for the backend "
+                       "of --prometheus (its `notes` say which naming its series carry)",
     "inputs[].compression": "`gzip`, `zstd`, ... as recognised by the first bytes; null for none",
     "inputs[].lines": "its lines",
     "inputs[].start": "its first data time",
@@ -676,8 +681,8 @@ REPORT_FIELDS: dict[str, str] = {
     "inputs[].partial_tail_skipped": "true when a crash's partly written last line was skipped",
     "inputs[].notes": "what else was skipped or assumed, as sentences",
     "findings_source": "where the findings come from: `recorded` (the `ofu.finding.*` events the jobs processor "
-                       "logged while it ran) or `recomputed` (from the points here, with --recompute or when the "
-                       "recording holds no finding events)",
+                       "logged while it ran), `recomputed` (from the points here, with --recompute or when the "
+                       "recording holds no finding events) or `backend` (with --prometheus: the `job_finding` series)",
     "findings_count": "findings listed under `jobs`, all jobs together",
     "findings_recomputed_count": "with `findings_source` `recorded`: how many a recomputation from the same points "
                                  "gives with this report's settings (a difference is explained in `findings_note`); "
@@ -882,11 +887,12 @@ def gpu_table(report: Report) -> list[str]:
 def _inputs_lines(report: Report) -> list[str]:
     if len(report.inputs) <= 1 and not report.notes and not any(s.notes for s in report.inputs):
         return []
-    out = [f"Read {len(report.inputs)} file(s), in data-time order:"]
+    backend = all(s.format == BACKEND_FORMAT for s in report.inputs)
+    out = ["Queried:" if backend else f"Read {len(report.inputs)} file(s), in data-time order:"]
     for s in report.inputs:
         what = ", ".join(x for x in (s.format or "no data", s.compression) if x)
         span = f"{_iso(s.first)} .. {_iso(s.last)}" if s.first is not None else "no points"
-        out.append(f"  {s.path} ({what}; {s.lines} lines; {span})")
+        out.append(f"  {s.path} ({what}; {s.lines} {'queries' if backend else 'lines'}; {span})")
         out += [f"    note: {n}" for n in s.notes]
     out += [f"  note: {n}" for n in report.notes]
     return [*out, ""]
@@ -907,7 +913,10 @@ def findings_lines(report: Report) -> list[str]:
     """The findings, saying which the user is looking at and, when the other source differs, why."""
     findings = [line for j in report.jobs for f in j.findings for line in finding_line(j.summary.job_id, f).split("\n")]
     count = sum(len(j.findings) for j in report.jobs) or "none"
-    if report.findings_source == "recorded":
+    if report.findings_source == "backend":
+        out = [f"Findings (the jobs processor's job_finding series in the backend: open while 1; the numbers "
+               f"behind each are in its ofu.finding events, not in the series): {count}"]
+    elif report.findings_source == "recorded":
         out = [f"Findings (recorded: the ofu.finding events the jobs processor logged while it ran): {count}"]
         note = findings_note(report)
         if note:
@@ -953,7 +962,8 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
     data = report_json(report)
     fleet = data["fleet"]
     out = _inputs_lines(report)
-    out.append(f"{report.source}: {report.lines} lines, {_iso(report.start)} .. {_iso(report.end)} (data time); "
+    out.append(f"{report.source}: {report.lines} {report.lines_word}, {_iso(report.start)} .. {_iso(report.end)} "
+               "(data time); "
                f"{fleet['gpus']} GPUs, {len(report.jobs)} jobs, {fleet['gpu_hours']:.2f} GPU h "
                f"({fleet['unattributed_gpu_hours']:.2f} without a job)")
     jobs_part = (f"; jobs: {_pct(fleet['job_ofu_mean'])} of the {fleet['job_gpu_hours']:.2f} GPU h they held"
