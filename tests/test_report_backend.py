@@ -17,6 +17,7 @@ import contextlib
 import csv
 import json
 import math
+import subprocess
 import threading
 import time
 import urllib.error
@@ -38,7 +39,8 @@ from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.pipeline import registry
 from otel_ofu.report import backend as rb
 from otel_ofu.report.build import REPORT_FIELDS, ReportError, build_report, json_field_paths, report_json
-from tests.e2e_util import prometheus3_binary, prometheus_binary, victoriametrics_binary
+from tests import certs
+from tests.e2e_util import prometheus3_binary, prometheus_binary, victoriametrics_binary, wait_for
 from tools.ports import free_ports
 
 CAPTURES = Path(__file__).parent / "data" / "backend"
@@ -464,3 +466,39 @@ def test_a_counters_increase_is_its_value_at_the_end_less_at_the_start(server, t
     assert hours["reset"] == pytest.approx(3600.0, rel=0.05)
     assert {j.summary.job_id: j.summary.totals.gpu_seconds for j in half.jobs}["before"] == \
         pytest.approx(3600.0 - 1800.0, rel=1e-12)
+
+
+@pytest.mark.skipif(not certs.available(), reason="needs the cryptography package or openssl")
+def test_tls_options_reach_a_prometheus_that_requires_a_client_certificate(tmp_path, capsys):
+    """A real Prometheus 3 serving HTTPS and requiring a client certificate (its --web.config.file): the report
+    connects with --ca-file, --cert-file and --key-file; without the CA, or without the certificate, it says
+    what failed."""
+    (tmp_path / "certs").mkdir()
+    made = certs.make(tmp_path / "certs")
+    (port,) = free_ports(1)
+    web = tmp_path / "web.yml"
+    web.write_text(json.dumps({"tls_server_config": {"cert_file": str(made.server_cert), "key_file": str(
+        made.server_key), "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(made.ca)}}))
+    (tmp_path / "prometheus.yml").write_text("global: {}\n")
+    log_file = tmp_path / "prometheus.log"
+    with open(log_file, "wb") as log:
+        process = subprocess.Popen([prometheus3_binary(), f"--config.file={tmp_path / 'prometheus.yml'}",
+                                    f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.config.file={web}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"https://127.0.0.1:{port}"
+    tls = ["--ca-file", str(made.ca), "--cert-file", str(made.client_cert), "--key-file", str(made.client_key)]
+    try:
+        wait_for("prometheus to serve https", lambda: "Server is ready" in log_file.read_text()
+                 or process.poll() is not None, timeout=60)
+        assert process.poll() is None, log_file.read_text()[-2000:]
+        assert main(["report", "--prometheus", url, *tls]) == 1
+        assert "no otel-ofu job series" in capsys.readouterr().err  # connected, queried, found nothing
+        assert main(["report", "--prometheus", url, "--cert-file", str(made.client_cert), "--key-file",
+                     str(made.client_key)]) == 1
+        assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+        assert main(["report", "--prometheus", url, "--ca-file", str(made.ca)]) == 1
+        err = capsys.readouterr().err
+        assert "cannot query" in err and "certificate" in err.lower()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
