@@ -36,8 +36,8 @@ from otel_ofu.jobs.book import JobBook
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import FINDING_CAUSE, FINDING_KIND, WINDOW
 from otel_ofu.jobs.tracker import LIFE, JobSummary
-from otel_ofu.pipeline import registry
 from otel_ofu.pipeline.redact import redact_url
+from otel_ofu.processors import jobs as _jobs_processor  # noqa: F401 - registers the job.* and fleet.* metrics
 from otel_ofu.report.build import BACKEND_FORMAT, JobReport, Report, ReportError, _finding_record
 from otel_ofu.report.inputs import InputFile
 
@@ -314,7 +314,6 @@ def build_backend_report(backend: Backend, start: float | None = None, end: floa
                          config: JobsConfig | None = None, config_source: str = "default jobs settings") -> Report:
     """Detect the naming, run :func:`queries` at ``end`` over [start, end] (default: the last 24 h) and build
     the report."""
-    registry.factories()  # the metric registry: the names each naming gives
     config = config or JobsConfig()
     end = time.time() if end is None else end
     start = end - 86400.0 if start is None else start
@@ -334,7 +333,6 @@ def queries_table() -> str:
     """docs/report.md's list of the queries (Prometheus naming, a 30-day range, default jobs settings)."""
     from otel_ofu.cli.backend_check import PROMETHEUS_NAMING
 
-    registry.factories()
     month = 30 * 86400.0
     config = JobsConfig()
     rows = ["| answer | query, evaluated at the range's end |", "|---|---|"]
