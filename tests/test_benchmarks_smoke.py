@@ -132,3 +132,15 @@ def test_fleet_direct_tiny():
     out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
     assert out["requests"] == 20 and out["points"] > 0
     assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0
+
+
+def test_report_backend_tiny(monkeypatch):
+    """A day of 64 GPUs' job series imported into a real VictoriaMetrics, reported from it: every job back."""
+    from tests.e2e_util import victoriametrics_binary
+
+    monkeypatch.setenv("VICTORIAMETRICS", victoriametrics_binary())
+    out = run_json("report_backend.py", "--gpus", "64", "--days", "1", timeout=300)
+    assert out["jobs"] > 0 and out["jobs_reported"] == out["jobs"] and out["samples"] > 0
+    assert out["worst_job_gpu_hours_error"] < 0.01
+    for key in ("report_wall_s", "report_cpu_s", "tsdb_cpu_s"):
+        assert is_number(out[key]) and out[key] >= 0
