@@ -671,7 +671,7 @@ REPORT_FIELDS: dict[str, str] = {
     "lines": "lines (or dmon/CSV rows) read, all files together; with --prometheus the queries run",
     "start": "the first data time (ISO 8601, UTC)",
     "end": "the last data time",
-    "inputs[].path": "a file read, in data-time order",
+    "inputs[].path": "a file read, in data-time order; with --prometheus the backend's URL",
     "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data; `prometheus` for the backend "
                        "of --prometheus (its `notes` say which naming its series carry)",
     "inputs[].compression": "`gzip`, `zstd`, ... as recognised by the first bytes; null for none",
@@ -689,7 +689,8 @@ REPORT_FIELDS: dict[str, str] = {
                                  "null when the findings are recomputed already",
     "findings_note": "why the recorded and the recomputed findings differ, and how to see the others; null when they "
                      "agree",
-    "fleet.gpus": "distinct GPUs (and MIG instances) seen",
+    "fleet.gpus": "distinct GPUs (and MIG instances) seen; with --prometheus those that sent `gpu.ofu` in the "
+                  "range's last hour",
     "fleet.jobs": "jobs seen",
     "fleet.gpu_hours": "GPU time of every GPU, with a job or not",
     "fleet.job_gpu_hours": "GPU time held by jobs",
@@ -727,7 +728,7 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].end": "its last window's end",
     "jobs[].end_reason": "`end_of_recording`, or why it ended (`timeout`, `silent`)",
     "jobs[].duration_hours": "end - start",
-    "jobs[].gpus": "distinct GPUs over its life",
+    "jobs[].gpus": "distinct GPUs over its life; with --prometheus the most at once",
     "jobs[].peak_gpus": "the most GPUs at once",
     "jobs[].gpu_hours": "GPU time it held",
     "jobs[].ofu_mean": "OFU, time-weighted over its GPU time",
