@@ -121,8 +121,9 @@ def test_stage_tiny(monkeypatch):
         assert run["steady"]["windows"] == 2 and run["first_window"]["windows"] == 1
 
 
-def test_stage_memory_tiny():
-    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2")
+@pytest.mark.parametrize("extra", [(), ("--pod-labels",)])
+def test_stage_memory_tiny(extra):
+    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2", *extra)
     assert out["gpus"] == 80 and out["cache_entries"] > 0
     assert out["held_bytes_per_gpu"] > out["after_release_bytes_per_gpu"]
 
