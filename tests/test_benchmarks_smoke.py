@@ -121,8 +121,9 @@ def test_stage_tiny(monkeypatch):
         assert run["steady"]["windows"] == 2 and run["first_window"]["windows"] == 1
 
 
-def test_stage_memory_tiny():
-    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2")
+@pytest.mark.parametrize("extra", [(), ("--pod-labels",)])
+def test_stage_memory_tiny(extra):
+    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2", *extra)
     assert out["gpus"] == 80 and out["cache_entries"] > 0
     assert out["held_bytes_per_gpu"] > out["after_release_bytes_per_gpu"]
 
@@ -132,6 +133,13 @@ def test_fleet_direct_tiny():
     out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
     assert out["requests"] == 20 and out["points"] > 0
     assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0
+
+
+@pytest.mark.parametrize("extra", [(), ("--storage",)])
+def test_jobs_processor_tiny(extra):
+    out = run_json("jobs_processor.py", "--gpus", "32", "--windows", "4", *extra)
+    assert out["gpus"] == 32 and out["storage"] is bool(extra)
+    assert out["gpu_windows"] == 32 * 2 and is_number(out["us_per_gpu_window"]) and out["us_per_gpu_window"] > 0
 
 
 def test_report_backend_tiny(monkeypatch):
