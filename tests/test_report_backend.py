@@ -1,10 +1,11 @@
 """``otel-ofu report --prometheus URL``: the report from the jobs processor's series in a backend.
 
 End to end: the demo's hour (collector-config/demo.yaml) goes at once into a real Prometheus 3 (its
-OTLP receiver with deploy/backends/prometheus-otlp.yml), a real VictoriaMetrics (OTLP, Prometheus
-naming), a VictoriaMetrics with its defaults (OTLP names, dots kept) and a real Prometheus 2 (the
-prometheus exporter's exposition, as scraped, backfilled with promtool); the file exporter records the
-same run. ``report --prometheus`` on each must give every job's GPU hours within 1 %, mean OFU within
+OTLP receiver with deploy/backends/prometheus-otlp.yml, and another with
+UnderscoreEscapingWithoutSuffixes), a real VictoriaMetrics (OTLP, Prometheus naming), a
+VictoriaMetrics with its defaults (OTLP names, dots kept) and a real Prometheus 2 (the prometheus
+exporter's exposition, as scraped, backfilled with promtool); the file exporter records the same
+run. ``report --prometheus`` on each must give every job's GPU hours within 1 %, mean OFU within
 0.005 and wasted GPU hours within 2 % of the file report on that recording.
 
 Unit tests read the answers of the real servers captured in tests/data/backend/ (their ``source``
@@ -29,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -229,6 +231,10 @@ def demo(tmp_path_factory) -> Iterator[DemoBackends]:
 
         otlp = running(PrometheusServer(prometheus3, workdir / "prometheus3", config=prometheus_config(
             PROMETHEUS_OTLP_CONFIG), flags=PROMETHEUS_OTLP_FLAGS))
+        suffixless = yaml.safe_load(prometheus_config(PROMETHEUS_OTLP_CONFIG))
+        suffixless["otlp"]["translation_strategy"] = "UnderscoreEscapingWithoutSuffixes"
+        otlp_suffixless = running(PrometheusServer(prometheus3, workdir / "prometheus3-without-suffixes",
+                                                   config=yaml.safe_dump(suffixless), flags=PROMETHEUS_OTLP_FLAGS))
         vm = running(VictoriaMetrics(victoria, workdir / "victoriametrics"))
         vm_defaults = running(VictoriaMetrics(victoria, workdir / "victoriametrics-defaults", flags=()))
         vm_auth = running(VictoriaMetrics(victoria, workdir / "victoriametrics-auth", flags=(
@@ -238,6 +244,7 @@ def demo(tmp_path_factory) -> Iterator[DemoBackends]:
         user = f"{AUTH[0]}:{AUTH[1]}@"
         exporters = {
             "otlphttp/prometheus3": {"endpoint": f"{otlp.api.url}/api/v1/otlp", **delivery},
+            "otlphttp/prometheus3_suffixless": {"endpoint": f"{otlp_suffixless.api.url}/api/v1/otlp", **delivery},
             "otlphttp/victoriametrics": {"endpoint": f"{vm.url}/opentelemetry", **delivery},
             "otlphttp/victoriametrics_defaults": {"endpoint": f"{vm_defaults.url}/opentelemetry", **delivery},
             "otlphttp/victoriametrics_auth": {"endpoint": f"{vm_auth.url.replace('://', '://' + user)}/opentelemetry",
@@ -258,7 +265,8 @@ def demo(tmp_path_factory) -> Iterator[DemoBackends]:
         _promtool(str(Path(prometheus2).with_name("promtool")), "tsdb", "create-blocks-from", "openmetrics",
                   str(openmetrics), str(scraped.data))
         running(scraped)
-        yield DemoBackends({"prometheus3_otlp": otlp.api.url, "victoriametrics_otlp": vm.url,
+        yield DemoBackends({"prometheus3_otlp": otlp.api.url, "prometheus3_otlp_without_suffixes":
+                            otlp_suffixless.api.url, "victoriametrics_otlp": vm.url,
                             "victoriametrics_otlp_defaults": vm_defaults.url, "prometheus2_scrape": scraped.api.url},
                            start, end, workdir / "demo" / "demo.jsonl", vm_auth.url)
 
@@ -275,8 +283,10 @@ def _range(demo: DemoBackends) -> list[str]:
     return ["--start", f"{demo.start - 600:.3f}", "--end", f"{demo.end + 600:.3f}"]
 
 
-ROADS = ("prometheus3_otlp", "victoriametrics_otlp", "victoriametrics_otlp_defaults", "prometheus2_scrape")
-NAMING_OF = {"prometheus3_otlp": "prometheus", "victoriametrics_otlp": "prometheus",
+ROADS = ("prometheus3_otlp", "prometheus3_otlp_without_suffixes", "victoriametrics_otlp",
+         "victoriametrics_otlp_defaults", "prometheus2_scrape")
+NAMING_OF = {"prometheus3_otlp": "prometheus", "prometheus3_otlp_without_suffixes": "without_suffixes",
+             "victoriametrics_otlp": "prometheus",
              "victoriametrics_otlp_defaults": "otlp", "prometheus2_scrape": "prometheus"}
 
 
