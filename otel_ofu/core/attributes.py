@@ -32,8 +32,9 @@ GPU_RECEIVERS = ("receivers/dcgm", "receivers/nvml", "receivers/dcgm_exporter", 
 _LABEL_SOURCES = ("receivers/dcgm_exporter", "receivers/otlp", "receivers/replay", "processors/attribution")
 _OFU_POINTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved")
 _JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved", "job.ofu.loss")
+_COST_METRICS = ("job.cost", "job.cost.gained", "fleet.cost", "fleet.cost.gained")
 _LOSS_METRICS = ("gpu.ofu.loss", "job.ofu.loss", "job.ofu.loss.gpu_hours", "job.ofu.gain.gpu_hours", "fleet.gpu_hours",
-                 "fleet.gpu_hours.gained")
+                 "fleet.gpu_hours.gained", *_COST_METRICS)
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
@@ -139,7 +140,7 @@ _ATTRIBUTES = (
                   ("receivers/selftelemetry", "receivers/dcgm", "receivers/nvml", "processors/jobs")),
     AttributeInfo("service.version", RESOURCE, "otel-ofu's version, on self-telemetry.", ("receivers/selftelemetry",)),
     AttributeInfo("service.instance.id", RESOURCE, "`<host>:<pid>` of the otel-ofu process, on self-telemetry and "
-                  "fleet.gpu_hours (and .gained; each jobs instance its own series).",
+                  "fleet.gpu_hours and fleet.cost (and .gained; each jobs instance its own series).",
                   ("receivers/selftelemetry", "processors/jobs")),
     # --- how a value was made (point) ---
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "
@@ -150,7 +151,10 @@ _ATTRIBUTES = (
                   "SM_ACTIVE, `engine_idle+sm_idle` without GR_ENGINE_ACTIVE, `engine_idle+sm_idle+non_tensor` with "
                   "neither) (docs/method.md#where-the-flops-go-the-loss-account). Per job and fleet also `unknown` "
                   "(OFU that came without its account); the fleet's GPU-hours also `useful` (OFU) and `unallocated` "
-                  "(no job).", ("processors/ofu", "processors/jobs"), _LOSS_METRICS),
+                  "(no job); a job's cost also `useful`.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS),
+    AttributeInfo("ofu.cost.currency", POINT, "The currency of a cost point (the jobs processor's cost.currency: "
+                  "`USD`, `EUR`, ...): the unit of its value (docs/jobs.md#cost).", ("processors/jobs",),
+                  _COST_METRICS),
     AttributeInfo("ofu.loss.cause", POINT, "Why, for two parts: the clock part's most severe clock event reason "
                   "(`hw_power_brake`, `hw_thermal`, `hw_slowdown`, `sw_thermal`, `sw_power_cap`, `sync_boost`, "
                   "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "

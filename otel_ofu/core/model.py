@@ -38,6 +38,7 @@ FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 LOSS_PART = "ofu.loss.part"  # a part of the loss account (otel_ofu.core.loss): engine_idle, clock, ...
 LOSS_CAUSE = "ofu.loss.cause"  # why: the clock part's event reason, memory-bound or not for the non-tensor part
+COST_CURRENCY = "ofu.cost.currency"  # the currency of a cost point (job.cost, fleet.cost): the jobs processor's cost
 
 NO_JOB = "none"
 

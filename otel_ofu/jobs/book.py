@@ -30,12 +30,14 @@ from typing import Any
 
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.attribution.claims import SHARED_SEPARATOR
+from otel_ofu.core.exact import exact
 from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import JOB_ID, JOB_RUN, Attributes, GpuKey, MetricPoint, gpu_label, without_job_identity
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClocks
 from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
+from otel_ofu.jobs.cost import Pricer
+from otel_ofu.jobs.facts import GpuFacts, JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
@@ -125,6 +127,12 @@ class JobBook:
         self.unattributed_histogram = WeightedHistogram()
         # Every GPU window's loss account, jobs' and no job's (unallocated): the fleet's, since this book began
         self.fleet_loss = LossTotals()
+        # ... and its money (jobs.cost): GPU-seconds x price per GPU-hour by part, the GPUs with a price only
+        self.fleet_cost = LossTotals()
+        self.pricer = Pricer(config.cost)  # the jobs processor sets its own after loading a saved book
+        # GPU time with no price while prices are set (exact, core.exact), by what it is priced by (its model,
+        # or the cost.by attribute's value; "" when it has none): what job.cost and fleet.cost leave out
+        self.unpriced: dict[str, int] = {}
         # The jobs processor's fleet.gpu_hours: (the last bin it went out for, the bin its series started),
         # kept with the book so that a restart continues the same cumulative series
         self.fleet_emitted: tuple[int, int] | None = None
@@ -287,17 +295,23 @@ class JobBook:
             self.unattributed.add((end - start) * part, point.value)
             self.unattributed_histogram.add(point.value, (end - start) * part)
             self.fleet_loss.add_unallocated((end - start) * part)
+            price = self._price(facts, (end - start) * part)
+            if price is not None:
+                self.fleet_cost.add_unallocated((end - start) * part * price)
             return
         loss = losses.get((point.resource, point.time_unix_nano)) if losses else None
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None or share is not None:  # gpu.flops.achieved of a shared GPU's job is its part: the GPU's here
             rate = facts.flops(point.value)
         weight = share if share is not None else 1.0 / len(facts.jobs)
+        price = self._price(facts, (end - start) * weight * len(facts.jobs))
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)
                 self.unattributed_histogram.add(point.value, (end - start) * weight)
                 self.fleet_loss.add_unallocated((end - start) * weight)
+                if price is not None:
+                    self.fleet_cost.add_unallocated((end - start) * weight * price)
                 continue
             tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
             jobs_of_host = self._host_jobs.get(source)
@@ -305,9 +319,25 @@ class JobBook:
                 jobs_of_host = self._host_jobs[source] = set()
             jobs_of_host.add(name)
             tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
-                                   loss)
+                                   loss, price)
             add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
+            if price is not None:
+                add_window(self.fleet_cost, loss, point.value, (end - start) * weight * price)
             tracker.peak_flops_per_gpu = facts.flops(1.0)
+
+    def _price(self, facts: GpuFacts, seconds: float) -> float | None:
+        """What an hour of the point's GPU costs: its price (jobs.cost), a MIG instance's part of it; None without
+        one (or while no price is set), its ``seconds`` then counted as unpriced."""
+        pricer = self.pricer
+        if not pricer.config.enabled:
+            return None
+        key = pricer.key(facts.attributes)
+        price = pricer.price(key)
+        if price is not None and facts.share is not None:
+            return price * facts.share
+        if key in self.unpriced or len(self.unpriced) < Pricer.MAX_VALUES:
+            self.unpriced[key] = self.unpriced.get(key, 0) + exact(seconds)
+        return None
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
         """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.

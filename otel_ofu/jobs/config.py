@@ -1,4 +1,4 @@
-"""The jobs settings (the ``jobs`` processor's and the report's): windows, timeouts, clocks, audit."""
+"""The jobs settings (the ``jobs`` processor's and the report's): windows, timeouts, clocks, audit, prices."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import JOB_KIND, NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
+from otel_ofu.jobs.cost import CostConfig
 from otel_ofu.jobs.regression import RegressionConfig
 from otel_ofu.pipeline.config import Duration, require, require_directory
 
@@ -57,6 +58,7 @@ class JobsConfig:
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
     # crash; at shutdown jobs are then kept, not ended (docs/fleet.md). Unset: in memory only.
     storage: str | None = None
@@ -98,8 +100,10 @@ class JobsConfig:
         require(self.max_pending_reports >= 0, "max_pending_reports", "must not be negative")
 
     def state_key(self) -> JobsConfig:
-        """The settings a saved state depends on (not where or how often it is saved)."""
-        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True)
+        """The settings a saved state depends on (not where or how often it is saved, nor the prices: a new price
+        counts from when it is set, the jobs go on)."""
+        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True,
+                       cost=CostConfig())
 
     @property
     def retention_s(self) -> float:

@@ -48,6 +48,7 @@ class Snapshot:
     open_findings: list[Finding]
     # window label (and "life") -> the job's loss account over it (core.loss; its shares add up to 1 with OFU)
     loss: dict[str, LossTotals] = field(default_factory=dict)
+    cost: LossTotals | None = None  # its cost account over its life (jobs.cost); None: no GPU of it had a price
 
 
 @dataclass
@@ -70,6 +71,7 @@ class JobSummary:
     resource: Attributes
     histogram: WeightedHistogram = field(default_factory=WeightedHistogram)  # OFU weighted by GPU-seconds
     loss: LossTotals = field(default_factory=LossTotals)  # its loss account over its life (core.loss)
+    cost: LossTotals | None = None  # its cost account over its life (jobs.cost); None: no GPU of it had a price
 
 
 @dataclass
@@ -80,6 +82,7 @@ class _OpenBin:
     totals: JobTotals = field(default_factory=JobTotals)
     exact_mfu_seconds: int = 0
     exact_mfu_weighted: int = 0
+    cost: LossTotals = field(default_factory=LossTotals)  # its windows' money by part (jobs.cost)
 
 
 def _mean(weighted: int, seconds: int) -> float | None:
@@ -106,6 +109,7 @@ class JobTracker:
         self.closed_mfu_seconds = 0
         self.closed_mfu_weighted = 0
         self.closed_loss = LossTotals()  # the loss account over its life
+        self.closed_cost = LossTotals()  # ... and its money (jobs.cost): GPU-seconds x price per GPU-hour by part
         self.histogram = WeightedHistogram()
         self.loss_bins = LossBins(float(config.resolution), retention)  # ... and by bin, for windows and findings
         self.precisions: dict[str, float] = {}
@@ -127,10 +131,12 @@ class JobTracker:
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
                        precision: str | None = None, source: Any = None, weight: float = 1.0,
-                       loss: Parts | None = None) -> None:
+                       loss: Parts | None = None, price: float | None = None) -> None:
         """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
         ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
-        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
+        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted.
+        ``price``: what an hour of the GPU costs (jobs.cost.Pricer; a MIG instance's part of its GPU's price);
+        None: the window has no cost."""
         seconds = (end - start) * weight
         self._touch(start, end)
         next_bin = self._next_bin
@@ -144,9 +150,13 @@ class JobTracker:
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
                 open_bin.totals.add(piece, ofu, flops_per_s, shares)
+                if price is not None:
+                    add_window(open_bin.cost, loss, ofu, piece * price)
             else:  # late for a bin already closed: into the life values at once
                 add_window(self.closed_loss, loss, ofu, piece)
                 self.closed_totals.add(piece, ofu, flops_per_s, shares)
+                if price is not None:
+                    add_window(self.closed_cost, loss, ofu, piece * price)
         self.loss_bins.evict(next_bin)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
@@ -202,6 +212,14 @@ class JobTracker:
             if k in self.loss_bins.bins:
                 loss.merge(self.loss_bins.bins[k])
         return loss
+
+    @property
+    def cost(self) -> LossTotals | None:
+        """Its cost account over its life, every window so far (jobs.cost); None while none had a price."""
+        cost = self.closed_cost.copy()
+        for open_bin in self._open.values():
+            cost.merge(open_bin.cost)
+        return cost if cost.exact_seconds > 0 else None
 
     def _mfu_sums(self) -> tuple[int, int]:
         seconds, weighted = self.closed_mfu_seconds, self.closed_mfu_weighted
@@ -293,6 +311,7 @@ class JobTracker:
             self.closed_totals.merge(open_bin.totals)
             self.closed_mfu_seconds += open_bin.exact_mfu_seconds
             self.closed_mfu_weighted += open_bin.exact_mfu_weighted
+            self.closed_cost.merge(open_bin.cost)
             account = self.loss_bins.bins.get(k)
             if account is not None:
                 self.closed_loss.merge(account)
@@ -318,8 +337,9 @@ class JobTracker:
             mfu[LIFE] = mfu_life
         loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
         loss[LIFE] = life
+        cost = self.closed_cost.copy() if self.closed_cost.exact_seconds > 0 else None
         return Snapshot(self.job_id, bin_end, gpus, bin_ofu, self.mfu.mean(bin_end - self._res, bin_end), ofu, mfu,
-                        rate, totals, self.regression.baseline, self.open_findings(), loss)
+                        rate, totals, self.regression.baseline, self.open_findings(), loss, cost)
 
     def end(self, reason: str) -> tuple[JobSummary, list[Transition]]:
         """The job's summary; findings still open close with it."""
@@ -336,5 +356,6 @@ class JobTracker:
             peak_gpus=max([self.peak_gpus, *(len(g) for g in self._bin_gpus.values())]), totals=self.totals,
             ofu_p10=self.histogram.quantile(0.1), ofu_p50=self.histogram.quantile(0.5),
             ofu_p90=self.histogram.quantile(0.9), mfu_reported=self.mfu_life, precisions=dict(self.precisions),
-            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss)
+            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss,
+            cost=self.cost)
         return summary, transitions

@@ -23,11 +23,23 @@ from collections.abc import Callable
 
 from otel_ofu.core.loss import USEFUL, LossTotals, gained_words, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
-from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.core.model import (
+    COST_CURRENCY,
+    JOB_ID,
+    LOSS_CAUSE,
+    LOSS_PART,
+    PRECISION,
+    Attributes,
+    Batch,
+    Event,
+    MetricPoint,
+    attrs,
+)
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.cost import Pricer, money, money_gained, total
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
     EVENT_FINDING_CLOSE,
@@ -50,6 +62,10 @@ from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.state import JobState, Outputs, layout_fingerprint
 from otel_ofu.jobs.tracker import LIFE, JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
+
+# A cost point's unit: money, in the currency its ofu.cost.currency attribute names (the registry holds one unit per
+# metric, and the currency is a setting).
+COST_UNIT = "{currency}"
 
 for _info in (
     MetricInfo("job.ofu", RATIO, "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
@@ -83,6 +99,20 @@ for _info in (
     MetricInfo("fleet.gpu_hours.gained", "h", "sum", "GPU-hours the jobs gained on a part (ofu.loss.part: `clock`, "
                "the SM clock boosting above f_ref) since this jobs processor started; job.ofu.gain.gpu_hours of "
                "every job together (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
+    MetricInfo("job.cost", COST_UNIT, "sum", "What the job's GPU time has cost since it started (the jobs "
+               "processor's cost: price per GPU-hour of each GPU, a MIG instance's part of it, a shared GPU's job "
+               "its share), by where it went (ofu.loss.part): `useful` (OFU) and each loss part; currency in "
+               "ofu.cost.currency. Summed over parts, less job.cost.gained: GPU-hours x price. Only for GPU time "
+               "with a price (docs/method.md#cost)."),
+    MetricInfo("job.cost.gained", COST_UNIT, "sum", "Money the job's windows gained on a part (ofu.loss.part: "
+               "`clock`, the SM clock boosting above f_ref), job.ofu.gain.gpu_hours x price; a series only once the "
+               "job gained on a GPU with a price."),
+    MetricInfo("fleet.cost", COST_UNIT, "sum", "What every GPU-hour with a price this jobs processor has seen since "
+               "it started has cost, by where it went (ofu.loss.part): `useful`, each loss part of the jobs, "
+               "`unknown`, and `unallocated` (GPU time of no job); currency in ofu.cost.currency. Summed over "
+               "instances and parts, less fleet.cost.gained: the fleet's GPU-hours x price."),
+    MetricInfo("fleet.cost.gained", COST_UNIT, "sum", "Money the jobs gained on a part (ofu.loss.part: `clock`) since "
+               "this jobs processor started: job.cost.gained of every job together."),
     MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
@@ -148,7 +178,7 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
     return f"finding cleared ({finding.kind}): {text}"
 
 
-def summary_attributes(summary: JobSummary) -> Attributes:
+def summary_attributes(summary: JobSummary, currency: str = "") -> Attributes:
     t = summary.totals
     out: dict[str, object] = {
         JOB_ID: summary.job_id, JOB_END_REASON: summary.reason,
@@ -160,9 +190,18 @@ def summary_attributes(summary: JobSummary) -> Attributes:
         "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
         "ofu.job.findings": len(summary.findings),
         **_largest_loss(summary.loss),
+        **_cost(summary.cost, currency),
         "ofu.job.precisions": ",".join(p for p, _ in sorted(summary.precisions.items(), key=lambda kv: -kv[1])),
     }
     return attrs(out)
+
+
+def _cost(cost: LossTotals | None, currency: str) -> dict[str, object]:
+    """The job end event's cost: all of it, what its loss parts lost, the currency; nothing without a price."""
+    if cost is None:
+        return {}
+    lost = math.fsum(value for part, value in money(cost).items() if part != USEFUL)
+    return {"ofu.job.cost": total(cost), "ofu.job.cost.wasted": lost, COST_CURRENCY: currency}
 
 
 def _largest_loss(loss: LossTotals) -> dict[str, object]:
@@ -237,6 +276,7 @@ class JobsProcessor(Processor):
         book, batches, unsent = self.state.load()
         if book is not None:
             self.book = book
+            self.book.pricer = Pricer(self.config.cost)  # the prices in force now, not those it was saved with
         for now, points in batches:  # their outputs are in the journal: not made again
             self.book.observe(points, now)
             self._fleet_points()  # ... fleet.gpu_hours too: the next goes out when it would have
@@ -329,7 +369,7 @@ class JobsProcessor(Processor):
         points: list[MetricPoint] = []
         events: list[Event] = [self._start_event(tracker) for tracker in update.started]
         for tracker, snapshot in update.snapshots:
-            points += self._snapshot_points(snapshot, tracker)
+            points += self._snapshot_points(snapshot, tracker, self.config.cost.currency)
         for tracker, transition in update.transitions:
             events.append(self._finding_event(tracker, transition))
             if transition.action == CLOSE:
@@ -338,9 +378,10 @@ class JobsProcessor(Processor):
                                           tracker.resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
                                           "{finding}"))
         for summary in update.ended:
-            events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
-                                self._end_text(summary)))
-            self.log.info("%s", self._end_text(summary))
+            text = self._end_text(summary, self.config.cost.currency)
+            events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource,
+                                summary_attributes(summary, self.config.cost.currency), text))
+            self.log.info("%s", text)
         points += self._fleet_points()
         return points, events
 
@@ -359,10 +400,18 @@ class JobsProcessor(Processor):
             return []
         self.book.fleet_emitted = (current, first)
         t, start = _ns(current * resolution), _ns(first * resolution)
-        return [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
-                for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
-                                            ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
-                for part, hours in hours_by_part.items()]
+        out = [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
+               for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
+                                           ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
+               for part, hours in hours_by_part.items()]
+        cost = self.book.fleet_cost
+        if cost.exact_seconds > 0:
+            currency = self.config.cost.currency
+            out += [MetricPoint(name, value, t, self._fleet_resource,
+                                attrs({LOSS_PART: part, COST_CURRENCY: currency}), COST_UNIT, True, start)
+                    for name, by_part in (("fleet.cost", money(cost)), ("fleet.cost.gained", money_gained(cost)))
+                    for part, value in by_part.items()]
+        return out
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
@@ -409,7 +458,7 @@ class JobsProcessor(Processor):
                      "WARN" if transition.action == OPEN else "INFO")
 
     @staticmethod
-    def _end_text(summary: JobSummary) -> str:
+    def _end_text(summary: JobSummary, currency: str = "") -> str:
         t = summary.totals
         ofu = f"{t.ofu_mean:.1%}" if t.ofu_mean is not None else "n/a"
         gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
@@ -417,11 +466,16 @@ class JobsProcessor(Processor):
         where = f" (largest loss: {part_title(largest[0])}, {largest[1]:.0%})" if largest else ""
         gained = summary.loss.gained_gpu_hours()
         gain = "".join(f" ({gained_words(part, hours)})" for part, hours in gained.items() if hours >= 0.005)
+        cost = ""
+        if summary.cost is not None:
+            numbers = _cost(summary.cost, currency)
+            cost = f", cost {numbers['ofu.job.cost']:.2f} {currency} ({numbers['ofu.job.cost.wasted']:.2f} wasted)"
         return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
-                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}, {len(summary.findings)} finding(s)")
+                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}{cost}, {len(summary.findings)} "
+                "finding(s)")
 
     @staticmethod
-    def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
+    def _snapshot_points(s: Snapshot, tracker: JobTracker, currency: str = "") -> list[MetricPoint]:
         resource, start = tracker.resource, _ns(tracker.first_start)
         t = _ns(s.time)
         out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w}), RATIO) for w, v in s.ofu.items()]
@@ -447,6 +501,11 @@ class JobsProcessor(Processor):
                                 start) for part, hours in life.gpu_hours().items() if part != USEFUL]
             out += [MetricPoint("job.ofu.gain.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
                                 start) for part, hours in life.gained_gpu_hours().items()]
+        if s.cost is not None:  # its money by part and what the clock gained: two counters, as the GPU-hours
+            out += [MetricPoint(name, value, t, resource, attrs({LOSS_PART: part, COST_CURRENCY: currency}),
+                                COST_UNIT, True, start)
+                    for name, by_part in (("job.cost", money(s.cost)), ("job.cost.gained", money_gained(s.cost)))
+                    for part, value in by_part.items()]
         if s.baseline is not None:
             out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
         out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
