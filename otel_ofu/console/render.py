@@ -178,11 +178,17 @@ def jobs_table(view: FleetView, limit: int) -> Table:
     table.add_column("OFU job", justify="right")
     table.add_column("MFU rep.", justify="right")
     table.add_column("largest loss", no_wrap=True, overflow="ellipsis", max_width=30)
+    priced = any(job.cost_lost_per_hour is not None for job in view.jobs[:limit])
+    if priced:
+        table.add_column("lost /h", justify="right", no_wrap=True)
     scale = trend_scale(view.jobs[:limit])
     table.add_column(f"OFU trend (0-{scale:.0%})", no_wrap=True)
     table.add_column("findings", ratio=1, overflow="fold")
     for job in view.jobs[:limit]:
-        table.add_row(*_job_cells(job, view.data_ns, scale), style=ENDED_STYLE if job.ended else None)
+        cells = _job_cells(job, view.data_ns, scale)
+        if priced:
+            cells.insert(6, cost_text(job) or MISSING)
+        table.add_row(*cells, style=ENDED_STYLE if job.ended else None)
     if len(view.jobs) > limit:
         table.add_row(f"… {len(view.jobs) - limit} more jobs", style=ENDED_STYLE)
     if not view.jobs:
@@ -204,6 +210,13 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
         findings.append(("\n" if findings else "") + "✓ " + finding_text(finding, data_ns, is_open=False), "dim")
     return [name, str(job.gpus), pct(job.ofu_now), pct(job.ofu_life), pct(job.mfu_reported),
             largest_loss_text(job, "\n"), sparkline(job.trend, scale), findings]
+
+
+def cost_text(job: JobRow, prefix: str = "") -> str:
+    """``12.34 USD/h``: what the job's loss parts are costing per hour (job.cost, prices set); "" without."""
+    if job.cost_lost_per_hour is None:
+        return ""
+    return f"{prefix}{job.cost_lost_per_hour:.2f} {job.currency}/h".rstrip()
 
 
 def _gain_shown(job: JobRow) -> bool:
@@ -273,7 +286,7 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
         loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else \
             f", {largest_loss_text(job)}" if _gain_shown(job) else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
-                     f"{pct(job.ofu_life)} over the job{mfu}{loss}")
+                     f"{pct(job.ofu_life)} over the job{mfu}{loss}{cost_text(job, ', losing ')}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]
         lines += [f"    {finding_text(f, view.data_ns, is_open=False)}" for f in job.closed_findings]
     if gpus and view.gpus:
