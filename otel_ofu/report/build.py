@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_ofu.core import specs, tiles
-from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, LossTotals
+from otel_ofu.core.exact import to_float
+from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, UNALLOCATED, USEFUL, LossTotals
 from otel_ofu.core.model import (
     GPU_INDEX,
     HW_ID,
@@ -53,6 +54,7 @@ from otel_ofu.core.model import (
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.cost import money, money_gained, total
 from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.tracker import JobSummary
@@ -583,8 +585,19 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "loss_gpu_hours": lost_gpu_hours(s.loss),
         "gain_gpu_hours": s.loss.gained_gpu_hours(),
         "largest_loss": largest_record(s.loss),
+        **cost_record(s.cost),
         "findings": job.findings,
     }
+
+
+def cost_record(cost: LossTotals | None) -> dict[str, Any]:
+    """A job's (or the fleet's) cost in the report's JSON: all of it, what its loss parts lost, by part and gained
+    (jobs.cost); nulls without a price."""
+    if cost is None:
+        return {"cost": None, "wasted_cost": None, "cost_by_part": None, "gained_cost": None}
+    by_part = money(cost)
+    return {"cost": total(cost), "wasted_cost": math.fsum(v for part, v in by_part.items() if part != USEFUL),
+            "cost_by_part": by_part, "gained_cost": math.fsum(money_gained(cost).values())}
 
 
 def gpu_record(gpu: GpuReport) -> dict[str, Any]:
@@ -624,9 +637,13 @@ def report_json(report: Report) -> dict[str, Any]:
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
                   "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours(),
-                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours()},
+                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours(),
+                  "currency": book.config.cost.currency if book.config.cost.enabled else None,
+                  **cost_record(_fleet_cost(report)),
+                  "unpriced_gpu_hours": {key: to_float(count) / 3600.0 for key, count in book.unpriced.items()}},
         "recommendations": recommendations(_job_losses(report), book.fleet_loss,
-                                           fleet_factors=_fleet_tile_factors(report)),
+                                           fleet_factors=_fleet_tile_factors(report), costs=_job_costs(report),
+                                           fleet_cost=_fleet_cost(report)),
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
@@ -635,6 +652,17 @@ def report_json(report: Report) -> dict[str, Any]:
 def _job_losses(report: Report) -> list[tuple[str, LossTotals]]:
     """Each job's life account, by job id: what the breakdown and the recommendations read."""
     return [(j.summary.job_id, j.summary.loss) for j in report.jobs]
+
+
+def _job_costs(report: Report) -> list[LossTotals | None]:
+    """Each job's cost account (jobs.cost), in the order of _job_losses; None for a job with no price."""
+    return [j.summary.cost for j in report.jobs]
+
+
+def _fleet_cost(report: Report) -> LossTotals | None:
+    """The fleet's cost account; None when no GPU had a price."""
+    cost = report.book.fleet_cost
+    return cost if cost.exact_seconds > 0 else None
 
 
 def _fleet_tile_factors(report: Report) -> dict[str, float]:
@@ -702,8 +730,19 @@ REPORT_FIELDS: dict[str, str] = {
                             "`gpu_hours`",
     "fleet.gain_gpu_hours": "mapping: part -> GPU hours the jobs gained on it (`clock`: the SM clock boosting above "
                             "f_ref); empty without a gain",
-    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
+    "fleet.currency": "the currency of every cost (the jobs settings' cost.currency); null without prices",
+    "fleet.cost": "what every GPU-hour with a price cost (docs/method.md#cost): its parts less `gained_cost`; null "
+                  "without a price",
+    "fleet.wasted_cost": "what the jobs' loss parts and the GPUs with no job (`unallocated`) lost of it",
+    "fleet.cost_by_part": "mapping: part -> money: `useful`, each loss part of the jobs, `unknown`, `unallocated`",
+    "fleet.gained_cost": "money the clock boosting above f_ref gained (counted apart, as the GPU-hours are)",
+    "fleet.unpriced_gpu_hours": "mapping: what a GPU is priced by (its model, or the cost.by attribute's value; \"\" "
+                                "when it has none) -> GPU hours with no price, left out of every cost; empty when all "
+                                "had one or no prices are set",
+    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first (by money "
+                                "where prices are set, those with no price after them; else by GPU-hours), at most "
                                 "5, none under 0.01 GPU h",
+    "recommendations[].cost": "what it lost in money (`fleet.currency`); null without a price",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
     "recommendations[].cause": "its dominant cause (the clock's event reason, memory-bound or not); null for the "
                                "other parts",
@@ -749,6 +788,11 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
     "jobs[].largest_loss.cause": "its dominant cause, when the part has one (clock, non-tensor)",
     "jobs[].largest_loss.advice": "what to look at first",
+    "jobs[].cost": "what its GPU time cost (GPU h x the price of each GPU, window by window; docs/method.md#cost): "
+                   "its parts less `gained_cost`; null when none of its GPUs had a price",
+    "jobs[].wasted_cost": "what its loss parts lost of it (the money of `wasted_gpu_hours`)",
+    "jobs[].cost_by_part": "mapping: part -> money (`useful` and each loss part)",
+    "jobs[].gained_cost": "money its clock boosting above f_ref gained, counted apart",
     "jobs[].findings[].kind": "`mfu_gap` (the MFU audit) or `regression`",
     "jobs[].findings[].cause": "the likely cause, a code: `flop_formula_overcount`, "
                                "`uncounted_padding_or_recompute`, `sustained_ofu_drop`",
@@ -847,15 +891,68 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
 TABLE_COLUMNS = ("job", "GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings")
 
 
+def _priced(report: Report) -> bool:
+    """Whether the report has costs: prices are set and some GPU had one."""
+    return _fleet_cost(report) is not None
+
+
+def table_columns(report: Report) -> tuple[str, ...]:
+    """The jobs table's columns: with costs, what each job cost and what its loss parts lost, before findings."""
+    if not _priced(report):
+        return TABLE_COLUMNS
+    currency = report.book.config.cost.currency
+    return (*TABLE_COLUMNS[:-1], f"cost {currency}", f"wasted {currency}", TABLE_COLUMNS[-1])
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table_rows(report: Report) -> list[tuple[str, ...]]:
+    """The jobs table's rows; with costs, by the money their loss parts lost (those with no price last), else as
+    report.jobs has them (by wasted GPU hours)."""
+    priced = _priced(report)
+    jobs = report.jobs
+    if priced:
+        jobs = sorted(jobs, key=lambda j: (j.summary.cost is None,
+                                           -(cost_record(j.summary.cost)["wasted_cost"] or 0.0)))
     rows = []
-    for job in report.jobs:
+    for job in jobs:
         s, t = job.summary, job.summary.totals
         kinds = ", ".join(f"{f['kind']}@+{f['minutes_into_job']:.0f}m" for f in job.findings) or "-"
+        costs = cost_record(s.cost)
+        money_cells = (_money(costs["cost"]), _money(costs["wasted_cost"])) if priced else ()
         rows.append((s.job_id, str(s.gpus), f"{t.gpu_hours:.2f}", _pct(t.ofu_mean), _pct(s.ofu_p10), _pct(s.ofu_p50),
                      _pct(s.ofu_p90), _si(t.flop if t.flops_known else None, "FLOP"), f"{t.wasted_gpu_hours:.2f}",
-                     kinds))
+                     *money_cells, kinds))
     return rows
+
+
+def cost_lines(report: Report) -> list[str]:
+    """The fleet's cost in one line, and the GPU-hours with no price (by what they would be priced by)."""
+    fleet_cost = _fleet_cost(report)
+    config = report.book.config.cost
+    if not config.enabled:
+        return []
+    out = []
+    if fleet_cost is not None:
+        costs = cost_record(fleet_cost)
+        by_part = costs["cost_by_part"]
+        idle = by_part.get(UNALLOCATED, 0.0)
+        jobs_lost = costs["wasted_cost"] - idle
+        out.append(f"Cost {costs['cost']:.2f} {config.currency} over the GPU-hours with a price: the jobs lost "
+                   f"{jobs_lost:.2f} ({_pct(_ratio(jobs_lost, costs['cost']))}) to their loss parts, "
+                   f"{idle:.2f} went to GPUs with no job, {by_part.get(USEFUL, 0.0):.2f} to useful work (OFU; "
+                   "docs/method.md#cost).")
+    unpriced = {key: to_float(count) / 3600.0 for key, count in report.book.unpriced.items()}
+    if unpriced:
+        by = "model" if config.by == "model" else config.by
+        which = ", ".join(f"{key or f'no {by}'} ({hours:.2f} GPU h)" for key, hours in
+                          sorted(unpriced.items(), key=lambda kv: -kv[1]))
+        out.append(f"No price for {sum(unpriced.values()):.2f} GPU h, left out of the cost (never counted at 0): "
+                   f"{by} {which}; add it to the jobs processor's cost.per_gpu_hour or set cost.default "
+                   "(docs/jobs.md#cost).")
+    return out
 
 
 def _aligned(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
@@ -960,12 +1057,15 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
                  if report.jobs else "")
     out.append(f"Fleet OFU {_pct(fleet['ofu_mean'])} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs "
                f"included{jobs_part}.")
+    out += cost_lines(report)
     out.append("")
     if report.jobs:
-        out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
+        columns = table_columns(report)
+        out += _aligned([columns, *table_rows(report)], set(range(1, len(columns) - 1)))
         out += flops_hint(report)
         out.append("")
-        out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report))
+        out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report),
+                               _job_costs(report), _fleet_cost(report), report.book.config.cost.currency)
         out.append("")
     else:
         out.append(no_jobs_hint(report, fleet["gpus"]))
@@ -975,8 +1075,12 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
         out.append("")
     if report.jobs:
         out += findings_lines(report)
-        out.append("Jobs are sorted by wasted GPU hours: the GPU time their loss parts lost "
-                   "(docs/method.md#wasted-gpu-hours-and-the-clock-gain).")
+        if _priced(report):
+            out.append(f"Jobs are sorted by wasted {report.book.config.cost.currency}: what the GPU time their loss "
+                       "parts lost cost (docs/method.md#cost).")
+        else:
+            out.append("Jobs are sorted by wasted GPU hours: the GPU time their loss parts lost "
+                       "(docs/method.md#wasted-gpu-hours-and-the-clock-gain).")
     return "\n".join(out).rstrip()
 
 
@@ -986,7 +1090,7 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
                          "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
                          "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS),
-                         "gained_gpu_hours"])
+                         "gained_gpu_hours", "cost", "wasted_cost", "currency"])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
@@ -994,4 +1098,5 @@ def write_csv(report: Report, path: str | Path) -> None:
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
-                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"]])
+                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"], r["cost"],
+                             r["wasted_cost"], report.book.config.cost.currency if r["cost"] is not None else None])
