@@ -123,6 +123,14 @@ def test_one_price_makes_each_part_its_gpu_hours_times_the_price():
         4.0 * _last(series, "job.ofu.gain.gpu_hours")[CLOCK], rel=1e-9)
 
 
+def test_a_gpu_without_a_price_is_said_once(caplog):
+    """The A100 has no price: one warning naming it, however many windows it sends."""
+    with caplog.at_level("WARNING"):
+        _run([[_THROTTLED, _THROTTLED, _THROTTLED]] * 5)
+    said = [r.getMessage() for r in caplog.records if "have no price" in r.getMessage()]
+    assert len(said) == 1 and f"model {A100!r}" in said[0] and "cost.default" in said[0]
+
+
 def test_without_a_price_there_is_no_cost_metric_at_all():
     """No cost settings, or none for these GPUs: no job.cost or fleet.cost point, never a cost of 0."""
     steps = [[_THROTTLED, _THROTTLED, _THROTTLED]] * 5

@@ -253,6 +253,7 @@ class JobsProcessor(Processor):
         self._clock = clock
         self._warned_future_at = -math.inf
         self._logged: set[tuple[str, str]] = set()  # (problem, job id) already logged
+        self._unpriced_logged: set[str] = set()  # what GPUs with no price are priced by, already logged
         self.state: JobState | None = None
         self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric,
                                          *config.tflops_metrics})
@@ -366,6 +367,7 @@ class JobsProcessor(Processor):
             self.context.telemetry.add("otel_ofu.jobs.skipped", count, reason=reason)
         self.context.telemetry.set("otel_ofu.jobs.reports.pending", self.book.pending_reports)
         self._log_report_problems(update)
+        self._log_unpriced()
         points: list[MetricPoint] = []
         events: list[Event] = [self._start_event(tracker) for tracker in update.started]
         for tracker, snapshot in update.snapshots:
@@ -412,6 +414,18 @@ class JobsProcessor(Processor):
                     for name, by_part in (("fleet.cost", money(cost)), ("fleet.cost.gained", money_gained(cost)))
                     for part, value in by_part.items()]
         return out
+
+    def _log_unpriced(self) -> None:
+        """Once per model (or cost.by value): GPUs with no price, whose time has no cost."""
+        new = self.book.unpriced.keys() - self._unpriced_logged
+        if not new:
+            return
+        self._unpriced_logged |= new
+        by = self.config.cost.by
+        for key in sorted(new):
+            self.log.warning("jobs: GPUs with %s %s have no price: their GPU time has no cost (not a cost of 0); add "
+                             "it to cost.per_gpu_hour or set cost.default (docs/jobs.md#cost). Logged once.", by,
+                             repr(key) if key else "(none)")
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
