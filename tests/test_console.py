@@ -431,7 +431,8 @@ def test_a_priced_job_shows_what_its_losses_cost_per_hour(monkeypatch):
     assert row.cost_lost_per_hour == pytest.approx((1 - values[-1]) * 3.6, rel=1e-6)
     text = "\n".join(render.plain_lines(state.view(), gpus=False))
     assert f"losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in text
-    assert "lost /h" in _rich_text(state.view(), monkeypatch, no_color=True)
+    assert f"jobs losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in text  # the fleet's header
+    assert f"jobs losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in _rich_text(state.view(), monkeypatch, no_color=True)
     unpriced = FleetState(clock=Clock())
     unpriced.update(Batch(points=ofu_points(gpu_resource(), T0, 0.4)))
     assert "/h" not in "\n".join(render.plain_lines(unpriced.view(), gpus=False))

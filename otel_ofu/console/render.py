@@ -133,7 +133,7 @@ def header_facts(view: FleetView) -> tuple[str, str, str, str]:
     t = view.totals
     gained = f" ({gained_words(CLOCK, t.gained_gpu_hours)})" if t.gained_gpu_hours >= 0.005 else ""
     ofu = (f"OFU now {pct(view.ofu_now)}, mean OFU {pct(t.ofu_mean)} over {t.gpu_hours:.2f} GPU h, "
-           f"wasted {t.wasted_gpu_hours:.2f} GPU h{gained}")
+           f"wasted {t.wasted_gpu_hours:.2f} GPU h{gained}{fleet_cost_text(view)}")
     return gpus, missing, ofu, f"findings open: {view.open_findings}"
 
 
@@ -178,17 +178,11 @@ def jobs_table(view: FleetView, limit: int) -> Table:
     table.add_column("OFU job", justify="right")
     table.add_column("MFU rep.", justify="right")
     table.add_column("largest loss", no_wrap=True, overflow="ellipsis", max_width=30)
-    priced = any(job.cost_lost_per_hour is not None for job in view.jobs[:limit])
-    if priced:
-        table.add_column("lost /h", justify="right", no_wrap=True)
     scale = trend_scale(view.jobs[:limit])
     table.add_column(f"OFU trend (0-{scale:.0%})", no_wrap=True)
     table.add_column("findings", ratio=1, overflow="fold")
     for job in view.jobs[:limit]:
-        cells = _job_cells(job, view.data_ns, scale)
-        if priced:
-            cells.insert(6, cost_text(job) or MISSING)
-        table.add_row(*cells, style=ENDED_STYLE if job.ended else None)
+        table.add_row(*_job_cells(job, view.data_ns, scale), style=ENDED_STYLE if job.ended else None)
     if len(view.jobs) > limit:
         table.add_row(f"… {len(view.jobs) - limit} more jobs", style=ENDED_STYLE)
     if not view.jobs:
@@ -210,6 +204,16 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
         findings.append(("\n" if findings else "") + "✓ " + finding_text(finding, data_ns, is_open=False), "dim")
     return [name, str(job.gpus), pct(job.ofu_now), pct(job.ofu_life), pct(job.mfu_reported),
             largest_loss_text(job, "\n"), sparkline(job.trend, scale), findings]
+
+
+def fleet_cost_text(view: FleetView) -> str:
+    """``, jobs losing 61.20 USD/h``: what the running jobs' loss parts cost per hour together (job.cost, prices
+    set); "" without. A job's own is on its line in plain text (the live table has no room for a column)."""
+    running = [job for job in view.jobs if job.cost_lost_per_hour is not None and not job.ended]
+    currencies = {job.currency for job in running}
+    if not running or len(currencies) != 1:
+        return ""
+    return f", jobs losing {sum(job.cost_lost_per_hour or 0.0 for job in running):.2f} {currencies.pop()}/h"
 
 
 def cost_text(job: JobRow, prefix: str = "") -> str:
