@@ -162,6 +162,13 @@ _ATTRIBUTES = (
                   "per-pod DCGM_FI_DEV_GPU_UTIL), `even` (nothing measured each job's use, or none used it), "
                   "`mig_profile` (MIG devices of one profile on one GPU whose instance is not known: each job an even "
                   "part of each; docs/sharing.md).", ("processors/ofu",), ("gpu.job.share",)),
+    AttributeInfo("ofu.energy.basis", POINT, "How gpu.energy was found: `counter` (the increase of the GPU's energy "
+                  "counter: DCGM 156 or 1611, NVML total energy) or `power_x_time` (the power reading x the window's "
+                  "time, where the source has no counter: an estimate; docs/method.md#energy-per-job).",
+                  ("processors/ofu",), ("gpu.energy",)),
+    AttributeInfo("ofu.energy.use", POINT, "Whose GPUs fleet.energy went to: `jobs` (GPU windows of a job) or "
+                  "`unallocated` (GPUs of no job, ignored jobs, shared GPUs not counted).", ("processors/jobs",),
+                  ("fleet.energy",)),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",

@@ -78,5 +78,13 @@ class CounterTracker:
         """Drop a series (its GPU left): its next reading is a first one."""
         self._last.pop(key, None)
 
+    def forget_before(self, time_unix_nano: int) -> int:
+        """Drop the series whose last good reading is older than ``time_unix_nano`` (GPUs that left);
+        returns how many."""
+        old = [key for key, (t, _) in self._last.items() if t < time_unix_nano]
+        for key in old:
+            del self._last[key]
+        return len(old)
+
     def __len__(self) -> int:
         return len(self._last)

@@ -46,6 +46,13 @@ _METRICS = (
                "The part of a GPU (or MIG instance) several jobs hold that this point set's job held in the window: "
                "its share of the GPU's time, FLOPs, loss and energy; the shares of one GPU's jobs add up to 1. "
                "ofu.share.basis says how it was split (docs/sharing.md). None on a GPU one job holds (all of it)."),
+    MetricInfo("gpu.energy", "J", "gauge",
+               "The energy the GPU used in the window ending at the point's time (since its previous sample): the "
+               "increase of its energy counter (DCGM 156 or 1611, NVML total energy), or power x the window's time "
+               "where the source has no counter (ofu.energy.basis says which). A MIG instance's is its slices' share "
+               "of the device's (gpu.mig.share), a shared GPU's job's its share (gpu.job.share): the parts add up to "
+               "the device's. None, never 0, where the counter is blank or on a GPU's first sample "
+               "(docs/method.md#energy-per-job)."),
     MetricInfo("gpu.mig.share", RATIO, "gauge",
                "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
                "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
@@ -143,7 +150,7 @@ TRAINING_REPORT_METRICS: tuple[str, ...] = (MFU_REPORT_METRIC, *TFLOPS_REPORT_ME
 GPU_METRICS: tuple[str, ...] = (
     "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.loss", "gpu.tensor.activity",
     "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons", "gpu.sm.activity",
-    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped", "gpu.job.share",
+    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped", "gpu.job.share", "gpu.energy",
 )
 # The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
 OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
@@ -197,7 +204,7 @@ _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.
                 "gpu.job.share", "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.sm.clock.max",
                 "gpu.power.usage",
                 "gpu.clock.event_reasons", "gpu.sm.activity", "gpu.graphics_engine.activity", "gpu.dram.activity",
-                "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
+                "gpu.ofu.dropped", "otel_ofu.ofu.dropped", "gpu.energy")
 _EMITTED_BY: dict[str, tuple[str, ...]] = {
     **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
     "sim.gpu.mfu.true": ("receivers/sim",),

@@ -20,6 +20,26 @@ def _default_copy_attributes() -> list[str]:
 
 
 DEFAULT_MAX_GAP_S = 120.0  # JobsConfig.max_gap's default
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass
+class CarbonConfig:
+    """Emissions per job (job.emissions, grams of CO2-equivalent) from its energy (docs/method.md#energy-per-job)."""
+
+    # The carbon intensity of the GPUs' electricity, g CO2e per kWh (your grid's or provider's figure, e.g.
+    # a yearly average); unset: no job.emissions.
+    grams_per_kwh: float | None = None
+
+    def validate(self) -> None:
+        if self.grams_per_kwh is not None:
+            require(0 <= self.grams_per_kwh <= 5000, "grams_per_kwh",
+                    f"expected g CO2e per kWh within [0, 5000], got {self.grams_per_kwh}")
+
+    def grams(self, joules: float) -> float | None:
+        """The emissions of ``joules`` of energy; None when no intensity is set."""
+        return None if self.grams_per_kwh is None else joules / JOULES_PER_KWH * self.grams_per_kwh
+
 
 @dataclass
 class JobsConfig:
@@ -57,6 +77,7 @@ class JobsConfig:
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)
     # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
     # crash; at shutdown jobs are then kept, not ended (docs/fleet.md). Unset: in memory only.
     storage: str | None = None
@@ -99,7 +120,8 @@ class JobsConfig:
 
     def state_key(self) -> JobsConfig:
         """The settings a saved state depends on (not where or how often it is saved)."""
-        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True)
+        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True,
+                       carbon=CarbonConfig())
 
     @property
     def retention_s(self) -> float:

@@ -127,26 +127,30 @@ class JobTracker:
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
                        precision: str | None = None, source: Any = None, weight: float = 1.0,
-                       loss: Parts | None = None) -> None:
+                       loss: Parts | None = None, energy: float | None = None) -> None:
         """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
         ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
-        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
+        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted.
+        ``energy``: the job's energy in the window (J, its part already: gpu.energy), shared among the bins the
+        window overlaps as its time is."""
         seconds = (end - start) * weight
         self._touch(start, end)
         next_bin = self._next_bin
         assert next_bin is not None
         shares = window_shares(loss, ofu)  # its parts lost (waste) and gained apart: neither counter falls
-        for k, overlap in bin_pieces(start, end, self._res):  # bin by bin: a snapshot counts up to its bin's end
+        pieces = bin_pieces(start, end, self._res)
+        for k, overlap in pieces:  # bin by bin: a snapshot counts up to its bin's end
             piece = overlap * weight
+            joules = None if energy is None else energy if len(pieces) == 1 else energy * (overlap / (end - start))
             add_window(self.loss_bins.bin(k), loss, ofu, piece)
             if k >= next_bin:
                 open_bin = self._open.get(k)
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
-                open_bin.totals.add(piece, ofu, flops_per_s, shares)
+                open_bin.totals.add(piece, ofu, flops_per_s, shares, joules)
             else:  # late for a bin already closed: into the life values at once
                 add_window(self.closed_loss, loss, ofu, piece)
-                self.closed_totals.add(piece, ofu, flops_per_s, shares)
+                self.closed_totals.add(piece, ofu, flops_per_s, shares, joules)
         self.loss_bins.evict(next_bin)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end

@@ -23,9 +23,20 @@ from collections.abc import Callable
 
 from otel_ofu.core.loss import USEFUL, LossTotals, gained_words, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
-from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.core.model import (
+    ENERGY_USE,
+    JOB_ID,
+    LOSS_CAUSE,
+    LOSS_PART,
+    PRECISION,
+    Attributes,
+    Batch,
+    Event,
+    MetricPoint,
+    attrs,
+)
 from otel_ofu.jobs.aggregate import window_label
-from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
+from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
@@ -83,6 +94,20 @@ for _info in (
     MetricInfo("fleet.gpu_hours.gained", "h", "sum", "GPU-hours the jobs gained on a part (ofu.loss.part: `clock`, "
                "the SM clock boosting above f_ref) since this jobs processor started; job.ofu.gain.gpu_hours of "
                "every job together (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
+    MetricInfo("job.energy", "J", "sum", "Energy the job's GPUs used since it started: each GPU window's gpu.energy "
+               "(its counter's increase, or power x time where there is none), a shared GPU's and a MIG instance's "
+               "by the job's part; only windows whose energy is known (docs/method.md#energy-per-job)."),
+    MetricInfo("job.energy.per_useful_pflop", "J/{pflop}", "gauge", "Joules per PFLOP of useful work (10^15 FLOPs "
+               "at OFU, job.flops) over the job's life, over the windows whose energy and FLOPs are both known. "
+               "Over a rolling window: increase(job.energy) / (increase(job.flops) / 1e15) in the backend."),
+    MetricInfo("job.emissions", "g", "sum", "Grams of CO2-equivalent of the job's energy since it started: "
+               "job.energy in kWh x the jobs processor's carbon.grams_per_kwh (only when that is set)."),
+    MetricInfo("fleet.energy", "J", "sum", "Energy of every GPU window this jobs processor has seen since it "
+               "started, by whose GPUs it went to (ofu.energy.use: `jobs`, `unallocated`); summed over instances: "
+               "the fleet's."),
+    MetricInfo("fleet.energy.per_useful_pflop", "J/{pflop}", "gauge", "The jobs' joules per PFLOP of useful work "
+               "since this jobs processor started, over the windows whose energy and FLOPs are both known (the "
+               "unallocated GPUs' energy is in fleet.energy, not here)."),
     MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
@@ -90,7 +115,8 @@ for _info in (
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, bad_share: a gpu.job.share outside 0..1, mfu_without_job, "
+               "(out_of_order, not_finite, bad_share: a gpu.job.share outside 0..1, bad_energy: a gpu.energy below 0 "
+               "or not finite (the window counts without energy), mfu_without_job, "
                "tflops_without_peak, future: stamped more than max_future beyond its host's usual lead over this "
                "process's clock)."),
     MetricInfo("otel_ofu.jobs.reports.pending", "{point}", "gauge", "Reports (MFU, TFLOP/s) held for jobs no GPU "
@@ -158,6 +184,7 @@ def summary_attributes(summary: JobSummary) -> Attributes:
         "ofu.job.ofu.mean": t.ofu_mean,
         "ofu.job.ofu.p10": summary.ofu_p10, "ofu.job.ofu.p50": summary.ofu_p50, "ofu.job.ofu.p90": summary.ofu_p90,
         "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
+        "ofu.job.energy": t.energy, "ofu.job.energy.per_useful_pflop": t.energy_per_useful_pflop,
         "ofu.job.findings": len(summary.findings),
         **_largest_loss(summary.loss),
         "ofu.job.precisions": ",".join(p for p, _ in sorted(summary.precisions.items(), key=lambda kv: -kv[1])),
@@ -215,8 +242,8 @@ class JobsProcessor(Processor):
         self._warned_future_at = -math.inf
         self._logged: set[tuple[str, str]] = set()  # (problem, job id) already logged
         self.state: JobState | None = None
-        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric,
-                                         *config.tflops_metrics})
+        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, SHARE_METRIC, ENERGY_METRIC,
+                                         config.mfu_metric, *config.tflops_metrics})
         # fleet.gpu_hours: this instance's (summed over instances: the fleet's), once per resolution bin
         host = socket.gethostname()
         self._fleet_resource = attrs({"service.name": "otel-ofu", "service.instance.id": f"{host}:{os.getpid()}"})
@@ -359,10 +386,18 @@ class JobsProcessor(Processor):
             return []
         self.book.fleet_emitted = (current, first)
         t, start = _ns(current * resolution), _ns(first * resolution)
-        return [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
-                for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
-                                            ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
-                for part, hours in hours_by_part.items()]
+        out = [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
+               for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
+                                           ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
+               for part, hours in hours_by_part.items()]
+        energy = self.book.fleet_energy
+        if energy.known:
+            out += [MetricPoint("fleet.energy", joules, t, self._fleet_resource, attrs({ENERGY_USE: use}), "J", True,
+                                start) for use, joules in energy.by_use().items()]
+            if (per_pflop := energy.per_useful_pflop) is not None:
+                out.append(MetricPoint("fleet.energy.per_useful_pflop", per_pflop, t, self._fleet_resource, (),
+                                       "J/{pflop}"))
+        return out
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
@@ -422,6 +457,7 @@ class JobsProcessor(Processor):
 
     @staticmethod
     def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
+        carbon = tracker.config.carbon
         resource, start = tracker.resource, _ns(tracker.first_start)
         t = _ns(s.time)
         out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w}), RATIO) for w, v in s.ofu.items()]
@@ -434,6 +470,12 @@ class JobsProcessor(Processor):
         out.append(MetricPoint("job.wasted_gpu_hours", s.totals.wasted_gpu_hours, t, resource, (), "h", True, start))
         if s.totals.flops_known:
             out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
+        if (energy := s.totals.energy) is not None:
+            out.append(MetricPoint("job.energy", energy, t, resource, (), "J", True, start))
+            if (per_pflop := s.totals.energy_per_useful_pflop) is not None:
+                out.append(MetricPoint("job.energy.per_useful_pflop", per_pflop, t, resource, (), "J/{pflop}"))
+            if (grams := carbon.grams(energy)) is not None:
+                out.append(MetricPoint("job.emissions", grams, t, resource, (), "g", True, start))
         for window, loss in s.loss.items():
             for part, share in loss.shares().items():
                 if part == USEFUL:

@@ -26,10 +26,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from otel_ofu.core import specs
+from otel_ofu.core.counters import CounterTracker
 from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
+    ENERGY_BASIS,
+    ENERGY_COUNTER,
+    ENERGY_POWER_X_TIME,
     FREF_SOURCE,
     GPU_INDEX,
     HOST_NAME,
@@ -63,6 +67,9 @@ _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 _RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
 _SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
+# GpuSample.source of a sample made again from another otel-ofu's points (recompute): its energy came with
+# them as gpu.energy (passed on), so none is worked out here from its re-emitted power.
+RECOMPUTED_SOURCE = "otel-ofu"
 
 
 def _iso(time_unix_nano: int) -> str:
@@ -164,9 +171,30 @@ class LossConfig:
 
 
 @dataclass
+class EnergyConfig:
+    """gpu.energy: the energy each GPU window used (docs/method.md#energy-per-job)."""
+
+    enabled: bool = True  # emit gpu.energy where the source has an energy counter or a power reading
+    # Where the source has no energy counter (DCGM 156/1611, NVML total energy): the power reading x the
+    # time since the GPU's previous sample (ofu.energy.basis power_x_time); false: no energy without a counter.
+    power_x_time: bool = True
+    # A power reading stands for at most this long: after a longer gap since the GPU's previous sample its
+    # window gets no power_x_time energy (a counter's increase covers any gap).
+    max_power_gap: Duration = field(default_factory=lambda: Duration(120))
+    # A GPU's last counter reading is forgotten after this long (data time) without a sample of it: it
+    # left, and its next reading (if it comes back) is a first one, which gives no energy.
+    forget_after: Duration = field(default_factory=lambda: Duration(3600))
+
+    def validate(self) -> None:
+        require(self.max_power_gap > 0, "max_power_gap", "must be positive")
+        require(self.forget_after > 0, "forget_after", "must be positive")
+
+
+@dataclass
 class OfuProcessorConfig:
     tile_correction: TileCorrectionConfig = field(default_factory=TileCorrectionConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
     # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table; "*" for
     # every model the table does not know (and samples that name none).
     reference_clocks: dict[str, float] = field(default_factory=dict)
@@ -228,6 +256,12 @@ class OfuProcessor(Processor):
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
         self._job_factors = Cache("ofu job tile corrections", _ATTRIBUTES_CACHE_SIZE)  # job id -> (overrides,)
+        # Energy, per device (host, UUID or index: a MIG instance's is its GPU's): the counter's last reading,
+        # and its last window (time, joules or None, basis) so that the samples of one device and window (a
+        # shared GPU's jobs, a GPU's MIG instances) take their parts of one increase. See _device_energy.
+        self._energy_counter = CounterTracker()
+        self._energy_windows: dict[tuple[str, str], tuple[int, float | None, str]] = {}
+        self._energy_next_sweep = 0  # data time (ns) of the next look for devices that left
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -309,7 +343,7 @@ class OfuProcessor(Processor):
                          values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
                          values.get("max_sm_clock_mhz"), values.get("power_w"), values.get("clock_event_reasons"),
                          values.get("sm_active"), values.get("gr_active"), values.get("dram_active"),
-                         source="otlp",
+                         source=RECOMPUTED_SOURCE,
                          job_id=None if r.get(JOB_ID) is None else str(r[JOB_ID]),
                          precision=None if r.get(PRECISION) is None else str(r[PRECISION]),
                          resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra,
@@ -346,10 +380,14 @@ class OfuProcessor(Processor):
         cal: Calibration | None = gpu.calibration  # type: ignore[assignment]
         result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, cfg.tpa_tolerance, share)
         point_attrs, ofu_attrs_by_fref, loss_attrs, layouts = self._point_attributes(sample.attributes)
+        energy = self._energy(sample, gpu) if cfg.energy.enabled and sample.source != RECOMPUTED_SOURCE else None
         if not isinstance(result, OfuResult):
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
             out = [self._drop(sample, result, resource, t)]
+            if energy is not None:  # a window without OFU used energy too
+                out.append(MetricPoint("gpu.energy", energy[0], t, resource,
+                                       attrs({**sample.attributes, ENERGY_BASIS: energy[1]}), "J"))
             if cfg.emit_inputs:
                 inputs: list[float] = []
                 present = self._input_values(sample, result, inputs)
@@ -375,6 +413,8 @@ class OfuProcessor(Processor):
             values.append(share)  # type: ignore[arg-type]
         if job_share is not None:
             values.append(job_share)
+        if energy is not None:
+            values.append(energy[0])
         loss = None
         if cfg.loss.enabled:
             names, shares, memory, clock = loss_shares(
@@ -384,7 +424,7 @@ class OfuProcessor(Processor):
             values += shares
         present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
         layout_key = (result.fref_source, flops is not None, gpu.mig, None if job_share is None else sample.share_basis,
-                      loss, present)
+                      None if energy is None else energy[1], loss, present)
         layout = layouts.get(layout_key)
         if layout is None:
             layout = layouts[layout_key] = self._layout(sample, layout_key, ofu_attrs_by_fref, loss_attrs,
@@ -401,7 +441,7 @@ class OfuProcessor(Processor):
     def _layout(sample: GpuSample, key: tuple, ofu_attrs_by_fref: dict[str, Attributes],
                 loss_attrs: dict[tuple, tuple[Attributes, ...]], point_attrs: Attributes) -> PointLayout:
         """The names, units and attributes of a GPU window's points (see :meth:`_sample_output`), for its key."""
-        fref_source, flops, mig, share_basis, loss, present = key
+        fref_source, flops, mig, share_basis, energy_basis, loss, present = key
         ofu_attrs = ofu_attrs_by_fref.get(fref_source)
         if ofu_attrs is None:
             ofu_attrs = ofu_attrs_by_fref[fref_source] = attrs({**sample.attributes, FREF_SOURCE: fref_source})
@@ -415,6 +455,8 @@ class OfuProcessor(Processor):
         if share_basis is not None:
             # A shared GPU's job: its part of the GPU (docs/sharing.md), and how the split was made.
             points.append(("gpu.job.share", RATIO, attrs({**dict(ofu_attrs), SHARE_BASIS: share_basis})))
+        if energy_basis is not None:
+            points.append(("gpu.energy", "J", attrs({**sample.attributes, ENERGY_BASIS: energy_basis})))
         if loss is not None:
             part_attrs = loss_attrs.get(loss)
             if part_attrs is None:
@@ -425,6 +467,67 @@ class OfuProcessor(Processor):
             points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
         points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
         return PointLayout(tuple(points))
+
+    def _energy(self, sample: GpuSample, gpu: _Gpu) -> tuple[float, str] | None:
+        """The sample's energy in its window (J) and how it was found; None where there is none.
+
+        The device's energy (:meth:`_device_energy`) times the part of it this sample stands for: a MIG
+        instance its slices' share (gpu.mig.share; none for an instance of unknown size), a shared GPU's
+        job its share (gpu.job.share). So a device's parts add up to it, as its time does.
+        """
+        host, ident, instance = gpu.key
+        found = self._device_energy(sample, (host, ident))
+        if found is None:
+            return None
+        joules, basis = found
+        if instance:
+            if not gpu.mig:
+                return None
+            joules *= gpu.share  # type: ignore[operator]
+        if sample.share is not None:
+            joules *= sample.share
+        return joules, basis
+
+    def _device_energy(self, sample: GpuSample, device: tuple[str, str]) -> tuple[float, str] | None:
+        """The whole device's energy in the window ending at the sample's time, worked out once per device and
+        window: the counter's increase (core.counters: none for a blank, first or late reading; a reset counts
+        from 0), else, where the source has no counter, power x the time since the device's previous sample."""
+        t = sample.time_unix_nano
+        known = self._energy_windows.get(device)
+        if known is not None and known[0] == t:
+            return None if known[1] is None else (known[1], known[2])
+        if known is not None and t < known[0]:
+            return None  # late: its window is already counted
+        settings = self.config.energy
+        if t >= self._energy_next_sweep:
+            self._forget_devices(t)
+        joules: float | None = None
+        if sample.energy_mj is not None:
+            basis = ENERGY_COUNTER
+            step = self._energy_counter.step(device, t, sample.energy_mj)
+            if step.value is not None:
+                joules = step.value / 1000.0
+        else:
+            basis = ENERGY_POWER_X_TIME
+            power = clean(sample.power_w)[0] if settings.power_x_time and sample.power_w is not None else None
+            if power is not None and known is not None:
+                seconds = (t - known[0]) / 1e9
+                if 0 < seconds <= float(settings.max_power_gap):
+                    joules = power * seconds
+        if len(self._energy_windows) >= _RESOURCES_CACHE_SIZE and device not in self._energy_windows:
+            # Bounded as the caches are (starting over): at worst one window without energy per device.
+            self._energy_windows.clear()
+            self._energy_counter = CounterTracker()
+        self._energy_windows[device] = (t, joules, basis)
+        return None if joules is None else (joules, basis)
+
+    def _forget_devices(self, t: int) -> None:
+        """Forget the devices without a sample for energy.forget_after (data time): they left."""
+        cutoff = t - int(float(self.config.energy.forget_after) * 1e9)
+        self._energy_counter.forget_before(cutoff)
+        for device in [d for d, window in self._energy_windows.items() if window[0] < cutoff]:
+            del self._energy_windows[device]
+        self._energy_next_sweep = t + int(_SWEEP_INTERVAL_S * 1e9)
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
         """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
