@@ -118,7 +118,8 @@ def run_jobs_tier(points: list[MetricPoint], instances: int, include_shared: boo
     hypothesis draws (each GPU's windows for one job in their order when ``keep_series_order``), in
     batches it draws (a window's points, one resource's at one time, travel together: the ofu processor makes
     them as one row, and an OTLP request carries a resource's points together); each job's GPU seconds over
-    all instances, and all GPU seconds together. ``energy`` gets each job's joules ("jobs") and all joules together ("total"), and what the books' fleet totals say."""
+    all instances, and all GPU seconds together. ``energy`` gets each job's joules ("jobs"), all joules together
+    ("total") and the books' fleet total of the jobs' ("fleet_jobs")."""
     config = build_config(JobsConfig, {"include_shared": include_shared, "default_interval": f"{INTERVAL}s"})
     route: dict[object, int] = {}
     windows: dict[tuple, list[MetricPoint]] = defaultdict(list)
