@@ -324,3 +324,63 @@ def test_gpu_energy_travels_on_the_wire_as_a_joule_gauge():
     request = ExportMetricsServiceRequest.FromString(encode_request(out.points_and_rows()))
     back = [p for p in from_request(request) if p.name == "gpu.energy"]
     assert [dataclasses.replace(p, start_time_unix_nano=0) for p in back] == [energy]
+
+
+# --- the report -------------------------------------------------------------------------------------------
+
+
+def record_energy(path, readings: list[object], **kw) -> None:
+    """A recording of the ofu processor's points (the file exporter's JSON lines), one GPU of job-a."""
+    from otel_ofu.exporters.file import FileExporter, FileExporterConfig
+
+    ofu = processor()
+    exporter = FileExporter(FileExporterConfig(path=str(path)), Context("file"))
+    exporter.start()
+    for step, reading in enumerate(readings):
+        exporter.export(ofu.process(Batch(samples=[sample(step, reading, **kw)])))
+    exporter.shutdown()
+
+
+def test_the_report_gives_each_jobs_energy_and_j_per_useful_pflop(tmp_path, capsys):
+    import csv
+    import json
+
+    from otel_ofu.cli.main import main
+
+    path = tmp_path / "energy.jsonl"
+    record_energy(path, [10**9 + 6_500_000 * k for k in range(31)])
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).parent.parent / "collector-config" / "demo.yaml").read_text())
+    doc["processors"]["jobs"].update(default_interval="10s", carbon={"grams_per_kwh": 400})
+    config = tmp_path / "jobs.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    assert main(["report", str(path), "--json", "--config", str(config)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (job,) = data["jobs"]
+    assert job["energy_joules"] == pytest.approx(30 * 6500.0)
+    flop_per_window = job["flops"] / 31
+    assert job["joules_per_useful_pflop"] == pytest.approx(6500.0 / (flop_per_window / 1e15), rel=1e-9)
+    assert job["emissions_grams"] == pytest.approx(30 * 6500.0 / 3.6e6 * 400)
+    assert data["fleet"]["energy_joules"] == pytest.approx(30 * 6500.0)
+    assert data["fleet"]["unattributed_energy_joules"] == 0.0
+    assert main(["report", str(path)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("job "))
+    assert "energy kWh" in header and "J/PFLOP" in header
+    out = tmp_path / "jobs.csv"
+    assert main(["report", str(path), "--csv", str(out)]) == 0
+    (row,) = csv.DictReader(out.open())
+    assert float(row["energy_joules"]) == pytest.approx(30 * 6500.0) and row["emissions_grams"] == ""
+
+
+def test_the_report_without_energy_keeps_its_columns(tmp_path, capsys):
+    from otel_ofu.cli.main import main
+    from otel_ofu.report.build import TABLE_COLUMNS
+
+    path = tmp_path / "no-energy.jsonl"
+    record_energy(path, [None] * 31, power_w=None)
+    assert main(["report", str(path)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("job "))
+    assert header.split() == " ".join(TABLE_COLUMNS).split()

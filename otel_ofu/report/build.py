@@ -51,8 +51,8 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
-from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
-from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
+from otel_ofu.jobs.config import JOULES_PER_KWH, CarbonConfig, JobsConfig
 from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
 from otel_ofu.jobs.tracker import JobSummary
@@ -359,6 +359,7 @@ class JobReport:
     timeline: list[tuple[float, float, float | None, float | None]] = field(default_factory=list)  # t, ofu, mfu, base
     truth: list[tuple[float, float]] = field(default_factory=list)  # t, true MFU (simulator)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)  # the jobs settings' carbon intensity: emissions
 
 
 @dataclass
@@ -498,8 +499,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, config.mfu_metric, *config.tflops_metrics,
-             TRUTH_METRIC}
+    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, config.mfu_metric,
+             *config.tflops_metrics, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
     lines = sum(s.lines for s in sources)
@@ -554,7 +555,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         in_life = [row for row in timelines.get(summary.job_id, []) if life[0] <= row[0] <= life[1]]
         job_truth = sorted((t, sum(v) / len(v)) for t, v in truth.get(summary.job_id, {}).items()
                            if summary.start <= t <= summary.end + resolution)
-        jobs.append(JobReport(summary, in_life, job_truth, sorted(findings, key=lambda f: f["time_unix_nano"])))
+        jobs.append(JobReport(summary, in_life, job_truth, sorted(findings, key=lambda f: f["time_unix_nano"]),
+                              config.carbon))
     jobs.sort(key=lambda j: (-j.summary.totals.wasted_gpu_hours, j.summary.job_id))
     gpu_list = sorted(gpus.values(), key=lambda g: (g.key[0], _index_order(g.key[1]), g.key[2]))
     return Report(label, lines, first if first < math.inf else None, last if last > -math.inf else None,
@@ -578,6 +580,8 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "flops_per_gpu_s": t.flop / t.flop_gpu_seconds if t.flops_known else None,
         "wasted_gpu_hours": t.wasted_gpu_hours, "gained_gpu_hours": t.gained_gpu_hours,
         "mfu_reported_mean": s.mfu_reported,
+        "energy_joules": t.energy, "joules_per_useful_pflop": t.energy_per_useful_pflop,
+        "emissions_grams": None if t.energy is None else job.carbon.grams(t.energy),
         "precisions_gpu_hours": {p: sec / 3600.0 for p, sec in s.precisions.items()},
         "loss": s.loss.shares(),
         "loss_gpu_hours": lost_gpu_hours(s.loss),
@@ -624,12 +628,22 @@ def report_json(report: Report) -> dict[str, Any]:
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
                   "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours(),
-                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours()},
+                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours(),
+                  **_fleet_energy(book)},
         "recommendations": recommendations(_job_losses(report), book.fleet_loss,
                                            fleet_factors=_fleet_tile_factors(report)),
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
+
+
+def _fleet_energy(book: JobBook) -> dict[str, Any]:
+    """The report's fleet energy fields: null where no window's energy is known."""
+    energy = book.fleet_energy
+    by_use = energy.by_use() if energy.known else {}
+    return {"energy_joules": sum(by_use.values()) if by_use else None,
+            "unattributed_energy_joules": by_use.get("unallocated"),
+            "joules_per_useful_pflop": energy.per_useful_pflop}
 
 
 def _job_losses(report: Report) -> list[tuple[str, LossTotals]]:
@@ -702,6 +716,10 @@ REPORT_FIELDS: dict[str, str] = {
                             "`gpu_hours`",
     "fleet.gain_gpu_hours": "mapping: part -> GPU hours the jobs gained on it (`clock`: the SM clock boosting above "
                             "f_ref); empty without a gain",
+    "fleet.energy_joules": "energy of every GPU window, with a job or not (J); null when no window's is known",
+    "fleet.unattributed_energy_joules": "the part of it of GPUs without a job",
+    "fleet.joules_per_useful_pflop": "the jobs' J per useful PFLOP, jobs together (the unattributed GPUs' energy is "
+                                     "not in it)",
     "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
                                 "5, none under 0.01 GPU h",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
@@ -738,6 +756,12 @@ REPORT_FIELDS: dict[str, str] = {
                                "clock part), counted apart from the waste (docs/method.md#wasted-gpu-hours-and-the-"
                                "clock-gain)",
     "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
+    "jobs[].energy_joules": "energy its GPUs used (J): its windows' gpu.energy, a shared GPU's and a MIG instance's "
+                            "by its part; null when no window's energy is known (docs/method.md#energy-per-job)",
+    "jobs[].joules_per_useful_pflop": "J per PFLOP of useful work (OFU x the dense peak), over the windows where "
+                                      "its energy and FLOPs are both known; null otherwise",
+    "jobs[].emissions_grams": "g CO2e of its energy at the jobs settings' carbon.grams_per_kwh; null when that is "
+                              "unset or its energy unknown",
     "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
     "jobs[].loss": "mapping: its loss account, part -> share of its GPU time (`useful` is its OFU; they add up to 1)",
     "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`; never below "
@@ -847,14 +871,35 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
 TABLE_COLUMNS = ("job", "GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings")
 
 
+ENERGY_COLUMNS = ("energy kWh", "J/PFLOP")  # after "wasted GPU h", where some job's energy is known
+
+
+def _has_energy(report: Report) -> bool:
+    return any(j.summary.totals.energy_known for j in report.jobs)
+
+
+def table_columns(report: Report) -> tuple[str, ...]:
+    """The table's columns: the energy columns only where some job's energy is known."""
+    if not _has_energy(report):
+        return TABLE_COLUMNS
+    return (*TABLE_COLUMNS[:-1], *ENERGY_COLUMNS, TABLE_COLUMNS[-1])
+
+
+def _kwh(joules: float | None) -> str:
+    return "-" if joules is None else f"{joules / JOULES_PER_KWH:.3g}"
+
+
 def table_rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
+    energy = _has_energy(report)
     for job in report.jobs:
         s, t = job.summary, job.summary.totals
         kinds = ", ".join(f"{f['kind']}@+{f['minutes_into_job']:.0f}m" for f in job.findings) or "-"
+        per_pflop = t.energy_per_useful_pflop
+        energy_cells = (_kwh(t.energy), "-" if per_pflop is None else f"{per_pflop:.3g}") if energy else ()
         rows.append((s.job_id, str(s.gpus), f"{t.gpu_hours:.2f}", _pct(t.ofu_mean), _pct(s.ofu_p10), _pct(s.ofu_p50),
                      _pct(s.ofu_p90), _si(t.flop if t.flops_known else None, "FLOP"), f"{t.wasted_gpu_hours:.2f}",
-                     kinds))
+                     *energy_cells, kinds))
     return rows
 
 
@@ -962,7 +1007,8 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
                f"included{jobs_part}.")
     out.append("")
     if report.jobs:
-        out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
+        columns = table_columns(report)
+        out += _aligned([columns, *table_rows(report)], set(range(1, len(columns) - 1)))
         out += flops_hint(report)
         out.append("")
         out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report))
@@ -986,7 +1032,7 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
                          "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
                          "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS),
-                         "gained_gpu_hours"])
+                         "gained_gpu_hours", "energy_joules", "joules_per_useful_pflop", "emissions_grams"])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
@@ -994,4 +1040,5 @@ def write_csv(report: Report, path: str | Path) -> None:
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
-                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"]])
+                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"],
+                             r["energy_joules"], r["joules_per_useful_pflop"], r["emissions_grams"]])
