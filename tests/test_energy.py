@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +27,7 @@ from otel_ofu.pipeline.telemetry import Telemetry
 from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 
+ROOT = Path(__file__).parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
 T0 = 1_800_000_000
 INTERVAL = 10
@@ -349,11 +352,7 @@ def test_the_report_gives_each_jobs_energy_and_j_per_useful_pflop(tmp_path, caps
 
     path = tmp_path / "energy.jsonl"
     record_energy(path, [10**9 + 6_500_000 * k for k in range(31)])
-    from pathlib import Path
-
-    import yaml
-
-    doc = yaml.safe_load((Path(__file__).parent.parent / "collector-config" / "demo.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "collector-config" / "demo.yaml").read_text())
     doc["processors"]["jobs"].update(default_interval="10s", carbon={"grams_per_kwh": 400})
     config = tmp_path / "jobs.yaml"
     config.write_text(yaml.safe_dump(doc))
@@ -384,3 +383,26 @@ def test_the_report_without_energy_keeps_its_columns(tmp_path, capsys):
     assert main(["report", str(path)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("job "))
     assert header.split() == " ".join(TABLE_COLUMNS).split()
+
+
+# --- the console ------------------------------------------------------------------------------------------
+
+
+def test_the_console_shows_a_jobs_energy_where_the_jobs_processor_sends_it():
+    from otel_ofu.console import render
+    from otel_ofu.console.state import FleetState
+
+    with_energy, _ = run({}, [10**9 + 6_500_000 * k for k in range(13)])
+    without, _ = run({}, [None] * 13, power_w=None)
+    lines = {}
+    for name, points in (("with", with_energy), ("without", without)):
+        state = FleetState()
+        state.update(Batch(points=points))
+        (job,) = state.view().jobs
+        lines[name] = next(line for line in render.plain_lines(state.view()) if line.startswith("  job job-a"))
+        if name == "with":
+            assert job.energy == latest(points, "job.energy").value
+    per_pflop = latest(with_energy, "job.energy.per_useful_pflop").value
+    kwh = latest(with_energy, "job.energy").value / 3.6e6
+    assert lines["with"].endswith(f", energy {kwh:.3g} kWh ({per_pflop:.3g} J/useful PFLOP)")
+    assert "energy" not in lines["without"]

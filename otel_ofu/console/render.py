@@ -206,6 +206,14 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
             largest_loss_text(job, "\n"), sparkline(job.trend, scale), findings]
 
 
+def energy_text(job: JobRow) -> str:
+    """``, energy 12.4 kWh (310 J/useful PFLOP)``: where the jobs processor sent its job.energy; else ""."""
+    if job.energy is None:
+        return ""
+    per_pflop = f" ({job.energy_per_pflop:.3g} J/useful PFLOP)" if job.energy_per_pflop is not None else ""
+    return f", energy {job.energy / 3.6e6:.3g} kWh{per_pflop}"
+
+
 def _gain_shown(job: JobRow) -> bool:
     """A clock gain worth a word: one that prints as at least 1%."""
     return job.clock_gain is not None and job.clock_gain >= 0.005
@@ -273,7 +281,7 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
         loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else \
             f", {largest_loss_text(job)}" if _gain_shown(job) else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
-                     f"{pct(job.ofu_life)} over the job{mfu}{loss}")
+                     f"{pct(job.ofu_life)} over the job{mfu}{loss}{energy_text(job)}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]
         lines += [f"    {finding_text(f, view.data_ns, is_open=False)}" for f in job.closed_findings]
     if gpus and view.gpus:

@@ -62,6 +62,8 @@ OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu
                                              "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.ofu.dropped")
 _GPU_METRICS = frozenset({OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED})
 JOB_OFU, JOB_MFU, JOB_GPUS = "job.ofu", "job.mfu.reported", "job.gpus"
+JOB_ENERGY, JOB_ENERGY_PER_PFLOP = "job.energy", "job.energy.per_useful_pflop"
+_JOB_METRICS = frozenset({JOB_OFU, JOB_MFU, JOB_GPUS, JOB_ENERGY, JOB_ENERGY_PER_PFLOP})
 
 @dataclass
 class GpuState:
@@ -118,6 +120,8 @@ class JobState:
     life_ofu: float | None = None  # job.ofu{ofu.window=life} from the jobs processor
     mfu: dict[str, float] = field(default_factory=dict)  # job.mfu.reported by window
     reported_gpus: int | None = None  # job.gpus
+    energy: float | None = None  # job.energy (J), its newest
+    energy_per_pflop: float | None = None  # job.energy.per_useful_pflop (J per useful PFLOP), its newest
     loss: LossTotals = field(default_factory=LossTotals)  # its GPUs' loss account, over what the console saw
     findings: dict[str, FindingState] = field(default_factory=dict)  # open, by id
     closed: dict[str, FindingState] = field(default_factory=dict)  # the newest closed, by kind
@@ -147,6 +151,8 @@ class JobRow:
     largest_loss: tuple[str, float, str | None] | None = None  # its largest loss part, share, dominant cause
     # The share of its GPU time its SM clock gained above f_ref (boost: its windows' negative clock parts), else None
     clock_gain: float | None = None
+    energy: float | None = None  # J since it started (job.energy), where its energy is known
+    energy_per_pflop: float | None = None  # J per useful PFLOP over its life
 
 
 @dataclass(frozen=True)
@@ -222,7 +228,7 @@ class FleetState:
             if point.name in _GPU_METRICS:
                 self._gpu_point(point, now, arrived)
                 changed = True
-            elif point.name in (JOB_OFU, JOB_MFU, JOB_GPUS):
+            elif point.name in _JOB_METRICS:
                 changed |= self._job_point(point)
         for event in batch.events:
             changed |= self._event(event)
@@ -321,6 +327,10 @@ class FleetState:
             job.mfu[window] = point.value
         elif point.name == JOB_GPUS:
             job.reported_gpus = int(point.value)
+        elif point.name == JOB_ENERGY:
+            job.energy = point.value
+        elif point.name == JOB_ENERGY_PER_PFLOP:
+            job.energy_per_pflop = point.value
         return True
 
     def _event(self, event: Event) -> bool:
@@ -423,7 +433,8 @@ class FleetState:
                       job.life_ofu if job.life_ofu is not None else job.totals.ofu_mean, mfu, trend,
                       sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
                       (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None,
-                      gained / job.loss.seconds if gained and job.loss.seconds > 0 else None)
+                      gained / job.loss.seconds if gained and job.loss.seconds > 0 else None,
+                      job.energy, job.energy_per_pflop)
 
 
 def _window_order(label: str) -> float:
