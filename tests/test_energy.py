@@ -139,6 +139,23 @@ def test_samples_made_from_another_otel_ofus_points_get_no_second_energy():
         (9.0, "counter")]
 
 
+@settings(max_examples=300, deadline=None)
+@given(raw=st.one_of(st.integers(-10, 2**64), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                     st.none(), st.sampled_from([DCGM_INT64_BLANK, DCGM_INT64_BLANK + 2, 2**31, 0x7FFFFFF0 + 1,
+                                                 140737488355328.0, "48127770113", "N/A", " 12 ", "x"])),
+       field_type=st.sampled_from(["int64", "int32", "fp64"]))
+def test_the_counters_quick_reading_is_the_blank_rules(raw, field_type):
+    """CounterTracker reads an ordinary number at once, and anything else through core.values.clean: the same."""
+    from otel_ofu.core.counters import CounterTracker
+    from otel_ofu.core.values import clean
+
+    got = CounterTracker(field_type).reading(raw)
+    want = clean(raw, field_type)[0]
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got == want and type(got) is type(want)
+
+
 # --- a shared GPU: the jobs' energies add up to the device's ----------------------------------------------
 
 

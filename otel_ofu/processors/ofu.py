@@ -229,6 +229,10 @@ class _Gpu:
     resource: Attributes  # of its points: the GPU's identity and its job's
     share: float | None  # the fraction of the physical GPU it is (specs.instance_share)
     mig: bool  # a MIG instance (whose points carry gpu.mig.share)
+    device: tuple[str, str]  # the physical device (host, UUID or index): whose energy counter it reads
+    # The part of its device's energy that is its: 1 for a whole GPU, a MIG instance's slices' share, None for
+    # an instance of unknown size (it gets none).
+    energy_part: float | None
     # Its calibration (core.ofu.calibration; None: no f_ref) and the raw max SM clock reading it was
     # worked out with (None, nearly always): worked out again when another reading comes.
     calibration: Calibration | None | object = None
@@ -238,7 +242,9 @@ class _Gpu:
     def of(cls, sample: GpuSample, job: str, precision: str) -> _Gpu:
         share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
         mig = share is not None and bool(sample.resource) and specs.is_mig_instance(sample.resource)
-        return cls(sample.gpu_key(), sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig)
+        key = sample.gpu_key()
+        part = (share if mig else None) if key[2] else 1.0
+        return cls(key, sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig, key[:2], part)
 
 
 class OfuProcessor(Processor):
@@ -475,38 +481,36 @@ class OfuProcessor(Processor):
         instance its slices' share (gpu.mig.share; none for an instance of unknown size), a shared GPU's
         job its share (gpu.job.share). So a device's parts add up to it, as its time does.
         """
-        host, ident, instance = gpu.key
-        found = self._device_energy(sample, (host, ident))
-        if found is None:
+        known = self._energy_windows.get(gpu.device)
+        if known is None or known[0] != sample.time_unix_nano:
+            known = self._device_energy(sample, gpu.device, known)
+        joules, part = known[1], gpu.energy_part
+        if joules is None or part is None:
             return None
-        joules, basis = found
-        if instance:
-            if not gpu.mig:
-                return None
-            joules *= gpu.share  # type: ignore[operator]
+        if part != 1.0:
+            joules *= part
         if sample.share is not None:
             joules *= sample.share
-        return joules, basis
+        return joules, known[2]
 
-    def _device_energy(self, sample: GpuSample, device: tuple[str, str]) -> tuple[float, str] | None:
+    def _device_energy(self, sample: GpuSample, device: tuple[str, str],
+                       known: tuple[int, float | None, str] | None) -> tuple[int, float | None, str]:
         """The whole device's energy in the window ending at the sample's time, worked out once per device and
-        window: the counter's increase (core.counters: none for a blank, first or late reading; a reset counts
-        from 0), else, where the source has no counter, power x the time since the device's previous sample."""
+        window (``known``: its last window): the counter's increase (core.counters: none for a blank, first or
+        late reading; a reset counts from 0), else, where the source has no counter, power x the time since
+        the device's previous sample. Kept as the device's last window: (time, joules or None, basis)."""
         t = sample.time_unix_nano
-        known = self._energy_windows.get(device)
-        if known is not None and known[0] == t:
-            return None if known[1] is None else (known[1], known[2])
         if known is not None and t < known[0]:
-            return None  # late: its window is already counted
+            return (t, None, known[2])  # late: its window is already counted
         settings = self.config.energy
         if t >= self._energy_next_sweep:
             self._forget_devices(t)
         joules: float | None = None
         if sample.energy_mj is not None:
             basis = ENERGY_COUNTER
-            step = self._energy_counter.step(device, t, sample.energy_mj)
-            if step.value is not None:
-                joules = step.value / 1000.0
+            increase = self._energy_counter.increase(device, t, sample.energy_mj)
+            if increase is not None:
+                joules = increase / 1000.0
         else:
             basis = ENERGY_POWER_X_TIME
             power = clean(sample.power_w)[0] if settings.power_x_time and sample.power_w is not None else None
@@ -514,12 +518,13 @@ class OfuProcessor(Processor):
                 seconds = (t - known[0]) / 1e9
                 if 0 < seconds <= float(settings.max_power_gap):
                     joules = power * seconds
-        if len(self._energy_windows) >= _RESOURCES_CACHE_SIZE and device not in self._energy_windows:
+        windows = self._energy_windows
+        if len(windows) >= _RESOURCES_CACHE_SIZE and device not in windows:
             # Bounded as the caches are (starting over): at worst one window without energy per device.
-            self._energy_windows.clear()
+            windows.clear()
             self._energy_counter = CounterTracker()
-        self._energy_windows[device] = (t, joules, basis)
-        return None if joules is None else (joules, basis)
+        known = windows[device] = (t, joules, basis)
+        return known
 
     def _forget_devices(self, t: int) -> None:
         """Forget the devices without a sample for energy.forget_after (data time): they left."""
