@@ -421,5 +421,5 @@ def test_the_console_shows_a_jobs_energy_where_the_jobs_processor_sends_it():
             assert job.energy == latest(points, "job.energy").value
     per_pflop = latest(with_energy, "job.energy.per_useful_pflop").value
     kwh = latest(with_energy, "job.energy").value / 3.6e6
-    assert lines["with"].endswith(f", energy {kwh:.3g} kWh ({per_pflop:.3g} J/useful PFLOP)")
+    assert lines["with"].endswith(f", energy {kwh:.2f} kWh ({per_pflop:,.0f} J/useful PFLOP)")
     assert "energy" not in lines["without"]

@@ -207,11 +207,11 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
 
 
 def energy_text(job: JobRow) -> str:
-    """``, energy 12.4 kWh (310 J/useful PFLOP)``: where the jobs processor sent its job.energy; else ""."""
+    """``, energy 12.40 kWh (1,310 J/useful PFLOP)``: where the jobs processor sent its job.energy; else ""."""
     if job.energy is None:
         return ""
-    per_pflop = f" ({job.energy_per_pflop:.3g} J/useful PFLOP)" if job.energy_per_pflop is not None else ""
-    return f", energy {job.energy / 3.6e6:.3g} kWh{per_pflop}"
+    per_pflop = f" ({job.energy_per_pflop:,.0f} J/useful PFLOP)" if job.energy_per_pflop is not None else ""
+    return f", energy {job.energy / 3.6e6:.2f} kWh{per_pflop}"
 
 
 def _gain_shown(job: JobRow) -> bool:

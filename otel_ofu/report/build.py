@@ -886,7 +886,7 @@ def table_columns(report: Report) -> tuple[str, ...]:
 
 
 def _kwh(joules: float | None) -> str:
-    return "-" if joules is None else f"{joules / JOULES_PER_KWH:.3g}"
+    return "-" if joules is None else f"{joules / JOULES_PER_KWH:.2f}"
 
 
 def table_rows(report: Report) -> list[tuple[str, ...]]:
@@ -896,7 +896,7 @@ def table_rows(report: Report) -> list[tuple[str, ...]]:
         s, t = job.summary, job.summary.totals
         kinds = ", ".join(f"{f['kind']}@+{f['minutes_into_job']:.0f}m" for f in job.findings) or "-"
         per_pflop = t.energy_per_useful_pflop
-        energy_cells = (_kwh(t.energy), "-" if per_pflop is None else f"{per_pflop:.3g}") if energy else ()
+        energy_cells = (_kwh(t.energy), "-" if per_pflop is None else f"{per_pflop:,.0f}") if energy else ()
         rows.append((s.job_id, str(s.gpus), f"{t.gpu_hours:.2f}", _pct(t.ofu_mean), _pct(s.ofu_p10), _pct(s.ofu_p50),
                      _pct(s.ofu_p90), _si(t.flop if t.flops_known else None, "FLOP"), f"{t.wasted_gpu_hours:.2f}",
                      *energy_cells, kinds))
