@@ -156,7 +156,11 @@ _ATTRIBUTES = (
                   "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "
                   "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
                   "or `unknown`. Absent on the other parts. Per job: the cause behind most of that part's loss in the "
-                  "window.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
+                  "window. Where the clock event time per reason is read (DCGM 1420-1424), the clock part comes as one "
+                  "point per reason that held the clock down (`sw_power_cap`, `sync_boost`, `sw_thermal`, "
+                  "`hw_thermal`, `hw_power_brake`), by its share of the throttled time, adding up to the clock part; "
+                  "per job the clock part is always one point per cause, its gain as `boost` (below 0).",
+                  ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
     AttributeInfo("ofu.share.basis", POINT, "How a shared GPU's split among its jobs was made (gpu.job.share): "
                   "`sm_util` (each job's processes' SM utilization: NVML per-process utilization, dcgm-exporter's "
                   "per-pod DCGM_FI_DEV_GPU_UTIL), `even` (nothing measured each job's use, or none used it), "

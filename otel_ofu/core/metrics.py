@@ -63,7 +63,9 @@ _METRICS = (
                "The loss account: the share of the dense peak lost to each part (ofu.loss.part: engine_idle, "
                "sm_idle, non_tensor, clock, padding, or steps merged where a counter is missing); the parts add up "
                "to 1 - gpu.ofu. The clock part carries its event reason, the non-tensor part whether it was "
-               "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account.",
+               "memory-bound (ofu.loss.cause); with the clock event time per reason (DCGM 1420-1424) the clock "
+               "part is one point per reason, by its share of the throttled time, adding up to the part. "
+               "docs/method.md#where-the-flops-go-the-loss-account.",
                whole_set=True),
     MetricInfo("gpu.sm.activity", RATIO, "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
     MetricInfo("gpu.graphics_engine.activity", RATIO, "gauge",

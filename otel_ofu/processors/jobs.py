@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from otel_ofu.core.loss import USEFUL, LossTotals, gained_words, part_title
+from otel_ofu.core.loss import CLOCK, USEFUL, LossTotals, gained_words, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
 from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
 from otel_ofu.jobs.aggregate import window_label
@@ -438,6 +438,12 @@ class JobsProcessor(Processor):
             for part, share in loss.shares().items():
                 if part == USEFUL:
                     continue  # job.ofu
+                by_cause = loss.cause_shares(part) if part == CLOCK else None
+                if by_cause:  # the clock: one point per cause (each reason's, the boost's gain), adding up to it
+                    out += [MetricPoint("job.ofu.loss", cause_share, t, resource,
+                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO)
+                            for cause, cause_share in by_cause.items()]
+                    continue
                 cause = loss.dominant_cause(part)
                 out.append(MetricPoint("job.ofu.loss", share, t, resource,
                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO))

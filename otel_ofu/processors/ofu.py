@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
+from otel_ofu.core.counters import CounterTracker
+from otel_ofu.core.loss import CLOCK, MEMORY_BOUND_DRAM, causes_of, loss_shares, split_clock, split_layout
 from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
@@ -62,7 +63,10 @@ UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 _RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
-_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
+_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters (and clock event counters) are looked for
+# A GPU with no sample for this long has left: its clock event counters are forgotten (its next reading is a
+# first one, whose window keeps the bitmask's cause).
+CLOCK_EVENTS_MAX_STALE_S = 600.0
 
 
 def _iso(time_unix_nano: int) -> str:
@@ -228,6 +232,11 @@ class OfuProcessor(Processor):
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
         self._job_factors = Cache("ofu job tile corrections", _ATTRIBUTES_CACHE_SIZE)  # job id -> (overrides,)
+        # The clock event time per reason (DCGM 1420-1424): each (GPU, cause)'s last reading (core.counters),
+        # and per GPU the time of its last window, that window's throttled ns per cause, and when it was seen.
+        self._event_counters = CounterTracker("int64")
+        self._throttled: dict[GpuKey, tuple[int, dict[str, float] | None, float, tuple[str, ...]]] = {}
+        self._next_event_sweep = clock() + _SWEEP_INTERVAL_S
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -332,6 +341,8 @@ class OfuProcessor(Processor):
         gpu = self._gpu(sample, job, precision)
         resource, share = gpu.resource, gpu.share
         t = sample.time_unix_nano
+        # Stepped for every window, with OFU or not, so that an increase never spans two windows.
+        throttled = None if sample.clock_event_ns is None else self._throttled_time(sample, gpu.key)
 
         max_clock = sample.max_sm_clock_mhz
         known = gpu.max_clock
@@ -380,6 +391,10 @@ class OfuProcessor(Processor):
             names, shares, memory, clock = loss_shares(
                 result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
                 sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
+            if throttled is not None:  # the clock part by each reason's share of the window's throttled time
+                split = split_clock(shares[names.index(CLOCK)], throttled)
+                if split is not None:
+                    names, shares, clock = split_layout(names, shares, split)  # type: ignore[assignment]
             loss = (names, memory, clock)
             values += shares
         present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
@@ -425,6 +440,34 @@ class OfuProcessor(Processor):
             points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
         points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
         return PointLayout(tuple(points))
+
+    def _throttled_time(self, sample: GpuSample, key: GpuKey) -> dict[str, float] | None:
+        """The ns the GPU's clock was held down per reason in the sample's window: each reason's counter's increase
+        since the GPU's previous window (core.counters: none for a first, blank, late or repeated reading); None
+        when no reason has one. Another copy of the same window (a GPU several jobs share) gets the same answer."""
+        t = sample.time_unix_nano
+        now = self._clock()
+        found = self._throttled.get(key)
+        if found is not None and found[0] == t:
+            return found[1]
+        if now >= self._next_event_sweep:
+            self._forget_left_gpus(now)
+        increases: dict[str, float] = {}
+        for cause, raw in sample.clock_event_ns.items():  # type: ignore[union-attr]
+            step = self._event_counters.step((key, cause), t, raw)
+            if step.value is not None:
+                increases[cause] = step.value
+        answer = increases or None
+        if found is None or t > found[0]:
+            self._throttled[key] = (t, answer, now, tuple(sample.clock_event_ns))  # type: ignore[arg-type]
+        return answer
+
+    def _forget_left_gpus(self, now: float) -> None:
+        """Forget the clock event counters of GPUs with no sample for CLOCK_EVENTS_MAX_STALE_S (they left)."""
+        for key in [k for k, entry in self._throttled.items() if now - entry[2] > CLOCK_EVENTS_MAX_STALE_S]:
+            for cause in self._throttled.pop(key)[3]:
+                self._event_counters.forget((key, cause))
+        self._next_event_sweep = now + _SWEEP_INTERVAL_S
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
         """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
