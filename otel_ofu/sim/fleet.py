@@ -16,7 +16,13 @@ What it models, per GPU, in ticks of 0.25 s of simulated time:
 
 What it reports, per window, is what DCGM would: TPA = sum(a f) / sum(f) (cycle-weighted),
 GR, SM and DRAM activity the same way (with a little sampling noise), the SM clock as point
-samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock event reasons.
+samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock event reasons;
+and the ledger's counters: the energy counter (power integrated over the ticks, mJ, as DCGM 156),
+the time the clock was held down per reason (ns, as DCGM 1420-1424: a tick with a reason's bit
+set adds its length to that reason's counter, so the counters agree with the bitmask), and PCIe
+and NVLink bytes per second over the window (:func:`traffic`: a multi-GPU job's collectives on
+NVLink, an input-bound job's input over PCIe, a checkpoint's writes). None of these draw from
+the random streams above, so every other number is what it was without them.
 The ``ofu`` processor never sees the truth (true MFU, and the true loss account of
 :class:`WindowTruth`); tests compare against it.
 """
@@ -44,6 +50,13 @@ CLOCK_STEP_MHZ = 15.0
 TICK_S = 0.25  # the simulation's time step; clock sampling intervals are multiples of it
 CLOCK_WALK_AR = 0.97  # per sub-tick: the wander decorrelates over ~8 s
 CLOCK_WALK_SD = 1.5  # MHz innovation per sub-tick: stationary sd ~6 MHz
+# Interconnect bandwidth per direction, bytes per second (an HGX H100-class node: NVLink 4 at 450 GB/s each
+# way, PCIe Gen5 x16 at ~64 GB/s): the scale of the simulated traffic, not a spec-table figure.
+NVLINK_BYTES_PER_S = 450e9
+PCIE_BYTES_PER_S = 64e9
+# Each clock event reason's bit -> the cause whose held-down time DCGM counts (1420-1424).
+TIMED_REASONS: tuple[tuple[int, str], ...] = tuple((bit, name) for bit, name in loss.CLOCK_REASONS
+                                                   if name in loss.CLOCK_TIME_CAUSES)
 
 
 @dataclass
@@ -136,6 +149,11 @@ class _Gpu:
     reasons: int = 0
     clock_samples: list[tuple[int, float]] = field(default_factory=list)
     precision_cycles: dict[str, float] = field(default_factory=dict)
+    # the ledger's counters: cumulative since the fleet started (energy in mJ, held-down ns per cause), and
+    # this window's interconnect bytes (pcie tx, pcie rx, nvlink tx, nvlink rx)
+    energy_mj: float = 0.0
+    event_ns: dict[str, int] = field(default_factory=lambda: {cause: 0 for cause in loss.CLOCK_TIME_CAUSES})
+    traffic_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
 
 def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
@@ -286,6 +304,13 @@ class Fleet:
             gpu.precision_cycles[precision] = gpu.precision_cycles.get(precision, 0.0) + activity * clock
         power = spec.board_power_w * (0.12 + (0.25 if running else 0.0) + 0.6 * activity)
         gpu.sum_power += min(power, spec.board_power_w)
+        gpu.energy_mj += min(power, spec.board_power_w) * self.dt * 1000.0
+        tick_ns = round(self.dt * 1e9)
+        for bit, cause in TIMED_REASONS:
+            if reasons & bit:
+                gpu.event_ns[cause] += tick_ns
+        for k, rate in enumerate(traffic(gpu.job, t, running, activity, engine)):
+            gpu.traffic_bytes[k] += rate * self.dt
         gpu.reasons |= reasons
         gpu.ticks += 1
         gpu.last_clock = clock
@@ -299,6 +324,7 @@ class Fleet:
             gpu.ticks = gpu.reasons = 0
             gpu.clock_samples = []
             gpu.precision_cycles = {}
+            gpu.traffic_bytes = [0.0, 0.0, 0.0, 0.0]
         for k in range(1, window_ticks + 1):
             t = start_t + k * self.dt
             take_sample = k % self.ticks_per_sample == 0
@@ -348,6 +374,9 @@ class Fleet:
             max_sm_clock_mhz=spec.max_sm_clock_mhz, power_w=round(gpu.sum_power / max(gpu.ticks, 1), 1),
             clock_event_reasons=gpu.reasons, sm_active=sm_read, gr_active=gr_read, dram_active=dram_read,
             source="sim", job_id=job.id if job else NO_JOB, precision=precision,
+            energy_mj=int(gpu.energy_mj), clock_event_ns=dict(gpu.event_ns),
+            **{name: int(total / seconds) for name, total in zip(TRAFFIC_FIELDS, gpu.traffic_bytes)
+               for seconds in (max(self.t - start_t, self.dt),)},
         )
         truth = WindowTruth(true_mfu, reported, gpu.sum_f / gpu.ticks if gpu.ticks else None, parts,
                             loss.clock_cause(gpu.reasons), dram >= loss.MEMORY_BOUND_DRAM)
@@ -361,6 +390,31 @@ class Fleet:
 
     def running_jobs(self) -> list[JobSpec]:
         return [j for j in self.jobs if job_state(j, self.t)[2]]
+
+
+TRAFFIC_FIELDS = ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
+
+
+def traffic(job: JobSpec | None, t: float, running: bool, activity: float, engine: float
+            ) -> tuple[float, float, float, float]:
+    """A GPU's interconnect traffic in one tick, bytes per second: (PCIe tx, PCIe rx, NVLink tx, NVLink rx).
+
+    A job on several GPUs runs collectives over NVLink while its kernels run (a share of the engine-busy
+    time; more for an MoE job's all-to-all); an input-bound job pulls its input over PCIe (host to device:
+    rx) while it waits; a checkpoint writes over PCIe (device to host: tx); every running job copies a
+    little (its batches, its logging). Idle GPUs move nothing. Deterministic: no random draw.
+    """
+    if job is None or not running or job.scenario == "idle":
+        return 0.0, 0.0, 0.0, 0.0
+    pcie_tx, pcie_rx = 0.002 * PCIE_BYTES_PER_S, (0.01 + 0.02 * engine) * PCIE_BYTES_PER_S
+    nvlink = 0.0
+    if job.gpus > 1:
+        nvlink = (0.35 if job.scenario == "moe_inflated" else 0.2) * engine * NVLINK_BYTES_PER_S
+    if job.scenario == "input_bound":
+        pcie_rx = 0.45 * PCIE_BYTES_PER_S  # the input pipeline feeds it as fast as it can
+    elif job.scenario == "checkpoint" and activity < 0.05:
+        pcie_tx = 0.4 * PCIE_BYTES_PER_S  # the checkpoint's weights and optimizer state to the host
+    return pcie_tx, pcie_rx, nvlink, nvlink
 
 
 def _kernel_time(job: JobSpec | None, activity: float) -> tuple[float, float, float]:
