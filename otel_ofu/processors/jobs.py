@@ -68,8 +68,9 @@ for _info in (
                "GPU time + this - the gain (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
     MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
                "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
-               "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
-               "`unknown`: OFU that came without its account.", whole_set=True),
+               "parts add up to 1. The non-tensor part carries its dominant cause (ofu.loss.cause); the clock part "
+               "comes as one point per cause (each clock event reason's loss, the boost's gain as `boost`), adding "
+               "up to the part; `unknown`: OFU that came without its account.", whole_set=True),
     MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
                "started: share x GPU time of each window where the part is a loss; the parts add up to "
                "job.wasted_gpu_hours. Never falls: a window's negative clock part is in job.ofu.gain.gpu_hours."),
