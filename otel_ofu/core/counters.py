@@ -22,7 +22,9 @@ import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from otel_ofu.core.values import clean
+from otel_ofu.core.values import DCGM_FP64_BLANK, DCGM_INT32_BLANK, DCGM_INT64_BLANK, clean
+
+_SENTINELS = {"int32": DCGM_INT32_BLANK, "fp64": DCGM_FP64_BLANK, "int64": DCGM_INT64_BLANK}
 
 
 class Increase(enum.StrEnum):
@@ -54,15 +56,19 @@ def counter_increase(previous: float, current: float) -> tuple[float, Increase]:
 class CounterTracker:
     """Last good reading per series key; :meth:`step` gives each new reading's increase."""
 
-    __slots__ = ("_last", "field_type")
+    __slots__ = ("_last", "field_type", "_below")
 
     def __init__(self, field_type: str = "int64"):
         self._last: dict[Hashable, tuple[int, float]] = {}
         self.field_type = field_type  # the blank rule's type of the counter's DCGM field
+        self._below = _SENTINELS.get(field_type, DCGM_INT32_BLANK)  # a plain number below this is no blank
 
     def step(self, key: Hashable, time_unix_nano: int, raw: object) -> CounterStep:
         """The increase since ``key``'s last good reading; the reading is kept when it is good and later."""
-        value, _reason = clean(raw, self.field_type)
+        if (type(raw) is int or type(raw) is float) and 0 <= raw < self._below:  # type: ignore[operator]
+            value: float | None = float(raw)  # the usual reading, as clean() takes it (a NaN fails the test)
+        else:
+            value, _reason = clean(raw, self.field_type)
         if value is None:
             return CounterStep(None, Increase.NO_VALUE)
         last = self._last.get(key)
@@ -73,6 +79,24 @@ class CounterTracker:
             return CounterStep(None, Increase.FIRST)
         increase, how = counter_increase(last[1], value)
         return CounterStep(increase, how, (time_unix_nano - last[0]) / 1e9)
+
+    def increase(self, key: Hashable, time_unix_nano: int, raw: object) -> float | None:
+        """:meth:`step`'s value alone, the same rule without the object it returns (a processor's per-window
+        path: five reasons per GPU window)."""
+        if (type(raw) is int or type(raw) is float) and 0 <= raw < self._below:  # type: ignore[operator]
+            value: float | None = float(raw)
+        else:
+            value, _reason = clean(raw, self.field_type)
+            if value is None:
+                return None
+        last = self._last.get(key)
+        if last is not None and time_unix_nano <= last[0]:
+            return None
+        self._last[key] = (time_unix_nano, value)  # type: ignore[assignment]
+        if last is None:
+            return None
+        previous = last[1]
+        return value - previous if value >= previous else value  # type: ignore[operator]
 
     def forget(self, key: Hashable) -> None:
         """Drop a series (its GPU left): its next reading is a first one."""

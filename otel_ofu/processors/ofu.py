@@ -232,10 +232,10 @@ class OfuProcessor(Processor):
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
         self._job_factors = Cache("ofu job tile corrections", _ATTRIBUTES_CACHE_SIZE)  # job id -> (overrides,)
-        # The clock event time per reason (DCGM 1420-1424): each (GPU, cause)'s last reading (core.counters),
-        # and per GPU the time of its last window, that window's throttled ns per cause, and when it was seen.
-        self._event_counters = CounterTracker("int64")
-        self._throttled: dict[GpuKey, tuple[int, dict[str, float] | None, float, tuple[str, ...]]] = {}
+        # The clock event time per reason (DCGM 1420-1424): per GPU, each cause's last reading (core.counters),
+        # and the time of its last window, that window's throttled ns per cause, and when it was seen.
+        self._event_counters: dict[GpuKey, CounterTracker] = {}
+        self._throttled: dict[GpuKey, tuple[int, dict[str, float] | None, float]] = {}
         self._next_event_sweep = clock() + _SWEEP_INTERVAL_S
 
     def process(self, batch: Batch) -> Batch:
@@ -452,21 +452,25 @@ class OfuProcessor(Processor):
             return found[1]
         if now >= self._next_event_sweep:
             self._forget_left_gpus(now)
+        tracker = self._event_counters.get(key)
+        if tracker is None:
+            tracker = self._event_counters[key] = CounterTracker("int64")
+        increase = tracker.increase
         increases: dict[str, float] = {}
         for cause, raw in sample.clock_event_ns.items():  # type: ignore[union-attr]
-            step = self._event_counters.step((key, cause), t, raw)
-            if step.value is not None:
-                increases[cause] = step.value
+            value = increase(cause, t, raw)
+            if value is not None:
+                increases[cause] = value
         answer = increases or None
         if found is None or t > found[0]:
-            self._throttled[key] = (t, answer, now, tuple(sample.clock_event_ns))  # type: ignore[arg-type]
+            self._throttled[key] = (t, answer, now)
         return answer
 
     def _forget_left_gpus(self, now: float) -> None:
         """Forget the clock event counters of GPUs with no sample for CLOCK_EVENTS_MAX_STALE_S (they left)."""
         for key in [k for k, entry in self._throttled.items() if now - entry[2] > CLOCK_EVENTS_MAX_STALE_S]:
-            for cause in self._throttled.pop(key)[3]:
-                self._event_counters.forget((key, cause))
+            del self._throttled[key]
+            self._event_counters.pop(key, None)
         self._next_event_sweep = now + _SWEEP_INTERVAL_S
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
