@@ -190,3 +190,22 @@ def test_split_points_for_another_gpu_do_not_mix():
            for c, v in (("sw_power_cap", 0.03), ("sync_boost", 0.01))]
     ((_, (parts, by)),) = window_parts(pts).items()
     assert parts == ((CLOCK, pytest.approx(0.04)),) and by == {CLOCK: (("sw_power_cap", 0.03), ("sync_boost", 0.01))}
+
+
+@settings(max_examples=300, deadline=None)
+@given(windows=st.lists(st.tuples(
+    st.floats(-0.05, 0.3), st.dictionaries(st.sampled_from(CLOCK_TIME_CAUSES), st.integers(0, 10**10)),
+    st.sampled_from(["sw_power_cap", "none", "unknown"]), st.floats(0.5, 60)), min_size=1, max_size=20))
+def test_a_jobs_clock_causes_add_up_to_its_clock_part_over_any_windows(windows):
+    """Windows split by cause or not, gains among them, in any number: the job's clock causes' counts add up to
+    its clock part's (exactly, as integers: core.exact), and their shares to its share (to rounding)."""
+    totals = LossTotals()
+    for clock, throttled, bitmask_cause, seconds in windows:
+        split = split_clock(clock, throttled)
+        causes = {CLOCK: split if split is not None else bitmask_cause}
+        add_window(totals, (((CLOCK, clock),), causes), 0.5, seconds)
+    lost = sum(c for (p, _), c in totals.exact_causes.items() if p == CLOCK)
+    assert lost == totals.exact_parts.get(CLOCK, 0)
+    by_cause = totals.cause_shares(CLOCK)
+    if CLOCK in totals.shares():
+        assert math.fsum(by_cause.values()) == pytest.approx(totals.shares()[CLOCK], abs=1e-12)
