@@ -38,6 +38,7 @@ from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
+from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
 from otel_ofu.jobs.windows import SeriesWindows, take
@@ -77,6 +78,17 @@ def _own_start(point: MetricPoint, max_gap: float) -> float | None:
     if 0 < start < point.time_unix_nano and (point.time_unix_nano - start) / 1e9 <= max_gap:
         return start / 1e9
     return None
+
+
+def _window_links(points: Iterable[MetricPoint]) -> dict[tuple[Attributes, int], float]:
+    """Each GPU window's link traffic (gpu.link.throughput: PCIe and NVLink together, bytes per second), by
+    (resource, time) as its gpu.ofu point has them; a window whose link points are not finite has none."""
+    found: dict[tuple[Attributes, int], float] = {}
+    for point in points:
+        if point.name == LINK_METRIC:
+            key = (point.resource, point.time_unix_nano)
+            found[key] = found.get(key, 0.0) + point.value
+    return {key: value for key, value in found.items() if math.isfinite(value) and value >= 0}
 
 
 MFU_WITHOUT_JOB = "mfu_without_job"
@@ -153,13 +165,14 @@ class JobBook:
         # A shared GPU's job's part of it, by its point set's window (the ofu processor's gpu.job.share).
         shares = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == SHARE_METRIC}
         losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
+        links = _window_links(points) if any(p.name == LINK_METRIC for p in points) else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now, behind, losses, shares)
+                self._gpu_point(point, flops, update, touched, now, behind, losses, shares, links)
         for source, late in behind.items():
-            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares)
+            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares, links)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -190,7 +203,8 @@ class JobBook:
     def _late_or_stepped_back(self, source: Any, late: list[MetricPoint], flops: dict, update: Update,
                               touched: dict[str, JobTracker], now: float | None,
                               losses: dict[tuple[Attributes, int], Parts] | None = None,
-                              shares: dict[tuple[Attributes, int], float] | None = None) -> None:
+                              shares: dict[tuple[Attributes, int], float] | None = None,
+                              links: dict[tuple[Attributes, int], float] | None = None) -> None:
         """A host's points of this batch that are far behind its newest data: late (not counted, as
         any point out of order), or its clock was stepped back (HostClocks.stepped_back).
 
@@ -217,7 +231,7 @@ class JobBook:
         if now is None:  # a recording's clock: the newest data of its hosts as they are now
             self.newest = max(c.data for c in self.clocks.hosts.values())
         for point in late:
-            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares)
+            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares, links=links)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
@@ -242,7 +256,8 @@ class JobBook:
     def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
                    now: float | None, behind: dict[Any, list[MetricPoint]] | None = None,
                    losses: dict[tuple[Attributes, int], Parts] | None = None,
-                   shares: dict[tuple[Attributes, int], float] | None = None) -> None:
+                   shares: dict[tuple[Attributes, int], float] | None = None,
+                   links: dict[tuple[Attributes, int], float] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -293,6 +308,7 @@ class JobBook:
         if rate is None or share is not None:  # gpu.flops.achieved of a shared GPU's job is its part: the GPU's here
             rate = facts.flops(point.value)
         weight = share if share is not None else 1.0 / len(facts.jobs)
+        traffic = links.get((point.resource, point.time_unix_nano)) if links else None
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)
@@ -305,7 +321,7 @@ class JobBook:
                 jobs_of_host = self._host_jobs[source] = set()
             jobs_of_host.add(name)
             tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
-                                   loss)
+                                   loss, traffic)
             add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
             tracker.peak_flops_per_gpu = facts.flops(1.0)
 

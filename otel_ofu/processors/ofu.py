@@ -28,7 +28,7 @@ from typing import Any
 from otel_ofu.core import specs
 from otel_ofu.core.counters import CounterTracker
 from otel_ofu.core.loss import CLOCK, MEMORY_BOUND_DRAM, causes_of, loss_shares, split_clock, split_layout
-from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
+from otel_ofu.core.metrics import LINK_THROUGHPUT_METRIC, OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
     FREF_SOURCE,
@@ -38,6 +38,7 @@ from otel_ofu.core.model import (
     HW_MODEL,
     HW_VENDOR,
     JOB_ID,
+    LINK,
     LOSS_CAUSE,
     LOSS_PART,
     PRECISION,
@@ -119,11 +120,19 @@ _INPUT_FIELDS: dict[str, tuple[str, float]] = {
     "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
     "gpu.graphics_engine.activity": ("gr_active", 1.0), "gpu.dram.activity": ("dram_active", 1.0),
 }
-# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them.
-_INPUT_POINTS: tuple[tuple[str, str], ...] = (
-    ("gpu.tensor.activity", RATIO), ("gpu.sm.clock.frequency", "Hz"), ("gpu.sm.clock.max", "Hz"),
-    ("gpu.power.usage", "W"), ("gpu.clock.event_reasons", "{bitmask}"), ("gpu.sm.activity", RATIO),
-    ("gpu.graphics_engine.activity", RATIO), ("gpu.dram.activity", RATIO))
+# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them: name,
+# unit, and the link (ofu.link) of a gpu.link.throughput point.
+LINK_METRIC = LINK_THROUGHPUT_METRIC
+_INPUT_POINTS: tuple[tuple[str, str, str | None], ...] = (
+    ("gpu.tensor.activity", RATIO, None), ("gpu.sm.clock.frequency", "Hz", None), ("gpu.sm.clock.max", "Hz", None),
+    ("gpu.power.usage", "W", None), ("gpu.clock.event_reasons", "{bitmask}", None), ("gpu.sm.activity", RATIO, None),
+    ("gpu.graphics_engine.activity", RATIO, None), ("gpu.dram.activity", RATIO, None),
+    (LINK_METRIC, "By/s", "pcie"), (LINK_METRIC, "By/s", "nvlink"))
+
+
+def _input_attributes(point_attrs: Attributes, link: str | None) -> Attributes:
+    """An input point's attributes: the GPU window's, and which link a gpu.link.throughput point measures."""
+    return point_attrs if link is None else attrs({**dict(point_attrs), LINK: link})
 _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
 
@@ -178,7 +187,7 @@ class OfuProcessorConfig:
     # clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
     # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons, SM,
-    # graphics engine and DRAM activity) as their own metrics.
+    # graphics engine and DRAM activity, PCIe and NVLink traffic) as their own metrics.
     emit_inputs: bool = True
     # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
     # pods and jobs come and go, and their series must not stay in memory forever.
@@ -364,7 +373,8 @@ class OfuProcessor(Processor):
             if cfg.emit_inputs:
                 inputs: list[float] = []
                 present = self._input_values(sample, result, inputs)
-                out += [MetricPoint(name, value, t, resource, point_attrs, unit) for (name, unit), value
+                out += [MetricPoint(name, value, t, resource, _input_attributes(point_attrs, link), unit)
+                        for (name, unit, link), value
                         in zip([item for k, item in enumerate(_INPUT_POINTS) if present >> k & 1], inputs)]
             return out
 
@@ -438,7 +448,8 @@ class OfuProcessor(Processor):
                     attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
                     for part, cause in zip(names, causes_of(names, memory, clock)))
             points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
-        points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
+        points += [(name, unit, _input_attributes(point_attrs, link))
+                   for k, (name, unit, link) in enumerate(_INPUT_POINTS) if present >> k & 1]
         return PointLayout(tuple(points))
 
     def _throttled_time(self, sample: GpuSample, key: GpuKey) -> dict[str, float] | None:
@@ -643,24 +654,42 @@ class OfuProcessor(Processor):
             if value is not None:
                 values.append(value * 1.0)
                 present |= 16
-        if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
-            return present
-        if sample.sm_active is not None:
-            value = clean_ratio(sample.sm_active, tolerance)[0]
+        if not sample.ratios_forwarded:  # else GR, SM and DRAM went on as they came (the otlp join)
+            if sample.sm_active is not None:
+                value = clean_ratio(sample.sm_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 32
+            if sample.gr_active is not None:
+                value = clean_ratio(sample.gr_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 64
+            if sample.dram_active is not None:
+                value = clean_ratio(sample.dram_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 128
+        # Link traffic, tx + rx (the jobs processor's stalled finding): only with both directions read.
+        if sample.pcie_tx_bytes_per_s is not None or sample.pcie_rx_bytes_per_s is not None:
+            value = _traffic(sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 32
-        if sample.gr_active is not None:
-            value = clean_ratio(sample.gr_active, tolerance)[0]
+                values.append(value)
+                present |= 256
+        if sample.nvlink_tx_bytes_per_s is not None or sample.nvlink_rx_bytes_per_s is not None:
+            value = _traffic(sample.nvlink_tx_bytes_per_s, sample.nvlink_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 64
-        if sample.dram_active is not None:
-            value = clean_ratio(sample.dram_active, tolerance)[0]
-            if value is not None:
-                values.append(value * 1.0)
-                present |= 128
+                values.append(value)
+                present |= 512
         return present
+
+
+def _traffic(tx: object, rx: object) -> float | None:
+    """Bytes per second both ways, or None when either direction has no value (blank, missing, negative)."""
+    sent, received = clean(tx, "int64")[0], clean(rx, "int64")[0]  # DCGM 1009-1012 are int64: GB/s are no blank
+    if sent is None or received is None or sent < 0 or received < 0:
+        return None
+    return float(sent) + float(received)
 
 
 FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples",

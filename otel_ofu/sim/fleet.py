@@ -37,7 +37,7 @@ from otel_ofu.core.model import NO_JOB, GpuSample
 from otel_ofu.core.values import DCGM_FP64_BLANK
 
 SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint",
-             "input_bound", "memory_bound", "ragged_vocab")
+             "input_bound", "memory_bound", "ragged_vocab", "hung")
 
 REASON_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
@@ -45,6 +45,10 @@ REASON_SW_POWER_CAP = 0x4
 THROTTLE_REASONS: dict[str, int] = {name: bit for bit, name in loss.CLOCK_REASONS
                                     if name not in ("idle", "display_clocks")}
 TENSOR_DRAM = 0.3  # DRAM activity while tensor pipes run (GEMMs stream their operands)
+# A hung job (an NCCL collective that never completes): its ranks' kernels stay resident and spin on a
+# few SMs (a collective's channels), touching little memory; the tensor pipes do nothing.
+HUNG_SM = 0.10
+HUNG_DRAM = 0.01
 COUNTER_NOISE = 0.002  # sd of the sampling noise on the reported GR, SM and DRAM ratios
 CLOCK_STEP_MHZ = 15.0
 TICK_S = 0.25  # the simulation's time step; clock sampling intervals are multiples of it
@@ -88,6 +92,7 @@ class JobSpec:
     # (seconds into the job): DCGM publishes blanks for profiling fields, so that GPU has no OFU.
     profiler_at: float | None = None
     profiler_length: float = 600.0
+    hang_at: float = 1200.0  # hung: when its collectives stop completing (seconds into the job); it never recovers
 
 
 SCENARIO_DEFAULTS: dict[str, dict] = {
@@ -106,6 +111,8 @@ SCENARIO_DEFAULTS: dict[str, dict] = {
     "memory_bound": {"mfu": 0.12, "precision": "bf16", "profile": (0.15, 0.80, 0.05), "non_tensor_dram": 0.95},
     # ... or its GEMMs fill tiles badly (RAGGED_VOCAB_GEMMS): a well-tuned job whose largest loss is padding
     "ragged_vocab": {"mfu": 0.70, "precision": "bf16", "profile": (0.90, 0.06, 0.04)},
+    # Runs steady, then hangs at hang_at: engine busy, tensor pipes idle (jobs.stall's stalled finding).
+    "hung": {"mfu": 0.45, "precision": "bf16"},
 }
 
 # The ragged_vocab job's GEMMs (M tokens x N out x K in): a 2,048-wide model with GPT-2's vocabulary
@@ -166,6 +173,8 @@ def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
     if job.scenario == "regression":
         regressed = elapsed >= job.regress_at and (job.recover_at is None or elapsed < job.recover_at)
         return (job.mfu / job.regress_factor if regressed else job.mfu), job.precision, True
+    if job.scenario == "hung" and hung(job, t):
+        return 0.0, job.precision, True
     if job.scenario == "checkpoint":
         in_checkpoint = elapsed % job.checkpoint_every >= job.checkpoint_every - job.checkpoint_length
         return (0.01 if in_checkpoint else job.mfu), job.precision, True
@@ -177,6 +186,11 @@ def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
                 return mfu, precision, True
             position -= seconds
     return job.mfu, job.precision, True
+
+
+def hung(job: JobSpec | None, t: float) -> bool:
+    """Whether a hung job's collectives have stopped completing at simulated time t."""
+    return job is not None and job.scenario == "hung" and t - job.start >= job.hang_at
 
 
 def job_efficiency(job: JobSpec, spec: specs.GpuSpec, rng: random.Random) -> float:
@@ -276,6 +290,8 @@ class Fleet:
         else:
             activity = 0.0
         engine, sm_busy, dram = _kernel_time(gpu.job, activity) if running else (0.0, 0.0, 0.0)
+        if running and hung(gpu.job, t):  # spinning in a collective: busy, nothing moves
+            engine, sm_busy, dram = 1.0, HUNG_SM, HUNG_DRAM
         # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw,
         # wandering a few 15 MHz steps (stationary sd ~6 MHz; a power cap dithers twice as much).
         gpu.clock_walk = CLOCK_WALK_AR * gpu.clock_walk + self.rng.gauss(0.0, CLOCK_WALK_SD)
