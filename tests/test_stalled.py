@@ -7,6 +7,8 @@ scenarios (hung, input_bound, memory_bound, checkpoint) are run as the demo runs
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from otel_ofu.core.model import JOB_ID, Batch, GpuSample
@@ -23,11 +25,13 @@ from otel_ofu.jobs.stall import (
     StallConfig,
     window_state,
 )
+from otel_ofu.otlp import codec as otlp
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import FieldError, build_config
 from otel_ofu.processors.jobs import JobsProcessor
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
+from otel_ofu.report.build import build_report, render_table, report_json, write_csv
 
 START = 1_800_000_000.0
 WINDOW_S = 10.0
@@ -56,6 +60,7 @@ class Pipeline:
         self.jobs = JobsProcessor(build_config(JobsConfig, jobs or {}), Context("jobs"), clock=lambda: self.t)
         self.events: list = []
         self.points: list = []
+        self.lines: list[str] = []  # everything the jobs processor passed on, as the file exporter writes it
 
     def run(self, minutes: float, gpus: int = 2, job: str = "train", **readings) -> None:
         for _ in range(round(minutes * 60 / WINDOW_S)):
@@ -64,12 +69,20 @@ class Pipeline:
                                                                      for g in range(gpus)])))
             self.events += out.events
             self.points += [p for p in out.points if p.name.startswith("job.")]
+            self.record(out)
+
+    def record(self, out: Batch) -> None:
+        if out.points:
+            self.lines.append(otlp.to_json_line(otlp.to_request(out.points)))
+        if out.events:
+            self.lines.append(otlp.to_json_line(otlp.events_to_request(out.events)))
 
     def end(self) -> None:
         final = self.jobs.flush()
         if final is not None:
             self.events += final.events
             self.points += final.points
+            self.record(final)
 
     def stalled(self, name: str = "ofu.finding.open") -> list[dict]:
         return [dict(e.attributes) for e in self.stalled_events(name)]
@@ -251,3 +264,39 @@ def test_the_simulated_hung_job_is_found_and_the_input_and_memory_bound_jobs_are
     assert opened[0]["ofu.finding.since_unix_nano"] == pytest.approx((START + 15 * 60) * 1e9, abs=60e9)
     assert opened[0]["ofu.finding.opened_unix_nano"] <= (START + 26 * 60) * 1e9
     assert opened[0]["ofu.finding.evidence"] == EVIDENCE_ACTIVITY_ONLY  # the simulator reads no link traffic
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["recorded", "recomputed"])
+def test_the_report_lists_each_jobs_stalled_gpu_hours(tmp_path, recompute):
+    """The file exporter's recording of a hung job beside a working one: the report's JSON, table, findings and
+    CSV carry the stalled GPU-hours, from the recorded events or recomputed from the points (links included)."""
+    pipeline = Pipeline()
+    for minutes, hung in ((5, WORK), (15, HUNG), (3, WORK)):
+        for _ in range(round(minutes * 60 / WINDOW_S)):
+            pipeline.t += WINDOW_S
+            samples = [sample(pipeline.t, g, "hung-job", **hung) for g in range(2)]
+            samples += [sample(pipeline.t, g, "working-job", **WORK) for g in range(2, 4)]
+            out = pipeline.jobs.process(pipeline.ofu.process(Batch(samples=samples)))
+            pipeline.events += out.events
+            pipeline.record(out)
+    pipeline.end()
+    recording = tmp_path / "out.jsonl"
+    recording.write_text("\n".join(pipeline.lines) + "\n")
+    [closed] = pipeline.stalled("ofu.finding.close")
+    report = build_report(recording, recompute=recompute)
+    data = report_json(report)
+    by_job = {j["job_id"]: j for j in data["jobs"]}
+    assert by_job["working-job"]["stalled_gpu_hours"] is None
+    hours = by_job["hung-job"]["stalled_gpu_hours"]
+    assert hours == pytest.approx(closed["ofu.finding.stalled_gpu_hours"])
+    assert data["fleet"]["stalled_gpu_hours"] == pytest.approx(hours)
+    [finding] = [f for f in by_job["hung-job"]["findings"] if f["kind"] == STALLED]
+    assert finding["close_numbers"]["reason"] == WORK_RESUMED
+    text = render_table(report)
+    assert f"Stalled: {hours:.2f} GPU h held by 1 job(s)" in text
+    assert f"({hours:.2f} GPU h stalled)" in text  # the job table's findings column
+    assert "engine busy with nothing moving for" in text and "(links and activity)" in text
+    write_csv(report, tmp_path / "jobs.csv")
+    rows = {r["job_id"]: r for r in csv.DictReader((tmp_path / "jobs.csv").open())}
+    assert float(rows["hung-job"]["stalled_gpu_hours"]) == pytest.approx(hours)
+    assert rows["working-job"]["stalled_gpu_hours"] == ""
