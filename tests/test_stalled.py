@@ -255,15 +255,18 @@ def test_the_simulated_hung_job_is_found_and_the_input_and_memory_bound_jobs_are
     ofu = OfuProcessor(build_config(OfuProcessorConfig, {}), Context("ofu"))
     jobs = JobsProcessor(build_config(JobsConfig, {}), Context("jobs"), clock=lambda: START + fleet.t)
     events = []
+    links = False  # whether the simulator reports link traffic
     for _ in range(int(40 * 60 / WINDOW_S)):
-        events += jobs.process(ofu.process(window_batch(fleet.step_window(), True))).events
+        results = fleet.step_window()
+        links |= any(s.pcie_tx_bytes_per_s is not None or s.nvlink_tx_bytes_per_s is not None for s, _ in results)
+        events += jobs.process(ofu.process(window_batch(results, True))).events
     opened = [dict(e.attributes) for e in events if e.name == "ofu.finding.open"
               and dict(e.attributes)["ofu.finding.kind"] == STALLED]
     assert [a[JOB_ID] for a in opened] == ["hung"]
     # it hung 15 minutes in: found ten minutes later, within a bin
     assert opened[0]["ofu.finding.since_unix_nano"] == pytest.approx((START + 15 * 60) * 1e9, abs=60e9)
     assert opened[0]["ofu.finding.opened_unix_nano"] <= (START + 26 * 60) * 1e9
-    assert opened[0]["ofu.finding.evidence"] == EVIDENCE_ACTIVITY_ONLY  # the simulator reads no link traffic
+    assert opened[0]["ofu.finding.evidence"] == (EVIDENCE_LINKS if links else EVIDENCE_ACTIVITY_ONLY)
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["recorded", "recomputed"])
