@@ -8,8 +8,11 @@ scenarios (hung, input_bound, memory_bound, checkpoint) are run as the demo runs
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
+import yaml
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu.core.model import JOB_ID, Batch, GpuSample
 from otel_ofu.jobs.config import JobsConfig
@@ -33,6 +36,7 @@ from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch
 from otel_ofu.report.build import build_report, render_table, report_json, write_csv
 
+ROOT = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
 WINDOW_S = 10.0
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -303,3 +307,32 @@ def test_the_report_lists_each_jobs_stalled_gpu_hours(tmp_path, recompute):
     rows = {r["job_id"]: r for r in csv.DictReader((tmp_path / "jobs.csv").open())}
     assert float(rows["hung-job"]["stalled_gpu_hours"]) == pytest.approx(hours)
     assert rows["working-job"]["stalled_gpu_hours"] == ""
+
+
+def test_behind_a_collector_and_in_a_jobs_tier_the_finding_has_what_it_needs():
+    """A processing stage: GR, SM and DRAM pass through under their DCGM names (ratios_forwarded), the loss account
+    still carries the levels. A jobs tier: only the names fleet-jobs.yaml decodes reach it over OTLP."""
+    decode = set(yaml.safe_load((ROOT / "collector-config" / "fleet-jobs.yaml").read_text())["receivers"]["otlp"]
+                 ["decode"])
+    node_ofu = OfuProcessor(build_config(OfuProcessorConfig, {}), Context("ofu"))
+    stage = Pipeline()
+    tier = JobsProcessor(build_config(JobsConfig, {"passthrough": False}), Context("jobs"), clock=lambda: stage.t)
+    tier_events = []
+    for minutes, readings in ((5, WORK), (12, HUNG)):
+        for _ in range(round(minutes * 60 / WINDOW_S)):
+            stage.t += WINDOW_S
+            samples = [sample(stage.t, g, "train", **readings) for g in range(2)]
+            forwarded = [sample(stage.t, g, "train", **readings) for g in range(2)]
+            for s in forwarded:
+                s.ratios_forwarded = True
+            out = stage.jobs.process(stage.ofu.process(Batch(samples=forwarded)))
+            stage.events += out.events
+            assert not any(p.name == "gpu.graphics_engine.activity" for p in out.points)
+            wire = otlp.to_request(node_ofu.process(Batch(samples=samples)).points).SerializeToString()
+            request = ExportMetricsServiceRequest.FromString(wire)
+            arrived = [p for p in otlp.from_request(request) if p.name in decode]
+            tier_events += tier.process(Batch(points=arrived)).events
+    assert [a["ofu.finding.evidence"] for a in stage.stalled()] == [EVIDENCE_LINKS]
+    opened = [dict(e.attributes) for e in tier_events if e.name == "ofu.finding.open"
+              and dict(e.attributes)["ofu.finding.kind"] == STALLED]
+    assert [a["ofu.finding.evidence"] for a in opened] == [EVIDENCE_LINKS]
