@@ -216,10 +216,10 @@ def test_window_states_from_the_ofu_processors_account():
 
     def state(**readings) -> str:
         points = ofu.sample_points(sample(START, 0, "j", **readings))
-        from otel_ofu.jobs.book import _window_links
         from otel_ofu.jobs.loss import window_parts
         parts = next(iter(window_parts(points).values()), None)
-        links = next(iter(_window_links(points).values()), None)
+        traffic = [p.value for p in points if p.name == "gpu.link.throughput"]
+        links = sum(traffic) if traffic else None
         return window_state(parts, links, config)
 
     assert state(**WORK) == WORKING

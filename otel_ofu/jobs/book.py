@@ -80,17 +80,6 @@ def _own_start(point: MetricPoint, max_gap: float) -> float | None:
     return None
 
 
-def _window_links(points: Iterable[MetricPoint]) -> dict[tuple[Attributes, int], float]:
-    """Each GPU window's link traffic (gpu.link.throughput: PCIe and NVLink together, bytes per second), by
-    (resource, time) as its gpu.ofu point has them; a window whose link points are not finite has none."""
-    found: dict[tuple[Attributes, int], float] = {}
-    for point in points:
-        if point.name == LINK_METRIC:
-            key = (point.resource, point.time_unix_nano)
-            found[key] = found.get(key, 0.0) + point.value
-    return {key: value for key, value in found.items() if math.isfinite(value) and value >= 0}
-
-
 MFU_WITHOUT_JOB = "mfu_without_job"
 TFLOPS_WITHOUT_PEAK = "tflops_without_peak"
 
@@ -161,11 +150,29 @@ class JobBook:
         points = list(points)
         self.clocks.next_batch()
         update = Update()
-        flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
-        # A shared GPU's job's part of it, by its point set's window (the ofu processor's gpu.job.share).
-        shares = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == SHARE_METRIC}
-        losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
-        links = _window_links(points) if any(p.name == LINK_METRIC for p in points) else {}
+        # Each GPU window's FLOP/s, a shared GPU's job's part of it (the ofu processor's gpu.job.share) and its
+        # link traffic (PCIe and NVLink together: jobs.stall), by (resource, time) as its gpu.ofu point has them;
+        # one pass over the batch.
+        flops: dict[tuple[Attributes, int], float] = {}
+        shares: dict[tuple[Attributes, int], float] = {}
+        links: dict[tuple[Attributes, int], float] = {}
+        any_loss = False
+        for p in points:
+            name = p.name
+            if name == OFU_METRIC:
+                continue
+            if name == LOSS_METRIC:
+                any_loss = True
+            elif name == FLOPS_METRIC:
+                flops[(p.resource, p.time_unix_nano)] = p.value
+            elif name == SHARE_METRIC:
+                shares[(p.resource, p.time_unix_nano)] = p.value
+            elif name == LINK_METRIC:
+                key = (p.resource, p.time_unix_nano)
+                links[key] = links.get(key, 0.0) + p.value
+        if links:  # a window whose link points are not finite (or negative) has none
+            links = {key: value for key, value in links.items() if math.isfinite(value) and value >= 0}
+        losses = window_parts(points) if any_loss else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:

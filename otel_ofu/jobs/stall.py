@@ -84,6 +84,26 @@ class StallConfig:
                 f"must be a number of bytes per second, 0 or more, got {self.link_idle}")
 
 
+# What a loss part says about the levels (bits): a step of the chain; it holds the non-tensor step (its cause is
+# the memory cause); 1 - it is GR; 1 - it is SM (GR not read); GR - it is SM.
+_STEP, _HOLDS_NON_TENSOR, _GR_LEVEL, _SM_LEVEL_ALONE, _SM_LEVEL_BELOW_GR = 1, 2, 4, 8, 16
+_ROLES: dict[str, int] = {}
+
+
+def _role(part: str) -> int:
+    names = part.split(MERGE)
+    if not _STEPS.issuperset(names):
+        return 0
+    role = _STEP | (_HOLDS_NON_TENSOR if NON_TENSOR in names else 0)
+    if part == ENGINE_IDLE:
+        role |= _GR_LEVEL
+    elif part == ENGINE_IDLE + MERGE + SM_IDLE:
+        role |= _SM_LEVEL_ALONE
+    elif part == SM_IDLE:
+        role |= _SM_LEVEL_BELOW_GR
+    return role
+
+
 Parts = tuple[tuple[tuple[str, float], ...], dict[str, str]]  # jobs.loss.Parts: (part, share) pairs, part -> cause
 
 
@@ -101,18 +121,22 @@ def window_state(parts: Parts | None, links: float | None, config: StallConfig) 
     memory = None
     steps = False
     for part, share in shares:
-        names = part.split(MERGE)
-        if not _STEPS.issuperset(names):
+        role = _ROLES.get(part)
+        if role is None:
+            role = _role(part)
+            if len(_ROLES) < 64:  # the part names are a small fixed set (core.loss); a sender's others are not kept
+                _ROLES[part] = role
+        if not role & _STEP:
             continue
         steps = True
         chain += share
-        if NON_TENSOR in names:
+        if role & _HOLDS_NON_TENSOR:
             memory = causes.get(part)
-        if part == ENGINE_IDLE:
+        if role & _GR_LEVEL:
             gr = 1.0 - share
-        elif part == ENGINE_IDLE + MERGE + SM_IDLE:
+        elif role & _SM_LEVEL_ALONE:
             sm = 1.0 - share
-        elif part == SM_IDLE and gr is not None:
+        elif role & _SM_LEVEL_BELOW_GR and gr is not None:
             sm = gr - share
     if not steps:
         return UNKNOWN
