@@ -95,7 +95,8 @@ class Pipeline:
         return [e for e in self.events if e.name == name and dict(e.attributes)["ofu.finding.kind"] == STALLED]
 
 
-def test_a_hung_job_is_found_after_ten_minutes_and_cleared_when_work_resumes():
+def test_a_hung_job_is_found_after_ten_minutes_and_cleared_when_work_resumes(caplog):
+    caplog.set_level("INFO", logger="otel_ofu")
     pipeline = Pipeline()
     pipeline.run(15, **WORK)
     pipeline.run(9, **HUNG)
@@ -123,6 +124,7 @@ def test_a_hung_job_is_found_after_ten_minutes_and_cleared_when_work_resumes():
     hours = [p.value for p in pipeline.points if p.name == "job.stalled_gpu_hours"]
     assert hours == sorted(hours) and hours[-1] == pytest.approx(closed["ofu.finding.stalled_gpu_hours"])
     pipeline.end()
+    assert not any("cannot be told" in r.getMessage() for r in caplog.records)  # GR read: it can tell
     end = next(dict(e.attributes) for e in pipeline.events if e.name == "ofu.job.end")
     assert end["ofu.job.stalled_gpu_hours"] == pytest.approx(closed["ofu.finding.stalled_gpu_hours"])
 
@@ -149,10 +151,13 @@ def test_where_gr_is_not_read_a_busy_sm_says_busy():
     assert opened["ofu.finding.evidence"] == EVIDENCE_ACTIVITY_ONLY
 
 
-def test_gpus_without_gr_or_sm_cannot_tell_and_raise_nothing():
+def test_gpus_without_gr_or_sm_cannot_tell_and_raise_nothing(caplog):
     pipeline = Pipeline()
-    pipeline.run(30, gr=None, sm=None, tpa=0.0, dram=0.01, pcie=1e6, nvlink=0.0)
+    with caplog.at_level("INFO", logger="otel_ofu"):
+        pipeline.run(30, gr=None, sm=None, tpa=0.0, dram=0.01, pcie=1e6, nvlink=0.0)
     assert pipeline.stalled() == []
+    said = [r.getMessage() for r in caplog.records if "cannot be told" in r.getMessage()]
+    assert len(said) == 1 and "job train" in said[0]  # said once, naming the job
     config = StallConfig()
     parts = ((("engine_idle+sm_idle+non_tensor", 1.0), ("clock", 0.0), ("padding", 0.0)), {})
     assert window_state(parts, 0.0, config) == UNKNOWN

@@ -189,6 +189,8 @@ class StallDetector:
         self._open_seconds = 0  # stalled GPU seconds (exact) of the open finding, its streak's included
         self._open_links = 0  # ... of them, the part whose windows carried link traffic
         self.closed_seconds = 0  # stalled GPU seconds (exact) of its findings already closed
+        # A bin whose GPU windows all had neither GR nor SM (or no loss account) came: it cannot tell (said once)
+        self.cannot_tell = False
 
     @property
     def stalled_seconds(self) -> float:
@@ -200,6 +202,8 @@ class StallDetector:
         if not self.config.enabled:
             return []
         state = stall_bin.state() if stall_bin is not None else UNKNOWN
+        if state == UNKNOWN and stall_bin is not None:
+            self.cannot_tell = True
         if self.open is not None:
             return self._while_open(t, state, stall_bin)
         if state != STALLED_WINDOW or stall_bin is None:

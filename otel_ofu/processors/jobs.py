@@ -359,6 +359,8 @@ class JobsProcessor(Processor):
         events: list[Event] = [self._start_event(tracker) for tracker in update.started]
         for tracker, snapshot in update.snapshots:
             points += self._snapshot_points(snapshot, tracker)
+            if tracker.stall.cannot_tell:
+                self._log_cannot_tell(tracker)
         for tracker, transition in update.transitions:
             events.append(self._finding_event(tracker, transition))
             if transition.action == CLOSE:
@@ -415,6 +417,18 @@ class JobsProcessor(Processor):
                 self.log.warning("reports (MFU/TFLOP/s) without ofu.job.id: put the attribution processor before "
                                  "jobs and give the reporting process a pod, Slurm or process identity "
                                  "(docs/audit.md). Logged once.")
+
+    def _log_cannot_tell(self, tracker: JobTracker) -> None:
+        """Once per job: its GPUs read neither GR nor SM activity, so whether it is stalled cannot be told."""
+        if ("stall_unknown", tracker.job_id) in self._logged:
+            return
+        if len(self._logged) >= _MAX_LOGGED_JOBS:
+            self._logged.clear()
+        self._logged.add(("stall_unknown", tracker.job_id))
+        self.log.info("job %s: its GPUs read neither GR_ENGINE_ACTIVE (DCGM 1001) nor SM_ACTIVE (1002), or sent no "
+                      "loss account (gpu.ofu.loss): whether it is stalled, busy with nothing moving, cannot be told, "
+                      "and no stalled finding is raised for that time. Add field 1001 to the source's counters "
+                      "(docs/jobs.md#stalled-jobs). Logged once per job.", tracker.job_id)
 
     def _start_event(self, tracker: JobTracker) -> Event:
         precisions = ",".join(sorted(tracker.precisions))
