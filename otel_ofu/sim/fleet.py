@@ -422,6 +422,8 @@ def traffic(job: JobSpec | None, t: float, running: bool, activity: float, engin
     """
     if job is None or not running or job.scenario == "idle":
         return 0.0, 0.0, 0.0, 0.0
+    if hung(job, t):  # its collectives never complete: nothing moves but a little housekeeping over PCIe
+        return 0.0002 * PCIE_BYTES_PER_S, 0.0002 * PCIE_BYTES_PER_S, 0.0, 0.0
     pcie_tx, pcie_rx = 0.002 * PCIE_BYTES_PER_S, (0.01 + 0.02 * engine) * PCIE_BYTES_PER_S
     nvlink = 0.0
     if job.gpus > 1:
