@@ -19,7 +19,7 @@ from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
 from otel_ofu.core.loss import CLOCK, gained_words, part_title
-from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
+from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION, STALLED
 
 MISSING = "—"
 FINDING_MARK = "⚠"
@@ -110,6 +110,12 @@ def finding_text(finding: FindingState, data_ns: int, is_open: bool = True) -> s
         ratio = num("ratio")
         text = f"OFU {pct(num('ofu'))} vs baseline {pct(num('baseline'))}"
         text += f" ({ratio:.2f}x slower)" if ratio is not None else ""
+    elif finding.kind == STALLED:  # jobs.stall: what it was judged on, and the GPU-hours held when it opened
+        links = "links idle" if n.get("evidence") == "links" else "no link counters"
+        hours = num("stalled_gpu_hours")
+        text = f"engine busy, nothing moving ({links})" + (f", {hours:.2f} GPU h at open" if hours is not None else "")
+        if is_open:
+            text += ", likely a deadlock or a spinning kernel"
     else:
         text = finding.cause.replace("_", " ")
     if is_open:

@@ -38,6 +38,7 @@ from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
+from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
 from otel_ofu.jobs.windows import SeriesWindows, take
@@ -152,19 +153,41 @@ class JobBook:
         points = list(points)
         self.clocks.next_batch()
         update = Update()
-        flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
-        # A shared GPU's job's part of it, by its point set's window (the ofu processor's gpu.job.share).
-        shares = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == SHARE_METRIC}
-        losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
+        # Each GPU window's FLOP/s, a shared GPU's job's part of it (the ofu processor's gpu.job.share) and its
+        # energy and link traffic (PCIe and NVLink together: jobs.stall), by (resource, time) as its gpu.ofu point
+        # has them;
+        # one pass over the batch.
+        flops: dict[tuple[Attributes, int], float] = {}
+        shares: dict[tuple[Attributes, int], float] = {}
+        links: dict[tuple[Attributes, int], float] = {}
         # A window's energy (the ofu processor's gpu.energy: a shared GPU's job's is its part already).
-        energies = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == ENERGY_METRIC}
+        energies: dict[tuple[Attributes, int], float] = {}
+        any_loss = False
+        for p in points:
+            name = p.name
+            if name == OFU_METRIC:
+                continue
+            if name == LOSS_METRIC:
+                any_loss = True
+            elif name == FLOPS_METRIC:
+                flops[(p.resource, p.time_unix_nano)] = p.value
+            elif name == SHARE_METRIC:
+                shares[(p.resource, p.time_unix_nano)] = p.value
+            elif name == ENERGY_METRIC:
+                energies[(p.resource, p.time_unix_nano)] = p.value
+            elif name == LINK_METRIC:
+                key = (p.resource, p.time_unix_nano)
+                links[key] = links.get(key, 0.0) + p.value
+        if links:  # a window whose link points are not finite (or negative) has none
+            links = {key: value for key, value in links.items() if math.isfinite(value) and value >= 0}
+        losses = window_parts(points) if any_loss else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now, behind, losses, shares, energies)
+                self._gpu_point(point, flops, update, touched, now, behind, losses, shares, energies, links)
         for source, late in behind.items():
-            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares, energies)
+            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares, energies, links)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -196,7 +219,8 @@ class JobBook:
                               touched: dict[str, JobTracker], now: float | None,
                               losses: dict[tuple[Attributes, int], Parts] | None = None,
                               shares: dict[tuple[Attributes, int], float] | None = None,
-                              energies: dict[tuple[Attributes, int], float] | None = None) -> None:
+                              energies: dict[tuple[Attributes, int], float] | None = None,
+                              links: dict[tuple[Attributes, int], float] | None = None) -> None:
         """A host's points of this batch that are far behind its newest data: late (not counted, as
         any point out of order), or its clock was stepped back (HostClocks.stepped_back).
 
@@ -223,7 +247,8 @@ class JobBook:
         if now is None:  # a recording's clock: the newest data of its hosts as they are now
             self.newest = max(c.data for c in self.clocks.hosts.values())
         for point in late:
-            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares, energies=energies)
+            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares, energies=energies,
+                            links=links)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
@@ -249,7 +274,8 @@ class JobBook:
                    now: float | None, behind: dict[Any, list[MetricPoint]] | None = None,
                    losses: dict[tuple[Attributes, int], Parts] | None = None,
                    shares: dict[tuple[Attributes, int], float] | None = None,
-                   energies: dict[tuple[Attributes, int], float] | None = None) -> None:
+                   energies: dict[tuple[Attributes, int], float] | None = None,
+                   links: dict[tuple[Attributes, int], float] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -308,6 +334,7 @@ class JobBook:
         weight = share if share is not None else 1.0 / len(facts.jobs)
         if energy is not None and share is None and len(facts.jobs) > 1:
             energy *= weight  # a point naming several jobs carries the device's energy: each job its part
+        traffic = links.get((point.resource, point.time_unix_nano)) if links else None
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)
@@ -322,7 +349,7 @@ class JobBook:
                 jobs_of_host = self._host_jobs[source] = set()
             jobs_of_host.add(name)
             tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
-                                   loss, energy)
+                                   loss, energy, traffic)
             add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
             if energy is not None:
                 self.fleet_energy.add_job(energy, None if rate is None else rate * (end - start) * weight)

@@ -9,6 +9,7 @@ from otel_ofu.core.model import JOB_KIND, NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
 from otel_ofu.jobs.regression import RegressionConfig
+from otel_ofu.jobs.stall import StallConfig
 from otel_ofu.pipeline.config import Duration, require, require_directory
 
 
@@ -78,6 +79,7 @@ class JobsConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
     carbon: CarbonConfig = field(default_factory=CarbonConfig)
+    stall: StallConfig = field(default_factory=StallConfig)
     # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
     # crash; at shutdown jobs are then kept, not ended (docs/fleet.md). Unset: in memory only.
     storage: str | None = None
@@ -117,6 +119,8 @@ class JobsConfig:
             require(bool(name), f"tflops_metrics[{i}]", "must name a metric")
             require(name != self.mfu_metric, f"tflops_metrics[{i}]", f"{name} is already mfu_metric (a fraction)")
         require(self.max_pending_reports >= 0, "max_pending_reports", "must not be negative")
+        require(self.stall.after >= self.resolution, "stall.after",
+                f"must be at least resolution ({self.resolution:g}s)")
 
     def state_key(self) -> JobsConfig:
         """The settings a saved state depends on (not where or how often it is saved)."""

@@ -27,6 +27,7 @@ from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
 from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part, window_shares
 from otel_ofu.jobs.regression import RegressionDetector
+from otel_ofu.jobs.stall import StallBin, StallDetector, window_state
 
 LIFE = "life"
 
@@ -48,6 +49,7 @@ class Snapshot:
     open_findings: list[Finding]
     # window label (and "life") -> the job's loss account over it (core.loss; its shares add up to 1 with OFU)
     loss: dict[str, LossTotals] = field(default_factory=dict)
+    stalled_seconds: float = 0.0  # GPU time in stalled windows of its stalled findings so far (jobs.stall)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class JobSummary:
     resource: Attributes
     histogram: WeightedHistogram = field(default_factory=WeightedHistogram)  # OFU weighted by GPU-seconds
     loss: LossTotals = field(default_factory=LossTotals)  # its loss account over its life (core.loss)
+    stalled_seconds: float = 0.0  # GPU time in stalled windows of its stalled findings (jobs.stall)
 
 
 @dataclass
@@ -123,26 +126,35 @@ class JobTracker:
         self._open: dict[int, _OpenBin] = {}  # bins not closed yet that hold some of the life sums
         self.audit = MfuAudit(config.audit, self._res)
         self.regression = RegressionDetector(config.regression, self._res)
+        self.stall = StallDetector(config.stall, self._res)
+        self._stall_bins: dict[int, StallBin] = {}  # bins not closed yet: what its GPU windows did (jobs.stall)
         self.findings: list[Finding] = []
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
                        precision: str | None = None, source: Any = None, weight: float = 1.0,
-                       loss: Parts | None = None, energy: float | None = None) -> None:
+                       loss: Parts | None = None, energy: float | None = None, links: float | None = None) -> None:
         """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
         ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
         ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted.
         ``energy``: the job's energy in the window (J, its part already: gpu.energy), shared among the bins the
-        window overlaps as its time is."""
+        window overlaps as its time is. ``links``: its PCIe + NVLink traffic in bytes per second, None where the
+        source reads none (jobs.stall)."""
         seconds = (end - start) * weight
         self._touch(start, end)
         next_bin = self._next_bin
         assert next_bin is not None
         shares = window_shares(loss, ofu)  # its parts lost (waste) and gained apart: neither counter falls
+        stall_state = window_state(loss, links, self.config.stall) if self.config.stall.enabled else None
         pieces = bin_pieces(start, end, self._res)
         for k, overlap in pieces:  # bin by bin: a snapshot counts up to its bin's end
             piece = overlap * weight
             joules = None if energy is None else energy if len(pieces) == 1 else energy * (overlap / (end - start))
             add_window(self.loss_bins.bin(k), loss, ofu, piece)
+            if stall_state is not None and k >= next_bin:
+                stall_bin = self._stall_bins.get(k)
+                if stall_bin is None:
+                    stall_bin = self._stall_bins[k] = StallBin()
+                stall_bin.add(stall_state, piece, links is not None)
             if k >= next_bin:
                 open_bin = self._open.get(k)
                 if open_bin is None:
@@ -224,7 +236,7 @@ class JobTracker:
         return _mean(weighted, seconds)
 
     def open_findings(self) -> list[Finding]:
-        return [f for f in (self.audit.open, self.regression.open) if f is not None]
+        return [f for f in (self.audit.open, self.regression.open, self.stall.open) if f is not None]
 
     def advance(self) -> tuple[list[Snapshot], list[Transition]]:
         """Close every bin the job's data has passed; evaluate each that has data."""
@@ -246,11 +258,14 @@ class JobTracker:
                     self._next_bin = skip_to
                     for empty in [b for b in self._bin_gpus if b < skip_to]:
                         del self._bin_gpus[empty]
+                    for empty in [b for b in self._stall_bins if b < skip_to]:
+                        del self._stall_bins[empty]
                     self._close_open_bins(skip_to - 1)
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
             found += self.audit.observe(bin_end, *self._audit_means(bin_end), last_report=self._last_report())
+            found += self.stall.observe(bin_end, self._stall_bins.pop(k, None))
             for transition in found:
                 if transition.action == OPEN:
                     self.findings.append(transition.finding)
@@ -323,7 +338,7 @@ class JobTracker:
         loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
         loss[LIFE] = life
         return Snapshot(self.job_id, bin_end, gpus, bin_ofu, self.mfu.mean(bin_end - self._res, bin_end), ofu, mfu,
-                        rate, totals, self.regression.baseline, self.open_findings(), loss)
+                        rate, totals, self.regression.baseline, self.open_findings(), loss, self.stall.stalled_seconds)
 
     def end(self, reason: str) -> tuple[JobSummary, list[Transition]]:
         """The job's summary; findings still open close with it."""
@@ -335,10 +350,13 @@ class JobTracker:
                 finding.closed_at = self.last_end
                 finding.close_numbers = {"reason": JOB_END}
                 transitions.append(Transition(CLOSE, finding, self.last_end))
+        if self.stall.open is not None:
+            transitions.append(self.stall.close(self.last_end, JOB_END))
         summary = JobSummary(
             job_id=self.job_id, start=self.first_start, end=self.last_end, reason=reason, gpus=len(self.gpus),
             peak_gpus=max([self.peak_gpus, *(len(g) for g in self._bin_gpus.values())]), totals=self.totals,
             ofu_p10=self.histogram.quantile(0.1), ofu_p50=self.histogram.quantile(0.5),
             ofu_p90=self.histogram.quantile(0.9), mfu_reported=self.mfu_life, precisions=dict(self.precisions),
-            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss)
+            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss,
+            stalled_seconds=self.stall.stalled_seconds)
         return summary, transitions

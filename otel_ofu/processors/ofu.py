@@ -27,8 +27,8 @@ from typing import Any
 
 from otel_ofu.core import specs
 from otel_ofu.core.counters import CounterTracker
-from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
-from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
+from otel_ofu.core.loss import CLOCK, MEMORY_BOUND_DRAM, causes_of, loss_shares, split_clock, split_layout
+from otel_ofu.core.metrics import LINK_THROUGHPUT_METRIC, OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
     ENERGY_BASIS,
@@ -41,6 +41,7 @@ from otel_ofu.core.model import (
     HW_MODEL,
     HW_VENDOR,
     JOB_ID,
+    LINK,
     LOSS_CAUSE,
     LOSS_PART,
     PRECISION,
@@ -66,10 +67,13 @@ UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 _RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
-_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
 # GpuSample.source of a sample made again from another otel-ofu's points (recompute): its energy came with
 # them as gpu.energy (passed on), so none is worked out here from its re-emitted power.
 RECOMPUTED_SOURCE = "otel-ofu"
+_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters (and clock event counters) are looked for
+# A GPU with no sample for this long has left: its clock event counters are forgotten (its next reading is a
+# first one, whose window keeps the bitmask's cause).
+CLOCK_EVENTS_MAX_STALE_S = 600.0
 
 
 def _iso(time_unix_nano: int) -> str:
@@ -122,11 +126,19 @@ _INPUT_FIELDS: dict[str, tuple[str, float]] = {
     "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
     "gpu.graphics_engine.activity": ("gr_active", 1.0), "gpu.dram.activity": ("dram_active", 1.0),
 }
-# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them.
-_INPUT_POINTS: tuple[tuple[str, str], ...] = (
-    ("gpu.tensor.activity", RATIO), ("gpu.sm.clock.frequency", "Hz"), ("gpu.sm.clock.max", "Hz"),
-    ("gpu.power.usage", "W"), ("gpu.clock.event_reasons", "{bitmask}"), ("gpu.sm.activity", RATIO),
-    ("gpu.graphics_engine.activity", RATIO), ("gpu.dram.activity", RATIO))
+# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them: name,
+# unit, and the link (ofu.link) of a gpu.link.throughput point.
+LINK_METRIC = LINK_THROUGHPUT_METRIC
+_INPUT_POINTS: tuple[tuple[str, str, str | None], ...] = (
+    ("gpu.tensor.activity", RATIO, None), ("gpu.sm.clock.frequency", "Hz", None), ("gpu.sm.clock.max", "Hz", None),
+    ("gpu.power.usage", "W", None), ("gpu.clock.event_reasons", "{bitmask}", None), ("gpu.sm.activity", RATIO, None),
+    ("gpu.graphics_engine.activity", RATIO, None), ("gpu.dram.activity", RATIO, None),
+    (LINK_METRIC, "By/s", "pcie"), (LINK_METRIC, "By/s", "nvlink"))
+
+
+def _input_attributes(point_attrs: Attributes, link: str | None) -> Attributes:
+    """An input point's attributes: the GPU window's, and which link a gpu.link.throughput point measures."""
+    return point_attrs if link is None else attrs({**dict(point_attrs), LINK: link})
 _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
 
@@ -202,7 +214,7 @@ class OfuProcessorConfig:
     # clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
     # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons, SM,
-    # graphics engine and DRAM activity) as their own metrics.
+    # graphics engine and DRAM activity, PCIe and NVLink traffic) as their own metrics.
     emit_inputs: bool = True
     # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
     # pods and jobs come and go, and their series must not stay in memory forever.
@@ -268,6 +280,11 @@ class OfuProcessor(Processor):
         self._energy_counter = CounterTracker()
         self._energy_windows: dict[tuple[str, str], tuple[int, float | None, str]] = {}
         self._energy_next_sweep = 0  # data time (ns) of the next look for devices that left
+        # The clock event time per reason (DCGM 1420-1424): per GPU, each cause's last reading (core.counters),
+        # and the time of its last window, that window's throttled ns per cause, and when it was seen.
+        self._event_counters: dict[GpuKey, CounterTracker] = {}
+        self._throttled: dict[GpuKey, tuple[int, dict[str, float] | None, float]] = {}
+        self._next_event_sweep = clock() + _SWEEP_INTERVAL_S
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -372,6 +389,8 @@ class OfuProcessor(Processor):
         gpu = self._gpu(sample, job, precision)
         resource, share = gpu.resource, gpu.share
         t = sample.time_unix_nano
+        # Stepped for every window, with OFU or not, so that an increase never spans two windows.
+        throttled = None if sample.clock_event_ns is None else self._throttled_time(sample, gpu.key)
 
         max_clock = sample.max_sm_clock_mhz
         known = gpu.max_clock
@@ -397,7 +416,8 @@ class OfuProcessor(Processor):
             if cfg.emit_inputs:
                 inputs: list[float] = []
                 present = self._input_values(sample, result, inputs)
-                out += [MetricPoint(name, value, t, resource, point_attrs, unit) for (name, unit), value
+                out += [MetricPoint(name, value, t, resource, _input_attributes(point_attrs, link), unit)
+                        for (name, unit, link), value
                         in zip([item for k, item in enumerate(_INPUT_POINTS) if present >> k & 1], inputs)]
             return out
 
@@ -426,6 +446,10 @@ class OfuProcessor(Processor):
             names, shares, memory, clock = loss_shares(
                 result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
                 sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
+            if throttled is not None:  # the clock part by each reason's share of the window's throttled time
+                split = split_clock(shares[names.index(CLOCK)], throttled)
+                if split is not None:
+                    names, shares, clock = split_layout(names, shares, split)  # type: ignore[assignment]
             loss = (names, memory, clock)
             values += shares
         present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
@@ -471,7 +495,8 @@ class OfuProcessor(Processor):
                     attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
                     for part, cause in zip(names, causes_of(names, memory, clock)))
             points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
-        points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
+        points += [(name, unit, _input_attributes(point_attrs, link))
+                   for k, (name, unit, link) in enumerate(_INPUT_POINTS) if present >> k & 1]
         return PointLayout(tuple(points))
 
     def _energy(self, sample: GpuSample, gpu: _Gpu) -> tuple[float, str] | None:
@@ -533,6 +558,38 @@ class OfuProcessor(Processor):
         for device in [d for d, window in self._energy_windows.items() if window[0] < cutoff]:
             del self._energy_windows[device]
         self._energy_next_sweep = t + int(_SWEEP_INTERVAL_S * 1e9)
+
+    def _throttled_time(self, sample: GpuSample, key: GpuKey) -> dict[str, float] | None:
+        """The ns the GPU's clock was held down per reason in the sample's window: each reason's counter's increase
+        since the GPU's previous window (core.counters: none for a first, blank, late or repeated reading); None
+        when no reason has one. Another copy of the same window (a GPU several jobs share) gets the same answer."""
+        t = sample.time_unix_nano
+        now = self._clock()
+        found = self._throttled.get(key)
+        if found is not None and found[0] == t:
+            return found[1]
+        if now >= self._next_event_sweep:
+            self._forget_left_gpus(now)
+        tracker = self._event_counters.get(key)
+        if tracker is None:
+            tracker = self._event_counters[key] = CounterTracker("int64")
+        increase = tracker.increase
+        increases: dict[str, float] = {}
+        for cause, raw in sample.clock_event_ns.items():  # type: ignore[union-attr]
+            value = increase(cause, t, raw)
+            if value is not None:
+                increases[cause] = value
+        answer = increases or None
+        if found is None or t > found[0]:
+            self._throttled[key] = (t, answer, now)
+        return answer
+
+    def _forget_left_gpus(self, now: float) -> None:
+        """Forget the clock event counters of GPUs with no sample for CLOCK_EVENTS_MAX_STALE_S (they left)."""
+        for key in [k for k, entry in self._throttled.items() if now - entry[2] > CLOCK_EVENTS_MAX_STALE_S]:
+            del self._throttled[key]
+            self._event_counters.pop(key, None)
+        self._next_event_sweep = now + _SWEEP_INTERVAL_S
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
         """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
@@ -704,24 +761,42 @@ class OfuProcessor(Processor):
             if value is not None:
                 values.append(value * 1.0)
                 present |= 16
-        if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
-            return present
-        if sample.sm_active is not None:
-            value = clean_ratio(sample.sm_active, tolerance)[0]
+        if not sample.ratios_forwarded:  # else GR, SM and DRAM went on as they came (the otlp join)
+            if sample.sm_active is not None:
+                value = clean_ratio(sample.sm_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 32
+            if sample.gr_active is not None:
+                value = clean_ratio(sample.gr_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 64
+            if sample.dram_active is not None:
+                value = clean_ratio(sample.dram_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 128
+        # Link traffic, tx + rx (the jobs processor's stalled finding): only with both directions read.
+        if sample.pcie_tx_bytes_per_s is not None or sample.pcie_rx_bytes_per_s is not None:
+            value = _traffic(sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 32
-        if sample.gr_active is not None:
-            value = clean_ratio(sample.gr_active, tolerance)[0]
+                values.append(value)
+                present |= 256
+        if sample.nvlink_tx_bytes_per_s is not None or sample.nvlink_rx_bytes_per_s is not None:
+            value = _traffic(sample.nvlink_tx_bytes_per_s, sample.nvlink_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 64
-        if sample.dram_active is not None:
-            value = clean_ratio(sample.dram_active, tolerance)[0]
-            if value is not None:
-                values.append(value * 1.0)
-                present |= 128
+                values.append(value)
+                present |= 512
         return present
+
+
+def _traffic(tx: object, rx: object) -> float | None:
+    """Bytes per second both ways, or None when either direction has no value (blank, missing, negative)."""
+    sent, received = clean(tx, "int64")[0], clean(rx, "int64")[0]  # DCGM 1009-1012 are int64: GB/s are no blank
+    if sent is None or received is None or sent < 0 or received < 0:
+        return None
+    return float(sent) + float(received)
 
 
 FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples",

@@ -53,8 +53,9 @@ from otel_ofu.core.model import (
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
 from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.config import JOULES_PER_KWH, CarbonConfig, JobsConfig
-from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
+from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, STALLED, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
+from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
@@ -499,7 +500,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, config.mfu_metric,
+    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
+             config.mfu_metric,
              *config.tflops_metrics, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
@@ -570,6 +572,13 @@ def _index_order(ident: str) -> tuple[int, str]:
 
 # --- output -----------------------------------------------------------------------------------
 
+def stalled_gpu_hours(findings: list[dict[str, Any]]) -> float | None:
+    """The GPU-hours a job's stalled findings held (each at its close, or so far when still open); None without one."""
+    hours = [float(f["close_numbers"].get("stalled_gpu_hours", f["numbers"].get("stalled_gpu_hours", 0.0)))
+             for f in findings if f["kind"] == STALLED]
+    return sum(hours) if hours else None
+
+
 def job_record(job: JobReport) -> dict[str, Any]:
     s, t = job.summary, job.summary.totals
     return {
@@ -588,6 +597,7 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "gain_gpu_hours": s.loss.gained_gpu_hours(),
         "largest_loss": largest_record(s.loss),
         "findings": job.findings,
+        "stalled_gpu_hours": stalled_gpu_hours(job.findings),
     }
 
 
@@ -629,6 +639,7 @@ def report_json(report: Report) -> dict[str, Any]:
                   "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours(),
                   "gain_gpu_hours": book.fleet_loss.gained_gpu_hours(),
+                  "stalled_gpu_hours": sum(stalled_gpu_hours(j.findings) or 0.0 for j in report.jobs),
                   **_fleet_energy(book)},
         "recommendations": recommendations(_job_losses(report), book.fleet_loss,
                                            fleet_factors=_fleet_tile_factors(report)),
@@ -720,6 +731,8 @@ REPORT_FIELDS: dict[str, str] = {
     "fleet.unattributed_energy_joules": "the part of it of GPUs without a job",
     "fleet.joules_per_useful_pflop": "the jobs' J per useful PFLOP, jobs together (the unattributed GPUs' energy is "
                                      "not in it)",
+    "fleet.stalled_gpu_hours": "GPU hours the jobs' stalled findings held, jobs together (`jobs[].stalled_gpu_hours`); "
+                               "0 without one",
     "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
                                 "5, none under 0.01 GPU h",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
@@ -773,9 +786,10 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
     "jobs[].largest_loss.cause": "its dominant cause, when the part has one (clock, non-tensor)",
     "jobs[].largest_loss.advice": "what to look at first",
-    "jobs[].findings[].kind": "`mfu_gap` (the MFU audit) or `regression`",
+    "jobs[].findings[].kind": "`mfu_gap` (the MFU audit), `regression` or `stalled` (GPUs busy with nothing "
+                              "moving: docs/jobs.md#stalled-jobs)",
     "jobs[].findings[].cause": "the likely cause, a code: `flop_formula_overcount`, "
-                               "`uncounted_padding_or_recompute`, `sustained_ofu_drop`",
+                               "`uncounted_padding_or_recompute`, `sustained_ofu_drop`, `engine_busy_no_work`",
     "jobs[].findings[].meaning": "the cause in words",
     "jobs[].findings[].action": "what to do about it",
     "jobs[].findings[].id": "`<job>/<kind>/<n>`: pairs the open and close events",
@@ -786,10 +800,14 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].findings[].closed": "when it cleared, closed with its job or closed for want of MFU reports; null while "
                                 "open",
     "jobs[].findings[].numbers": "mapping: the numbers at open (`mfu_gap`: `mfu_reported`, `ofu`, `gap_pp`, "
-                                 "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`)",
+                                 "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`; `stalled`: `evidence` "
+                                 "(`links` or `activity_only`), `stalled_for_s`, `stalled_gpu_hours`)",
     "jobs[].findings[].close_numbers": "mapping: the numbers at close (`reason`: `job_end` when it closed with its "
                                        "job, `no_mfu_report` when the job sent no MFU report for a whole audit "
-                                       "window, with `no_report_s`, how long)",
+                                       "window, with `no_report_s`, how long; `work_resumed` when a stalled one "
+                                       "cleared, with its `stalled_for_s` and `stalled_gpu_hours` to then)",
+    "jobs[].stalled_gpu_hours": "GPU hours its stalled findings held (engine busy, nothing moving: "
+                                "docs/jobs.md#stalled-jobs); null without one",
     "gpus[].host": "the GPU's host",
     "gpus[].gpu": "its index on the host",
     "gpus[].uuid": "its UUID",
@@ -846,6 +864,12 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
     if f["kind"] == MFU_GAP and "mfu_reported" in n and "ofu" in n:
         what = (f"reported MFU {_pct(n['mfu_reported'])} vs OFU {_pct(n['ofu'])} over {n.get('window', '?')} "
                 f"-> {f['cause']}")
+    elif f["kind"] == STALLED and "stalled_for_s" in n:
+        until = {**n, **f.get("close_numbers", {})}
+        evidence = ("links and activity" if until.get("evidence") == "links"
+                    else "activity counters only, no link counters")
+        what = (f"engine busy with nothing moving for {window_label(round(float(until['stalled_for_s'])))}, "
+                f"{float(until['stalled_gpu_hours']):.2f} GPU h ({evidence})")
     elif "ofu" in n and "baseline" in n:
         what = f"OFU {_pct(n['ofu'])} vs baseline {_pct(n['baseline'])} ({n['baseline'] / n['ofu']:.2f}x slower)" \
             if n["ofu"] else f"OFU 0 vs baseline {_pct(n['baseline'])}"
@@ -897,6 +921,9 @@ def table_rows(report: Report) -> list[tuple[str, ...]]:
         kinds = ", ".join(f"{f['kind']}@+{f['minutes_into_job']:.0f}m" for f in job.findings) or "-"
         per_pflop = t.energy_per_useful_pflop
         energy_cells = (_kwh(t.energy), "-" if per_pflop is None else f"{per_pflop:,.0f}") if energy else ()
+        stalled = stalled_gpu_hours(job.findings)
+        if stalled is not None:
+            kinds += f" ({stalled:.2f} GPU h stalled)"
         rows.append((s.job_id, str(s.gpus), f"{t.gpu_hours:.2f}", _pct(t.ofu_mean), _pct(s.ofu_p10), _pct(s.ofu_p50),
                      _pct(s.ofu_p90), _si(t.flop if t.flops_known else None, "FLOP"), f"{t.wasted_gpu_hours:.2f}",
                      *energy_cells, kinds))
@@ -1005,6 +1032,11 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
                  if report.jobs else "")
     out.append(f"Fleet OFU {_pct(fleet['ofu_mean'])} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs "
                f"included{jobs_part}.")
+    stalled_jobs = [j for j in data["jobs"] if j["stalled_gpu_hours"] is not None]
+    if stalled_jobs:
+        out.append(f"Stalled: {fleet['stalled_gpu_hours']:.2f} GPU h held by {len(stalled_jobs)} job(s) whose GPUs "
+                   "were busy with nothing moving (a collective deadlock or a spinning kernel: "
+                   "docs/jobs.md#stalled-jobs).")
     out.append("")
     if report.jobs:
         columns = table_columns(report)
@@ -1032,7 +1064,8 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
                          "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
                          "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS),
-                         "gained_gpu_hours", "energy_joules", "joules_per_useful_pflop", "emissions_grams"])
+                         "gained_gpu_hours", "energy_joules", "joules_per_useful_pflop", "emissions_grams",
+                         "stalled_gpu_hours"])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
@@ -1041,4 +1074,5 @@ def write_csv(report: Report, path: str | Path) -> None:
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
                              *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"],
-                             r["energy_joules"], r["joules_per_useful_pflop"], r["emissions_grams"]])
+                             r["energy_joules"], r["joules_per_useful_pflop"], r["emissions_grams"],
+                             r["stalled_gpu_hours"]])
