@@ -133,3 +133,10 @@ def test_fleet_direct_tiny():
     out = run_json("fleet.py", "--direct", "--gpus", "160", "--windows", "1", timeout=300)
     assert out["requests"] == 20 and out["points"] > 0
     assert is_number(out["jobs_instance_gpus_per_core_at_10s"]) and out["jobs_instance_gpus_per_core_at_10s"] > 0
+
+
+@pytest.mark.parametrize("extra", [(), ("--storage",)])
+def test_jobs_processor_tiny(extra):
+    out = run_json("jobs_processor.py", "--gpus", "32", "--windows", "4", *extra)
+    assert out["gpus"] == 32 and out["storage"] is bool(extra)
+    assert out["gpu_windows"] == 32 * 2 and is_number(out["us_per_gpu_window"]) and out["us_per_gpu_window"] > 0

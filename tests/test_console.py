@@ -171,6 +171,27 @@ def test_a_closed_mfu_gap_says_why_and_no_longer_calls_its_cause_likely(close, e
     assert "likely" not in "\n".join(render.plain_lines(state.view()))
 
 
+def test_a_stalled_job_says_what_it_was_judged_on_and_when_work_resumed():
+    """Issue 34: the jobs processor's stalled finding in the console: busy with nothing moving, its evidence and
+    GPU-hours, then cleared."""
+    state = FleetState()
+    state.update(Batch(points=ofu_points(gpu_resource(), T0, 0.0, job="hung"), events=[
+        finding_event("ofu.finding.open", "hung", T0, kind="stalled", **{
+            "ofu.finding.cause": "engine_busy_no_work", "ofu.finding.evidence": "activity_only",
+            "ofu.finding.stalled_for_s": 600.0, "ofu.finding.stalled_gpu_hours": 1.333,
+            "ofu.finding.since_unix_nano": T0 - 600 * S})]))
+    job = state.view().jobs[0]
+    assert render.finding_text(job.open_findings[0], T0) == (
+        "stalled: engine busy, nothing moving (no link counters), 1.33 GPU h at open, likely a deadlock or a "
+        f"spinning kernel, since {render.clock(T0 - 600 * S)} (10m)")
+    state.update(Batch(events=[finding_event("ofu.finding.close", "hung", T0 + 300 * S, kind="stalled", **{
+        "ofu.finding.reason": "work_resumed"})]))
+    job = state.view().jobs[0]
+    assert render.finding_text(job.closed_findings[0], T0 + 300 * S, is_open=False) == (
+        f"stalled cleared at {render.clock(T0 + 300 * S)} (was engine busy, nothing moving (no link counters), "
+        "1.33 GPU h at open)")
+
+
 def test_jobs_with_findings_come_first_then_lowest_ofu():
     state = FleetState()
     points = []

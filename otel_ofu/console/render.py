@@ -19,7 +19,7 @@ from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
 from otel_ofu.core.loss import CLOCK, gained_words, part_title
-from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
+from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION, STALLED
 
 MISSING = "—"
 FINDING_MARK = "⚠"
@@ -110,6 +110,12 @@ def finding_text(finding: FindingState, data_ns: int, is_open: bool = True) -> s
         ratio = num("ratio")
         text = f"OFU {pct(num('ofu'))} vs baseline {pct(num('baseline'))}"
         text += f" ({ratio:.2f}x slower)" if ratio is not None else ""
+    elif finding.kind == STALLED:  # jobs.stall: what it was judged on, and the GPU-hours held when it opened
+        links = "links idle" if n.get("evidence") == "links" else "no link counters"
+        hours = num("stalled_gpu_hours")
+        text = f"engine busy, nothing moving ({links})" + (f", {hours:.2f} GPU h at open" if hours is not None else "")
+        if is_open:
+            text += ", likely a deadlock or a spinning kernel"
     else:
         text = finding.cause.replace("_", " ")
     if is_open:
@@ -221,6 +227,12 @@ def cost_text(job: JobRow, prefix: str = "") -> str:
     if job.cost_lost_per_hour is None:
         return ""
     return f"{prefix}{job.cost_lost_per_hour:.2f} {job.currency}/h".rstrip()
+def energy_text(job: JobRow) -> str:
+    """``, energy 12.40 kWh (1,310 J/useful PFLOP)``: where the jobs processor sent its job.energy; else ""."""
+    if job.energy is None:
+        return ""
+    per_pflop = f" ({job.energy_per_pflop:,.0f} J/useful PFLOP)" if job.energy_per_pflop is not None else ""
+    return f", energy {job.energy / 3.6e6:.2f} kWh{per_pflop}"
 
 
 def _gain_shown(job: JobRow) -> bool:
@@ -290,7 +302,7 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
         loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else \
             f", {largest_loss_text(job)}" if _gain_shown(job) else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
-                     f"{pct(job.ofu_life)} over the job{mfu}{loss}{cost_text(job, ', losing ')}")
+                     f"{pct(job.ofu_life)} over the job{mfu}{loss}{energy_text(job)}{cost_text(job, ', losing ')}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]
         lines += [f"    {finding_text(f, view.data_ns, is_open=False)}" for f in job.closed_findings]
     if gpus and view.gpus:

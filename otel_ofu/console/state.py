@@ -66,6 +66,8 @@ OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu
 _GPU_METRICS = frozenset({OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED})
 JOB_OFU, JOB_MFU, JOB_GPUS, JOB_COST = "job.ofu", "job.mfu.reported", "job.gpus", "job.cost"
 COST_BINS = 6  # a job's cost lost per hour is over its last this many job.cost stamps (5 bins: 5 minutes at 1m)
+JOB_ENERGY, JOB_ENERGY_PER_PFLOP = "job.energy", "job.energy.per_useful_pflop"
+_JOB_METRICS = frozenset({JOB_OFU, JOB_MFU, JOB_GPUS, JOB_COST, JOB_ENERGY, JOB_ENERGY_PER_PFLOP})
 
 @dataclass
 class GpuState:
@@ -122,6 +124,8 @@ class JobState:
     life_ofu: float | None = None  # job.ofu{ofu.window=life} from the jobs processor
     mfu: dict[str, float] = field(default_factory=dict)  # job.mfu.reported by window
     reported_gpus: int | None = None  # job.gpus
+    energy: float | None = None  # job.energy (J), its newest
+    energy_per_pflop: float | None = None  # job.energy.per_useful_pflop (J per useful PFLOP), its newest
     loss: LossTotals = field(default_factory=LossTotals)  # its GPUs' loss account, over what the console saw
     findings: dict[str, FindingState] = field(default_factory=dict)  # open, by id
     closed: dict[str, FindingState] = field(default_factory=dict)  # the newest closed, by kind
@@ -157,6 +161,8 @@ class JobRow:
     # What its loss parts cost per hour of data time over its last few bins (job.cost), and in what; None without
     cost_lost_per_hour: float | None = None
     currency: str = ""
+    energy: float | None = None  # J since it started (job.energy), where its energy is known
+    energy_per_pflop: float | None = None  # J per useful PFLOP over its life
 
 
 @dataclass(frozen=True)
@@ -232,7 +238,7 @@ class FleetState:
             if point.name in _GPU_METRICS:
                 self._gpu_point(point, now, arrived)
                 changed = True
-            elif point.name in (JOB_OFU, JOB_MFU, JOB_GPUS, JOB_COST):
+            elif point.name in _JOB_METRICS:
                 changed |= self._job_point(point)
         for event in batch.events:
             changed |= self._event(event)
@@ -343,6 +349,10 @@ class FleetState:
                 for old in sorted(job.cost)[:-COST_BINS]:
                     del job.cost[old]
             at[part] = point.value
+        elif point.name == JOB_ENERGY:
+            job.energy = point.value
+        elif point.name == JOB_ENERGY_PER_PFLOP:
+            job.energy_per_pflop = point.value
         return True
 
     def _event(self, event: Event) -> bool:
@@ -446,7 +456,7 @@ class FleetState:
                       sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
                       (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None,
                       gained / job.loss.seconds if gained and job.loss.seconds > 0 else None,
-                      _cost_per_hour(job.cost), job.currency)
+                      _cost_per_hour(job.cost), job.currency, job.energy, job.energy_per_pflop)
 
 
 def _cost_per_hour(cost: dict[int, dict[str, float]]) -> float | None:

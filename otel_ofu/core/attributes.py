@@ -146,6 +146,8 @@ _ATTRIBUTES = (
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "
                   "processor's reference_clocks) or `max_sm_clock` (an unknown model's reported max clock).",
                   ("processors/ofu",), _OFU_POINTS),
+    AttributeInfo("ofu.link", POINT, "The interconnect a `gpu.link.throughput` point measures: `pcie` or `nvlink`.",
+                  ("processors/ofu",), ("gpu.link.throughput",)),
     AttributeInfo("ofu.loss.part", POINT, "A part of the loss account: `engine_idle`, `sm_idle`, `non_tensor`, "
                   "`clock`, `padding`; steps merged where a counter is missing (`sm_idle+non_tensor` without "
                   "SM_ACTIVE, `engine_idle+sm_idle` without GR_ENGINE_ACTIVE, `engine_idle+sm_idle+non_tensor` with "
@@ -160,12 +162,23 @@ _ATTRIBUTES = (
                   "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "
                   "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
                   "or `unknown`. Absent on the other parts. Per job: the cause behind most of that part's loss in the "
-                  "window.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
+                  "window. Where the clock event time per reason is read (DCGM 1420-1424), the clock part comes as one "
+                  "point per reason that held the clock down (`sw_power_cap`, `sync_boost`, `sw_thermal`, "
+                  "`hw_thermal`, `hw_power_brake`), by its share of the throttled time, adding up to the clock part; "
+                  "per job the clock part is always one point per cause, its gain as `boost` (below 0).",
+                  ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
     AttributeInfo("ofu.share.basis", POINT, "How a shared GPU's split among its jobs was made (gpu.job.share): "
                   "`sm_util` (each job's processes' SM utilization: NVML per-process utilization, dcgm-exporter's "
                   "per-pod DCGM_FI_DEV_GPU_UTIL), `even` (nothing measured each job's use, or none used it), "
                   "`mig_profile` (MIG devices of one profile on one GPU whose instance is not known: each job an even "
                   "part of each; docs/sharing.md).", ("processors/ofu",), ("gpu.job.share",)),
+    AttributeInfo("ofu.energy.basis", POINT, "How gpu.energy was found: `counter` (the increase of the GPU's energy "
+                  "counter: DCGM 156 or 1611, NVML total energy) or `power_x_time` (the power reading x the window's "
+                  "time, where the source has no counter: an estimate; docs/method.md#energy-per-job).",
+                  ("processors/ofu",), ("gpu.energy",)),
+    AttributeInfo("ofu.energy.use", POINT, "Whose GPUs fleet.energy went to: `jobs` (GPU windows of a job) or "
+                  "`unallocated` (GPUs of no job, ignored jobs, shared GPUs not counted).", ("processors/jobs",),
+                  ("fleet.energy",)),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",
@@ -176,10 +189,11 @@ _ATTRIBUTES = (
                   "reporting process (docs/audit.md).", ("receivers/nvml", "receivers/prometheus")),
     AttributeInfo("ofu.window", POINT, "The window a job figure covers: a rolling window (`5m`, `1h`: the jobs "
                   "processor's windows) or `life`.", ("processors/jobs",), _JOB_WINDOW_METRICS),
-    AttributeInfo("ofu.finding.kind", POINT, "`mfu_gap` (the MFU audit) or `regression`.", ("processors/jobs",),
-                  ("job.finding",)),
+    AttributeInfo("ofu.finding.kind", POINT, "`mfu_gap` (the MFU audit), `regression` or `stalled` (GPUs busy with "
+                  "nothing moving: docs/jobs.md#stalled-jobs).", ("processors/jobs",), ("job.finding",)),
     AttributeInfo("ofu.finding.cause", POINT, "The finding's likely cause: `flop_formula_overcount`, "
-                  "`uncounted_padding_or_recompute`, `sustained_ofu_drop`.", ("processors/jobs",), ("job.finding",)),
+                  "`uncounted_padding_or_recompute`, `sustained_ofu_drop`, `engine_busy_no_work`.",
+                  ("processors/jobs",), ("job.finding",)),
     # --- self-telemetry (point) ---
     AttributeInfo("receiver", POINT, "The receiver's component id (`otlp`, `dcgm/node`).", (), _RECEIVER_METRICS),
     AttributeInfo("state", POINT, "The GPU receiver's state (`ok`, `dcgm_missing`, `profiling_in_use`, "
