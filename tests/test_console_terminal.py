@@ -204,9 +204,10 @@ def test_demo_piped_prints_plain_lines_with_the_findings(tmp_path):
     # (its GPUs boost a little above f_ref: a gain, said as one)
     # (and with the demo's prices, what its losses cost per hour once it has two job.cost stamps)
     assert re.search(r"^  job input-starved-vit: 4 GPUs, .*largest loss engine idle \d+%"
-                     r"(; clock boost: \+\d+% gained)?(, losing \d+\.\d\d USD/h)?$", text, re.M)
-    assert re.search(r"^  job hot-node-gemm: 4 GPUs, .*largest loss clock \d+% \(hw thermal\)"
+                     r"(; clock boost: \+\d+% gained)?(, energy \d+\.\d\d kWh( \([\d,]+ J/useful PFLOP\))?)?"
                      r"(, losing \d+\.\d\d USD/h)?$", text, re.M)
+    assert re.search(r"^  job hot-node-gemm: 4 GPUs, .*largest loss clock \d+% \(hw thermal\)"
+                     r"(, energy \d+\.\d\d kWh( \([\d,]+ J/useful PFLOP\))?)?(, losing \d+\.\d\d USD/h)?$", text, re.M)
     assert re.search(r"^  job .*, losing \d+\.\d\d USD/h$", text, re.M)  # the demo's prices
     assert "sim-node-" not in frames[1]
     # The findings were logged on stderr too, once each.
