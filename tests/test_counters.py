@@ -71,3 +71,14 @@ def test_without_resets_the_increases_add_up_to_last_minus_first(increments):
     if first is not None:
         total = last - first
     assert got == total
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.one_of(
+    st.integers(-5, 10**12), st.floats(allow_nan=True, allow_infinity=True), st.none(), st.just("N/A"),
+    st.just(str(10**9)), st.sampled_from([DCGM_INT64_BLANK, DCGM_INT64_BLANK + 2, 2**47, 0x7FFFFFF0]))), max_size=30),
+    st.sampled_from(["int64", "int32", "fp64"]))
+def test_increase_is_steps_value_for_any_sequence_of_readings(readings, field_type):
+    """The hot path's increase() (no object made) is step()'s value, reading for reading: one rule, two shapes."""
+    stepped, fast = CounterTracker(field_type), CounterTracker(field_type)
+    for t, raw in readings:
+        assert fast.increase("k", t, raw) == stepped.step("k", t, raw).value

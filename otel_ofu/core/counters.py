@@ -22,7 +22,10 @@ import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from otel_ofu.core.values import clean
+from otel_ofu.core.values import DCGM_FP64_BLANK, DCGM_INT32_BLANK, DCGM_INT64_BLANK, clean
+
+# The smallest DCGM blank sentinel of each field type: a number below it (and not below 0) is an ordinary reading.
+_BLANK_AT = {"int32": DCGM_INT32_BLANK, "fp64": DCGM_FP64_BLANK, "int64": DCGM_INT64_BLANK}
 
 
 class Increase(enum.StrEnum):
@@ -54,29 +57,65 @@ def counter_increase(previous: float, current: float) -> tuple[float, Increase]:
 class CounterTracker:
     """Last good reading per series key; :meth:`step` gives each new reading's increase."""
 
-    __slots__ = ("_last", "field_type")
+    __slots__ = ("_blank_at", "_last", "field_type")
 
     def __init__(self, field_type: str = "int64"):
         self._last: dict[Hashable, tuple[int, float]] = {}
         self.field_type = field_type  # the blank rule's type of the counter's DCGM field
+        self._blank_at = _BLANK_AT[field_type]
+
+    def reading(self, raw: object) -> float | None:
+        """The reading as the blank rule (core.values.clean) reads it; None when it has no value.
+
+        Why not clean() alone: an energy counter is past the smallest sentinel (2^31 mJ is 25 days of
+        1 kW), where clean() works out which blank a number is; an ordinary int or float below the field
+        type's sentinel is what clean() gives back, checked at once (tests/test_energy.py compares them).
+        """
+        kind = type(raw)
+        if (kind is int or kind is float) and 0 <= raw < self._blank_at:  # type: ignore[operator]
+            return float(raw)  # type: ignore[arg-type]
+        return clean(raw, self.field_type)[0]
 
     def step(self, key: Hashable, time_unix_nano: int, raw: object) -> CounterStep:
         """The increase since ``key``'s last good reading; the reading is kept when it is good and later."""
-        value, _reason = clean(raw, self.field_type)
-        if value is None:
-            return CounterStep(None, Increase.NO_VALUE)
         last = self._last.get(key)
+        value = self.increase(key, time_unix_nano, raw)
+        if value is not None:
+            assert last is not None
+            how = Increase.OK if self._last[key][1] >= last[1] else Increase.RESET
+            return CounterStep(value, how, (time_unix_nano - last[0]) / 1e9)
+        if self.reading(raw) is None:
+            return CounterStep(None, Increase.NO_VALUE)
         if last is not None and time_unix_nano <= last[0]:
             return CounterStep(None, Increase.STALE)
+        return CounterStep(None, Increase.FIRST)
+
+    def increase(self, key: Hashable, time_unix_nano: int, raw: object) -> float | None:
+        """:meth:`step`'s value alone (None unless OK or RESET), kept the same way, without making a
+        CounterStep: for a hot path (the ofu processor's energy, once per GPU window)."""
+        value = self.reading(raw)
+        if value is None:
+            return None
+        last = self._last.get(key)
+        if last is not None and time_unix_nano <= last[0]:
+            return None
         self._last[key] = (time_unix_nano, value)
         if last is None:
-            return CounterStep(None, Increase.FIRST)
-        increase, how = counter_increase(last[1], value)
-        return CounterStep(increase, how, (time_unix_nano - last[0]) / 1e9)
+            return None
+        previous = last[1]
+        return value - previous if value >= previous else value  # counter_increase: a reset counts from 0
 
     def forget(self, key: Hashable) -> None:
         """Drop a series (its GPU left): its next reading is a first one."""
         self._last.pop(key, None)
+
+    def forget_before(self, time_unix_nano: int) -> int:
+        """Drop the series whose last good reading is older than ``time_unix_nano`` (GPUs that left);
+        returns how many."""
+        old = [key for key, (t, _) in self._last.items() if t < time_unix_nano]
+        for key in old:
+            del self._last[key]
+        return len(old)
 
     def __len__(self) -> int:
         return len(self._last)

@@ -22,6 +22,7 @@ DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"  # 100, in Hz
 DCGMRECEIVER_GR = "gpu.dcgm.utilization"  # 1001 (without profiling: 203 GPU_UTIL / 100, and then no TPA either)
 DCGMRECEIVER_SM = "gpu.dcgm.sm.utilization"  # 1002
 DCGMRECEIVER_DRAM = "gpu.dcgm.memory.bandwidth_utilization"  # 1005 (without profiling: 204 MEM_COPY_UTIL / 100)
+DCGMRECEIVER_ENERGY = "gpu.dcgm.energy_consumption"  # 156, in J (a cumulative sum): the ledger's energy, as mJ
 DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
 DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
 
@@ -73,7 +74,8 @@ KEPT_INPUTS.update({
 })
 
 # The same ratios as dcgmreceiver sends them: its GPU is its resource's, as for its TPA and clock.
-DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM}
+DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM,
+                                     DCGMRECEIVER_ENERGY: ENERGY_BASE_UNIT}
 DCGMRECEIVER_READ: frozenset[str] = frozenset(DCGMRECEIVER_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
 
 # GPU sources whose metrics make no OFU, each known by the metrics it always sends (what a source
