@@ -41,6 +41,7 @@ is the headline, the first window (every GPU new to otel-ofu) beside it.
 
     python benchmarks/stage.py --json                          # both protocols, 30 windows
     python benchmarks/stage.py --protocol grpc --windows 60    # the headline only, longer
+    python benchmarks/stage.py --json --pod-labels             # each GPU labelled with its pod (the job named)
 """
 
 from __future__ import annotations
@@ -133,9 +134,12 @@ class Node:
 _T_MARK, _V_MARK = 0x7E57_0000_0000_0000, 1.0e-300  # distinct per point, found again in the bytes
 
 
-def fleet(nodes: int, seed: int) -> list[Node]:
+def fleet(nodes: int, seed: int, pod_labels: bool = False) -> list[Node]:
     """The fleet's nodes: each scrape built once with protobuf as the prometheus receiver makes it, then
-    laid out as the Collector's pdata writes it (tools/collector_layout.py)."""
+    laid out as the Collector's pdata writes it (tools/collector_layout.py). ``pod_labels``: each GPU
+    also labelled with the pod holding it, as dcgm-exporter in Kubernetes mode labels it (``container``,
+    ``namespace``, ``pod``: one training pod per node holding its 8 GPUs), which the stage's
+    ``attribution`` processor names the job from."""
     out = []
     rng = random.Random(seed)
     for n in range(nodes):
@@ -154,6 +158,8 @@ def fleet(nodes: int, seed: int) -> list[Node]:
             labels = {"Hostname": host, "UUID": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
                       "device": f"nvidia{g}", "gpu": str(g), "modelName": MODEL,
                       "pci_bus_id": f"00000000:{0x18 + 0x10 * g:02X}:00.0"}
+            if pod_labels:
+                labels.update({"container": "pytorch", "namespace": "training", "pod": f"llama-worker-{n}"})
             gpus.append([_kv(k, labels[k]) for k in sorted(labels)])  # Prometheus label sets are sorted
         marks = iter(range(len(FIELDS) * GPUS_PER_NODE))
         for name, help_text, _, _ in FIELDS:
@@ -610,9 +616,12 @@ def main(argv: list[str] | None = None) -> int:
                              "(collapsed stacks); the figures of such a run include py-spy's reading")
     parser.add_argument("--memory", action="store_true",
                         help="instead: the stage's memory per GPU kept between requests, in this process")
+    parser.add_argument("--pod-labels", action="store_true",
+                        help="label each GPU with its pod (dcgm-exporter in Kubernetes mode: container, namespace, "
+                             "pod), so attribution names a job for every GPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    nodes = fleet(args.nodes, args.seed)
+    nodes = fleet(args.nodes, args.seed, args.pod_labels)
     protocols = ["grpc", "http"] if args.protocol == "both" else [args.protocol]
     if args.memory:
         found = memory(nodes, max(1, args.windows), args.per_request, args.seed, args.order == "shuffled")
@@ -645,8 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         "gzip_first_window_ratio_to_collector": runs["http"]["first_window_ratio_to_collector"]
         if "http" in runs else None,
         "nodes": args.nodes, "gpus": args.nodes * GPUS_PER_NODE, "per_request": args.per_request,
-        "windows": args.windows, "order": args.order, "loss_account": not args.no_loss, "cores": os.cpu_count(),
-        "complete": all(r["complete"] for r in runs.values()), "runs": runs,
+        "windows": args.windows, "order": args.order, "loss_account": not args.no_loss, "pod_labels": args.pod_labels,
+        "cores": os.cpu_count(), "complete": all(r["complete"] for r in runs.values()), "runs": runs,
     }
     if args.json:
         json.dump(out, sys.stdout)

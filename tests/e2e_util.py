@@ -31,14 +31,17 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 class PageServer:
     """Prometheus text pages over real HTTP, by path (404 for any other): a dcgm-exporter's or a
-    training job's /metrics. ``url`` is the base URL; use it as a context manager, or close()."""
+    training job's /metrics. ``url`` is the base URL; use it as a context manager, or close().
+    A page given as a function is made anew for each request (counters that move scrape by scrape)."""
 
-    def __init__(self, pages: dict[str, bytes]):
+    def __init__(self, pages: dict[str, bytes | Callable[[], bytes]]):
         self.pages = pages = dict(pages)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 body = pages.get(self.path)
+                if callable(body):
+                    body = body()
                 self.send_response(200 if body is not None else 404)
                 body = b"not found\n" if body is None else body
                 self.send_header("Content-Type", PROMETHEUS_TEXT)
@@ -55,7 +58,7 @@ class PageServer:
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def set(self, path: str, body: bytes) -> None:
+    def set(self, path: str, body: bytes | Callable[[], bytes]) -> None:
         """Serve ``body`` at ``path`` from the next request on (a page that changes between scrapes)."""
         self.pages[path] = body
 

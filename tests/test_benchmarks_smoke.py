@@ -121,8 +121,9 @@ def test_stage_tiny(monkeypatch):
         assert run["steady"]["windows"] == 2 and run["first_window"]["windows"] == 1
 
 
-def test_stage_memory_tiny():
-    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2")
+@pytest.mark.parametrize("extra", [(), ("--pod-labels",)])
+def test_stage_memory_tiny(extra):
+    out = run_json("stage.py", "--memory", "--nodes", "10", "--per-request", "5", "--windows", "2", *extra)
     assert out["gpus"] == 80 and out["cache_entries"] > 0
     assert out["held_bytes_per_gpu"] > out["after_release_bytes_per_gpu"]
 
@@ -142,3 +143,35 @@ def test_report_scale_tiny():
                 "day_1000_gpus_proto_s", "day_1000_gpus_json_s", "day_1000_gpus_record_json_s"):
         assert is_number(out[key]) and out[key] > 0
     assert out["proto_bytes"] < out["json_bytes"]
+
+
+def test_record_speed_tiny():
+    out = run_json("record_speed.py", "--gpus", "16", "--windows", "3", "--warmup", "1")
+    assert set(out["variants"]) == {"json_format", "json", "json_zstd", "proto", "proto_zstd"}
+    for row in out["variants"].values():
+        for key in ("exporter_cpu_s_per_window", "fleet_gpu_windows_per_cpu_s", "day_fleet_cpu_min",
+                    "bytes_per_gpu_window"):
+            assert is_number(row[key]) and row[key] > 0
+    # The two JSON writers write the same bytes; protobuf fewer.
+    variants = out["variants"]
+    assert variants["json"]["bytes_per_gpu_window"] == variants["json_format"]["bytes_per_gpu_window"]
+    assert variants["proto"]["bytes_per_gpu_window"] < variants["json"]["bytes_per_gpu_window"]
+
+
+@pytest.mark.parametrize("extra", [(), ("--storage",)])
+def test_jobs_processor_tiny(extra):
+    out = run_json("jobs_processor.py", "--gpus", "32", "--windows", "4", *extra)
+    assert out["gpus"] == 32 and out["storage"] is bool(extra)
+    assert out["gpu_windows"] == 32 * 2 and is_number(out["us_per_gpu_window"]) and out["us_per_gpu_window"] > 0
+
+
+def test_report_backend_tiny(monkeypatch):
+    """A day of 64 GPUs' job series imported into a real VictoriaMetrics, reported from it: every job back."""
+    from tests.e2e_util import victoriametrics_binary
+
+    monkeypatch.setenv("VICTORIAMETRICS", victoriametrics_binary())
+    out = run_json("report_backend.py", "--gpus", "64", "--days", "1", timeout=300)
+    assert out["jobs"] > 0 and out["jobs_reported"] == out["jobs"] and out["samples"] > 0
+    assert out["worst_job_gpu_hours_error"] < 0.01
+    for key in ("report_wall_s", "report_cpu_s", "tsdb_cpu_s"):
+        assert is_number(out[key]) and out[key] >= 0

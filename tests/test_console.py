@@ -171,6 +171,27 @@ def test_a_closed_mfu_gap_says_why_and_no_longer_calls_its_cause_likely(close, e
     assert "likely" not in "\n".join(render.plain_lines(state.view()))
 
 
+def test_a_stalled_job_says_what_it_was_judged_on_and_when_work_resumed():
+    """Issue 34: the jobs processor's stalled finding in the console: busy with nothing moving, its evidence and
+    GPU-hours, then cleared."""
+    state = FleetState()
+    state.update(Batch(points=ofu_points(gpu_resource(), T0, 0.0, job="hung"), events=[
+        finding_event("ofu.finding.open", "hung", T0, kind="stalled", **{
+            "ofu.finding.cause": "engine_busy_no_work", "ofu.finding.evidence": "activity_only",
+            "ofu.finding.stalled_for_s": 600.0, "ofu.finding.stalled_gpu_hours": 1.333,
+            "ofu.finding.since_unix_nano": T0 - 600 * S})]))
+    job = state.view().jobs[0]
+    assert render.finding_text(job.open_findings[0], T0) == (
+        "stalled: engine busy, nothing moving (no link counters), 1.33 GPU h at open, likely a deadlock or a "
+        f"spinning kernel, since {render.clock(T0 - 600 * S)} (10m)")
+    state.update(Batch(events=[finding_event("ofu.finding.close", "hung", T0 + 300 * S, kind="stalled", **{
+        "ofu.finding.reason": "work_resumed"})]))
+    job = state.view().jobs[0]
+    assert render.finding_text(job.closed_findings[0], T0 + 300 * S, is_open=False) == (
+        f"stalled cleared at {render.clock(T0 + 300 * S)} (was engine busy, nothing moving (no link counters), "
+        "1.33 GPU h at open)")
+
+
 def test_jobs_with_findings_come_first_then_lowest_ofu():
     state = FleetState()
     points = []
@@ -401,3 +422,38 @@ def test_a_job_that_throttles_and_boosts_shows_the_clock_lost_and_the_gain_apart
     assert totals.gained_gpu_seconds == pytest.approx(0.1 * 20)
     assert totals.ofu_gpu_seconds + totals.wasted_gpu_seconds - totals.gained_gpu_seconds == \
         pytest.approx(totals.gpu_seconds)
+
+
+def test_a_priced_job_shows_what_its_losses_cost_per_hour(monkeypatch):
+    """Issue 34: with prices set in the jobs processor, the console reads job.cost and shows what the job's loss
+    parts cost per hour of data time: (1 - OFU) x the price for one GPU whose clock neither lost nor gained."""
+    from otel_ofu.core.model import GpuSample
+    from otel_ofu.jobs.config import JobsConfig
+    from otel_ofu.pipeline.config import build_config
+    from otel_ofu.processors.jobs import JobsProcessor
+    from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig
+
+    t0 = 1_800_000_000
+    ofu = OfuProcessor(OfuProcessorConfig(), Context("ofu"))
+    jobs = JobsProcessor(build_config(JobsConfig, {"resolution": "1m", "cost": {"currency": "EUR",
+                                                                                "per_gpu_hour": {"*H100*": 3.6}}}),
+                         Context("jobs"), clock=lambda: t0)
+    state = FleetState(clock=Clock())
+    values = []
+    for k in range(60):  # ten minutes: ten job.cost stamps, the rate over the last six
+        sample = GpuSample((t0 + 10 * (k + 1)) * 10**9, 10.0, "node-a", 0, "GPU-a", "NVIDIA H100 80GB HBM3", 0.5,
+                           1830.0, clock_event_reasons=0, sm_active=0.8, gr_active=0.9, job_id="train",
+                           precision="bf16")
+        batch = jobs.process(ofu.process(Batch(samples=[sample])))
+        values += [p.value for p in batch.points if p.name == "gpu.ofu"]
+        state.update(batch)
+    (row,) = state.view().jobs
+    assert row.currency == "EUR"
+    assert row.cost_lost_per_hour == pytest.approx((1 - values[-1]) * 3.6, rel=1e-6)
+    text = "\n".join(render.plain_lines(state.view(), gpus=False))
+    assert f"losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in text
+    assert f"jobs losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in text  # the fleet's header
+    assert f"jobs losing {(1 - values[-1]) * 3.6:.2f} EUR/h" in _rich_text(state.view(), monkeypatch, no_color=True)
+    unpriced = FleetState(clock=Clock())
+    unpriced.update(Batch(points=ofu_points(gpu_resource(), T0, 0.4)))
+    assert "/h" not in "\n".join(render.plain_lines(unpriced.view(), gpus=False))

@@ -149,6 +149,7 @@ def test_demo_in_a_terminal_shows_the_fleet_the_findings_and_keeps_log_lines_int
         assert re.match(r"^│ GPUs 32 on 4 hosts, (32 with OFU|31 with OFU, — 1 without \(1 blank\))", lines[header + 1])
         assert re.match(r"^│ OFU now \d+\.\d%, mean OFU \d+\.\d% over \d+\.\d\d GPU h, wasted \d+\.\d\d GPU h"
                         r"( \(clock boost: \+\d+\.\d\d GPU h gained\))?, "
+                        r"jobs losing \d+\.\d\d USD/h, "  # the demo's prices: what its jobs' losses cost
                         r"⚠ findings open: 2", lines[header + 2])
         # The jobs panel: the two findings with both numbers; jobs with findings first.
         jobs = index_of(lines, re.compile(r"^Jobs$"))[-1]
@@ -201,9 +202,13 @@ def test_demo_piped_prints_plain_lines_with_the_findings(tmp_path):
     assert len([line for line in last if line.startswith("  sim-node-")]) == 32
     # each job's largest loss: the jobs with one built in name theirs
     # (its GPUs boost a little above f_ref: a gain, said as one)
+    # (and with the demo's prices, what its losses cost per hour once it has two job.cost stamps)
     assert re.search(r"^  job input-starved-vit: 4 GPUs, .*largest loss engine idle \d+%"
-                     r"(; clock boost: \+\d+% gained)?$", text, re.M)
-    assert re.search(r"^  job hot-node-gemm: 4 GPUs, .*largest loss clock \d+% \(hw thermal\)$", text, re.M)
+                     r"(; clock boost: \+\d+% gained)?(, energy \d+\.\d\d kWh( \([\d,]+ J/useful PFLOP\))?)?"
+                     r"(, losing \d+\.\d\d USD/h)?$", text, re.M)
+    assert re.search(r"^  job hot-node-gemm: 4 GPUs, .*largest loss clock \d+% \(hw thermal\)"
+                     r"(, energy \d+\.\d\d kWh( \([\d,]+ J/useful PFLOP\))?)?(, losing \d+\.\d\d USD/h)?$", text, re.M)
+    assert re.search(r"^  job .*, losing \d+\.\d\d USD/h$", text, re.M)  # the demo's prices
     assert "sim-node-" not in frames[1]
     # The findings were logged on stderr too, once each.
     assert proc.stderr.count("finding (mfu_gap): job moe-236b") == 1

@@ -59,6 +59,25 @@ def matching(points: list[MetricPoint], name: str, identity: dict[str, str]) -> 
     return [p for p in points if p.name == name and all(dict(p.resource).get(k) == v for k, v in identity.items())]
 
 
+LEDGER_FIELDS = ("energy_mj", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
+                 "nvlink_rx_bytes_per_s", "clock_event_ns")
+
+
+def assert_ledger(samples: list[GpuSample], gpus: list[dict], where: str) -> None:
+    """Each expected GPU with a ``ledger`` (issue 34) has exactly those counters in its sample, raw as the page
+    gives them: energy in mJ, bytes per second, ns per clock event reason by its loss account cause."""
+    for gpu in gpus:
+        if "ledger" not in gpu:
+            continue
+        found = [s for s in samples if all(dict(s.resource_attributes()).get(k) == v
+                                           for k, v in gpu["identity"].items())]
+        assert len(found) == 1, (where, gpu["identity"])
+        for name in LEDGER_FIELDS:  # energy in J as mJ is a product: to its last bit
+            value, want = getattr(found[0], name), gpu["ledger"][name]
+            assert value == (want if want is None or isinstance(want, dict) else pytest.approx(want, rel=1e-15)), \
+                (where, gpu["identity"], name)
+
+
 def loss_account(points: list[MetricPoint], identity: dict[str, str]) -> dict[str, tuple[float, str | None]]:
     """A GPU's loss parts: part -> (share, cause)."""
     return {dict(p.attributes)["ofu.loss.part"]: (p.value, dict(p.attributes).get("ofu.loss.cause"))
@@ -119,6 +138,7 @@ def test_dcgm_exporter_receiver_reads_every_page(page):
             receiver.shutdown()
     assert len(batch.samples) == len(expected["gpus"]), page.name  # one sample per GPU entity, none twice
     assert_gpus(ofu_points(batch.samples), expected["gpus"], page.name)
+    assert_ledger(batch.samples, expected["gpus"], page.name)
 
 
 def scraped_points(page: Path) -> list[MetricPoint]:
@@ -191,6 +211,7 @@ def assert_joined(request: ExportMetricsServiceRequest, page: Path) -> None:
         found = otlp_join.split(copy, wire=wire)
         assert len(found.samples) == len(expected["gpus"]), page.name
         assert_gpus(ofu_points(found.samples), expected["gpus"], page.name)
+        assert_ledger(found.samples, expected["gpus"], page.name)
 
 
 
@@ -214,6 +235,7 @@ def test_otlp_join_reads_every_request_a_source_sends(capture):
         found = otlp_join.split(copy, wire=wire)
         assert len(found.samples) == len(expected["gpus"]), capture.name
         assert_gpus(ofu_points(found.samples), expected["gpus"], capture.name)
+        assert_ledger(found.samples, expected["gpus"], capture.name)
         # The ratios were read and pass through as they came (the ofu processor does not send them again).
         forwarded = ExportMetricsServiceRequest()
         for rm in found.passthrough:

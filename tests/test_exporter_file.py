@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import itertools
 import json
 import os
 import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -19,9 +21,12 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from otlp_backends import gpu_points, wait_until
 
 from otel_ofu.core.model import Batch, Event, MetricPoint, attrs
+from otel_ofu.exporters import file as file_exporter
 from otel_ofu.exporters.file import FACTORY, FileExporter
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files
@@ -302,9 +307,10 @@ from otel_ofu.exporters.file import FACTORY
 from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import build_config
 path, compression, pending, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fmt = sys.argv[5] if len(sys.argv) > 5 else "json"
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))  # every write past it: EFBIG
 context = Context("file")
-made = FACTORY.create(build_config(FACTORY.config_type, {"path": path, "compression": compression,
+made = FACTORY.create(build_config(FACTORY.config_type, {"path": path, "compression": compression, "format": fmt,
                                                          "max_pending_megabytes": pending}), context)
 made.start()
 sent = 0
@@ -507,3 +513,181 @@ def test_a_full_tmpfs_leaves_the_file_readable_and_loses_no_batch(tmp_path, comp
     times, warnings = _windows_read_back(copied)
     assert warnings == [] and len(times) > 10
     assert {b - a for a, b in zip(times, times[1:], strict=False)} == {10 * 10**9}  # no window missing
+
+
+# --- format: proto: the Collector's length-prefixed records -------------------------------------
+
+def records_of(path: Path) -> list[bytes]:
+    """The messages of a format: proto file (each after its 4-byte big-endian length), decompressed."""
+    data = path.read_bytes()
+    out, i = [], 0
+    while i < len(data):
+        (size,) = struct.unpack(">I", data[i:i + 4])
+        assert i + 4 + size <= len(data), f"{path}: a record cut short at byte {i}"
+        body = data[i + 4:i + 4 + size]
+        out.append(zstandard.ZstdDecompressor().decompress(body) if body.startswith(files.ZSTD_MAGIC) else body)
+        i += 4 + size
+    return out
+
+
+def requests_of(body: bytes):
+    """A record's request: metrics, unless no metric has a name (a LogRecord's first field is its time,
+    a fixed64, where a Metric's name is: protobuf reads a logs request as metrics without names)."""
+    metrics = ExportMetricsServiceRequest.FromString(body)
+    if any(m.name for rm in metrics.resource_metrics for sm in rm.scope_metrics for m in sm.metrics):
+        return metrics
+    return ExportLogsServiceRequest.FromString(body)
+
+
+def test_proto_records_hold_the_requests_the_json_lines_hold(tmp_path):
+    """The same batches (points, events, descriptions once per file) as JSON lines and as proto records,
+    plain and zstd: the same requests, one record per line."""
+    written = [Batch(points=b.points, events=[Event("ofu.job.end", 1_767_225_600_000_000_000 + k,
+                                                      attrs({"ofu.job.id": "j"}), (), "ended")] if k % 2 else [])
+               for k, b in enumerate(batches(6, gpus=4))]
+    lines = tmp_path / "m.jsonl"
+    made = exporter(lines)
+    for batch in written:
+        made.export(batch)
+    made.shutdown()
+    expected = [otlp.from_json_line(text) for _, text in files.read_json_lines(lines)]
+    assert len(expected) == 9
+    for compression in ("", "zstd"):
+        path = tmp_path / f"m{compression}.bin"
+        made = exporter(path, format="proto", compression=compression)
+        for batch in written:
+            made.export(batch)
+        made.shutdown()
+        assert [requests_of(body) for body in records_of(path)] == expected
+        assert made.lines_written == 9
+        raw = path.read_bytes()
+        assert raw.count(b"Overall FLOP Utilization") == (1 if not compression else 0)  # described once per file
+        if compression:  # each record's message one zstd frame, as the Collector's per-message compression
+            assert raw[4:8] == files.ZSTD_MAGIC
+
+
+@pytest.mark.parametrize("compression", ["", "zstd"])
+def test_proto_files_rotate_on_whole_records(tmp_path, monkeypatch, compression):
+    monkeypatch.setattr("otel_ofu.exporters.file.MIB", 8192)  # max_megabytes: 1 is 8 kB: many rotations
+    path = tmp_path / "metrics.bin"
+    made = exporter(path, format="proto", compression=compression, rotation={"max_megabytes": 1, "max_backups": 0})
+    sent = []
+    for batch in batches(60, gpus=8):
+        made.export(batch)
+        sent += batch.points
+    made.shutdown()
+    rotated = files.rotated_files(path)
+    assert len(rotated) >= 3 and all(p.stat().st_size <= 8192 for p in rotated)
+    read = [key(p) for part in rotated for body in records_of(part) for p in otlp.from_request(requests_of(body))]
+    assert read == [key(p) for p in sent]
+    for part in rotated:  # every file starts with the descriptions again
+        first = requests_of(records_of(part)[0])
+        assert first.resource_metrics[0].scope_metrics[0].metrics[0].description
+
+
+def test_proto_append_cuts_a_partial_record_and_a_file_keeps_one_format(tmp_path):
+    path = tmp_path / "m.bin"
+    made = exporter(path, format="proto")
+    made.export(next(batches(1)))
+    made.shutdown()
+    whole = path.read_bytes()
+    with open(path, "ab") as handle:  # a crash mid-record: its length says 5,000 bytes, 30 were written
+        handle.write(struct.pack(">I", 5000) + b"\x0a" * 30)
+    made = exporter(path, format="proto", append=True)
+    made.export(next(batches(1)))
+    made.shutdown()
+    bodies = records_of(path)
+    assert len(bodies) == 2 and path.read_bytes().startswith(whole)
+    assert all(requests_of(b).resource_metrics for b in bodies)
+    with pytest.raises(ValueError, match="holds length-prefixed records: format: json cannot append"):
+        exporter(path, append=True)
+    lines = tmp_path / "m.jsonl"
+    lines.write_text('{"resourceMetrics":[]}\n')
+    with pytest.raises(ValueError, match="holds text lines or frames: format: proto cannot append"):
+        exporter(lines, format="proto", append=True)
+    assert lines.read_text() == '{"resourceMetrics":[]}\n'
+
+
+def test_a_crash_repair_of_proto_records_keeps_every_whole_record(tmp_path):
+    """Cut anywhere (a crash mid-write), the repair keeps exactly the records before the cut."""
+    path = tmp_path / "m.bin"
+    made = exporter(path, format="proto")
+    for batch in batches(4, gpus=2):
+        made.export(batch)
+    made.shutdown()
+    whole = path.read_bytes()
+    ends = list(itertools.accumulate(4 + len(b) for b in records_of(path)))
+    for cut in range(0, len(whole), 97):
+        path.write_bytes(whole[:cut])
+        removed = file_exporter.repair_records_tail(path)
+        kept = max([0] + [end for end in ends if end <= cut])
+        assert path.stat().st_size == kept and removed == cut - kept
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"format": "proto", "compression": "gzip"}, "compression"),
+    ({"format": "xml"}, "format"),
+])
+def test_bad_format_settings_name_the_key(tmp_path, data, key):
+    with pytest.raises(FieldError) as error:
+        build_config(FACTORY.config_type, {"path": str(tmp_path / "x.bin"), **data})
+    assert error.value.key == key
+
+
+@pytest.mark.parametrize("compression, pending", [("", 1), ("zstd", 0)])
+def test_proto_writes_that_keep_failing_leave_only_whole_records(tmp_path, compression, pending):
+    """As for lines: a file that cannot grow holds whole records only, and every batch is read back or
+    counted as dropped."""
+    path = tmp_path / "m.bin"
+    limit = 40_000 if not compression else 6_000
+    done = subprocess.run([sys.executable, "-c", _WRITE_UNDER_A_LIMIT, str(path), compression, str(pending),
+                           str(limit), "proto"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    bodies = records_of(path)  # whole records to the end of the file
+    read = sum(len(list(otlp.from_request(requests_of(body)))) for body in bodies)
+    assert 0 < path.stat().st_size <= limit and result["lines"] == len(bodies)
+    assert result["failed"] > 0 and "File too large" in done.stderr
+    assert read + sum(result["dropped"].values()) == result["sent"], (read, result)
+
+
+def _json_format_lines(written: list[Batch]) -> bytes:
+    """The exporter's lines as it wrote them through json_format (before wire_json): the reference."""
+    described: set[str] = set()
+    out = []
+    for batch in written:
+        request = otlp.to_request(batch.points)
+        request.resource_metrics.extend(otlp.passthrough_messages(batch.passthrough))
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name in described:
+                        metric.description = ""
+                    elif metric.description:
+                        described.add(metric.name)
+        out.append(otlp.to_json_line(request))
+        if batch.events:
+            out.append(otlp.to_json_line(otlp.events_to_request(batch.events)))
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_json_lines_are_byte_for_byte_what_json_format_wrote(tmp_path):
+    """Points (NaN, infinities, unicode labels, sums), pass-through OTLP (the SDK's request from the corpus:
+    histograms), events, descriptions once per file: the lines json_format wrote, byte for byte."""
+    sdk = ExportMetricsServiceRequest.FromString(
+        (ROOT / "tests" / "data" / "real" / "otlp" / "sdk-training-reporter.http-protobuf.bin").read_bytes())
+    written = []
+    for k, batch in enumerate(batches(4, gpus=3)):
+        resource = attrs({"host.name": "nœud-1", "gpu.index": "0"})
+        extra = [MetricPoint("gpu.ofu", v, 1_767_225_600_000_000_000 + k, resource, attrs({"ofu.job.id": "j"}))
+                 for v in (float("nan"), float("inf"), -0.0)]
+        extra.append(MetricPoint("otel_ofu.exporter.dropped", float(k), 5 + k, resource, (), "{item}", True, 1))
+        events = [Event("ofu.finding", 7 + k, resource, attrs({"ofu.job.id": "j"}), "MFU 2× OFU", "WARN")]
+        written.append(Batch(points=batch.points + extra, passthrough=list(sdk.resource_metrics) if k % 2 else [],
+                             events=events if k % 2 == 0 else []))
+    path = tmp_path / "m.jsonl"
+    made = exporter(path)
+    for batch in written:
+        made.export(batch)
+    made.shutdown()
+    assert path.read_bytes() == _json_format_lines(written)

@@ -40,7 +40,8 @@ WINDOW_POINTS = fleet_windows()
 
 
 def processor(storage=None) -> JobsProcessor:
-    config = build_config(JobsConfig, {"storage": str(storage) if storage else None, "checkpoint_interval": "1h"})
+    config = build_config(JobsConfig, {"storage": str(storage) if storage else None, "checkpoint_interval": "1h",
+                                       "cost": {"per_gpu_hour": {"*": 2.49}}})  # job.cost: exact sums too
     proc = JobsProcessor(config, Context("jobs@metrics"), clock=lambda: 1_767_225_600.0)
     proc.start()
     return proc
@@ -67,7 +68,8 @@ UNINTERRUPTED = job_values(run(processor(), WINDOW_POINTS))
 def test_the_fleet_exercises_every_job_value():
     names = {name for name, *_ in UNINTERRUPTED}
     assert names >= {"job.ofu", "job.mfu.reported", "job.flops.achieved", "job.gpu_seconds", "job.wasted_gpu_hours",
-                     "job.flops", "job.ofu.loss", "job.ofu.loss.gpu_hours", "job.ofu.baseline", "job.finding"}
+                     "job.flops", "job.ofu.loss", "job.ofu.loss.gpu_hours", "job.ofu.baseline", "job.finding",
+                     "job.cost"}
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -18,13 +18,15 @@ from tools.fleet_sim import NodeTier
 JOBS = [{"id": "steady-a", "scenario": "steady", "gpus": 4, "precision": "bf16"},
         {"id": "moe-b", "scenario": "moe_inflated", "gpus": 4},
         {"id": "regress-c", "scenario": "regression", "gpus": 2, "regress_at": "12m", "recover_at": "30m"},
-        {"id": "short-d", "scenario": "steady", "gpus": 2, "duration": "10m"}]
+        {"id": "short-d", "scenario": "steady", "gpus": 2, "duration": "10m"},
+        # hangs at 8m: its stalled finding opens at 18m, open across the later crash (jobs.stall's state)
+        {"id": "hung-e", "scenario": "hung", "gpus": 2, "hang_at": "8m"}]
 WINDOWS = 240  # 40 minutes of 10 s windows: findings open, a job ends
 
 
 @pytest.fixture(scope="module")
 def windows():
-    tier = NodeTier.of(nodes=3, gpus_per_node=4, jobs=JOBS)
+    tier = NodeTier.of(nodes=4, gpus_per_node=4, jobs=JOBS)
     return [[p for points in tier.window().values() for p in points] for _ in range(WINDOWS)]
 
 
@@ -67,6 +69,8 @@ def test_a_killed_instance_resumes_every_job_from_its_state(windows, uninterrupt
     after = outputs(second, windows[crash_at:])
     assert job_results(before + after) == uninterrupted
     assert {e.name for b in before + after for e in b.events} >= {"ofu.finding.open", "ofu.job.end"}
+    assert any(name == "ofu.finding.open" and ("ofu.finding.kind", "stalled") in attributes
+               for name, _, attributes in uninterrupted[1])
     # ... the loss account's GPU-hours among them, what the clock gained above f_ref too (its own accumulator)
     assert {name for name, *_ in uninterrupted[0]} >= {"job.ofu.loss", "job.ofu.loss.gpu_hours", "fleet.gpu_hours",
                                                        "job.ofu.gain.gpu_hours", "fleet.gpu_hours.gained"}

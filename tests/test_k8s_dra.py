@@ -151,13 +151,15 @@ def kubelet():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def attribution(cluster: KubeApiServer, node: str, socket: str | None = None, **extra) -> AttributionProcessor:
+def attribution(cluster: KubeApiServer, node: str, socket: str | None = None, *, memo_off: bool = False,
+                kubernetes_api_extra: dict | None = None, **extra) -> AttributionProcessor:
     config = build_config(AttributionProcessorConfig, {
         **({"kubelet": {"enabled": True, "socket": socket, "timeout": "5s"}} if socket else {}),
         "kubernetes_api": {"enabled": True, "node_name": node, "request_timeout": "5s",
                            "retry_initial_interval": "100ms", "retry_max_interval": "500ms",
-                           "kubeconfig": str(cluster.kubeconfig(WATCHER_TOKEN, WATCHER_USER))}, **extra})
-    proc = AttributionProcessor(config, Context("attribution", Telemetry()))
+                           "kubeconfig": str(cluster.kubeconfig(WATCHER_TOKEN, WATCHER_USER)),
+                           **(kubernetes_api_extra or {})}, **extra})
+    proc = AttributionProcessor(config, Context("attribution", Telemetry()), memo=not memo_off)
     proc.start()
     assert proc.pods.synced.wait(60) and proc.dra.synced.wait(60)
     return proc
@@ -405,6 +407,116 @@ def test_dcgm_exporter_dra_labels_name_the_claims_pods(cluster):
     assert sorted((s.job_id, s.share, s.resource["k8s.pod.name"]) for s in out) == [
         ("k8s:gpu-test3/Pod/pod1", 0.5, "pod1"), ("k8s:gpu-test3/Pod/pod2", 0.5, "pod2")]
     assert all(s.resource["ofu.job.shared"] is True and s.share_basis == "even" for s in out)
+
+
+def test_the_memo_changes_no_answer_while_pods_slices_and_claims_change(cluster, kubelet):
+    """Attribution keeps each device's answer while its samples and every source are the same
+    (tests/test_attribution_memo.py): against the real API server, whatever changes between two batches
+    (a pod's declared precision or a copied label, the driver republishing its slice with the GPUs in
+    another order, the kubelet listing other pods' DRA devices, the samples carrying dcgm-exporter's
+    dra_claim_* labels of the shared claim or not), the processor keeping answers and one resolving every
+    device every time give the same samples."""
+    import itertools
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from otel_ofu.attribution.k8s_dra import DraGpu
+
+    node, shared = DRA["node"], "GPU-3b1f6a2e-7c4d-4e8a-9f10-0a1b2c3d4e54"
+    pods = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in DRA["pods"]]
+    uuids = [d["attributes"]["uuid"]["string"] for d in DRA["slices"][0]["spec"]["devices"]]
+    procs = [attribution(cluster, node, kubelet.socket, refresh_interval="1h", memo_off=memo_off,
+                         kubernetes_api_extra={"copy_labels": ["team"]}) for memo_off in (False, True)]
+    generations = itertools.count(2)
+    made_slices: list[str] = []
+
+    def pod_path(namespace: str, name: str) -> str:
+        return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+    def set_meta(namespace: str, name: str, kind: str, key: str, value: str | None) -> None:
+        obj = cluster.api("GET", pod_path(namespace, name))
+        found = obj["metadata"].setdefault(kind, {})
+        if value is None:
+            found.pop(key, None)
+        else:
+            found[key] = value
+        cluster.api("PUT", pod_path(namespace, name), obj)
+
+    def window(t: int, labelled: bool) -> list:
+        samples = [s for s in gpu_samples(DRA) if not (labelled and s.uuid == shared)]
+        for s in samples:
+            s.time_unix_nano = t
+        if labelled:  # dcgm-exporter --kubernetes-enable-dra: the shared GPU's series once per pod
+            samples += [sample(shared, index=4, host=node, t=t, resource={
+                "k8s.namespace.name": "gpu-test3", "k8s.pod.name": pod, "k8s.container.name": "ctr",
+                "k8s.resourceclaim.name": "single-gpu", "k8s.resourceclaim.namespace": "gpu-test3"})
+                for pod in ("pod1", "pod2")]
+        return samples
+
+    steps = st.lists(st.fixed_dictionaries({
+        "change": st.sampled_from(["none", "precision", "label", "slice", "kubelet"]),
+        "pod": st.sampled_from(pods),
+        "value": st.sampled_from([None, "bf16", "fp8", "fp16"]),
+        "order": st.permutations(range(len(uuids))),
+        "held": st.lists(st.booleans(), min_size=len(DRA["pods"]), max_size=len(DRA["pods"])),
+        "labelled": st.booleans(),
+    }), min_size=2, max_size=5)
+
+    def change(step: dict) -> None:
+        """One change of the sources' state, seen by both processors' watches before it returns."""
+        (namespace, name), value, order = step["pod"], step["value"], step["order"]
+        if step["change"] == "precision":
+            set_meta(namespace, name, "annotations", "ofu.dev/precision", value)
+            wait_for("the pod's precision", lambda: all(
+                p.pods.pod(namespace, name).precision == value for p in procs), timeout=30)
+        elif step["change"] == "label":
+            set_meta(namespace, name, "labels", "team", value)
+            wait_for("the pod's label", lambda: all(
+                p.pods.pod(namespace, name).labels.get("k8s.pod.label.team") == value for p in procs), timeout=30)
+        elif step["change"] == "slice":
+            republished = copy.deepcopy(DRA["slices"][0])
+            republished["metadata"] = {"name": f"gpu-node-dra-gpu.nvidia.com-m{len(made_slices)}"}
+            republished["spec"]["pool"]["generation"] = next(generations)
+            for device, i in zip(republished["spec"]["devices"], order, strict=True):
+                device["attributes"]["uuid"] = {"string": uuids[i]}
+            create(cluster, republished)
+            made_slices.append(republished["metadata"]["name"])
+            refs = [DeviceRef("gpu.nvidia.com", node, d["name"]) for d in republished["spec"]["devices"]]
+            wait_for("the republished slice", lambda: all(
+                p.dra.slices.gpu(ref) == DraGpu(uuids[i].lower()) for p in procs
+                for ref, i in zip(refs, order, strict=True)), timeout=30)
+        elif step["change"] == "kubelet":
+            kubelet.pods = [p for p, held in zip(kubelet_answer(DRA, cluster.objects), step["held"], strict=True)
+                            if held]
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(steps=steps)
+    def same_answers(steps: list[dict]) -> None:
+        t = 10**18
+        for step in steps:
+            change(step)
+            for proc in procs:
+                proc.refresh()
+            kept, fresh = (proc.process(Batch(samples=window(t, step["labelled"]))).samples for proc in procs)
+            assert [(s.uuid, s.job_id, s.precision, s.resource, s.attributes, s.share, s.share_basis) for s in kept] \
+                == [(s.uuid, s.job_id, s.precision, s.resource, s.attributes, s.share, s.share_basis) for s in fresh]
+            t += 30 * 10**9
+
+    kubelet.pods = kubelet_answer(DRA, cluster.objects)
+    try:
+        same_answers()
+    finally:
+        for proc in procs:
+            proc.shutdown()
+        for name in made_slices:
+            cluster.api("DELETE", f"{RESOURCE}/resourceslices/{name}")
+        for given_pod in DRA["pods"]:  # as the corpus has them, for the tests after this one
+            meta = given_pod["metadata"]
+            obj = cluster.api("GET", pod_path(meta["namespace"], meta["name"]))
+            obj["metadata"]["labels"] = dict(meta.get("labels") or {})
+            obj["metadata"]["annotations"] = dict(meta.get("annotations") or {})
+            cluster.api("PUT", pod_path(meta["namespace"], meta["name"]), obj)
 
 
 def test_without_rbac_on_resourceslices_it_says_what_to_grant(cluster, caplog, tmp_path):

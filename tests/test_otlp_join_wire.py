@@ -126,14 +126,16 @@ def test_odd_request_exercises_the_fallbacks(monkeypatch):
     # staleness marker, and GPU-aaaa's second TPA carries a container label its clock lacks.
     assert {s.uuid for s in samples if s.tensor_active is not None} == {"GPU-aaaa", "GPU-bbbb"}
     assert sorted(s.uuid for s in samples if s.tensor_active is None) == ["GPU-aaaa", "GPU-cccc"]
-    # start time, staleness marker, exemplars, no time, a long label, a non-string label
-    assert len(through_protobuf) == 6
+    # start time, staleness marker, exemplars, no time, a long label, a non-string label, and the energy
+    # counter's point (read since issue 34) with its start time
+    assert len(through_protobuf) == 7
     # Input points of no GPU (a host-only series, one without labels) pass through; the joined ones do not.
     forwarded = {(m.name, m.WhichOneof("data")): [otlp.attributes_of(dp.attributes) for dp in getattr(
         m, m.WhichOneof("data")).data_points] for r in rest for sm in r.scope_metrics for m in sm.metrics}
     assert forwarded[("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge")] == [(("Hostname", "node-1"),)]
     assert forwarded[("DCGM_FI_DEV_SM_CLOCK", "gauge")] == [()]
     assert ("DCGM_FI_DEV_SM_CLOCK", "histogram") in forwarded
+    assert forwarded[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "sum")] == [()]  # read, and kept as it came
 
 
 def test_wrong_bytes_fall_back_to_serializing():

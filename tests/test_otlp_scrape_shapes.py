@@ -47,7 +47,11 @@ INPUTS = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DE
 PASSED = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED",
           # the loss account's ratios, read and passed on, by their names up to DCGM 4.5 and since 4.6
           "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
-          "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_SM_UTIL_RATIO")
+          "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_SM_UTIL_RATIO",
+          # the ledger's counters (issue 34), read and passed on: energy in mJ and J, traffic, clock event time
+          "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "DCGM_FI_PROF_PCIE_TX_BYTES",
+          "dcgm_fi_prof_pcie_rx_bytes", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES",
+          "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS")
 # ... and dcgmreceiver's (an input, a ratio it keeps), a metric by which the join notices a source that gives no OFU.
 OTHERS = ("gpu.ofu", "gpu.dcgm.clock.frequency", "gpu.dcgm.sm.utilization", "nvidia_smi_gpu_info")
 

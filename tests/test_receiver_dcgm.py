@@ -102,8 +102,8 @@ def test_normal_windows_give_ofu_per_gpu(engine, clock):
     # field ids are watched by number, each group at its own rate
     watched = {ids: freq for ids, freq, _ in engine.watched.values()}
     assert watched[(100,)] == 1_000_000
-    assert watched[(113, 112, 155)] == 10_000_000
-    assert watched[(1004, 1002, 1001, 1005, 1014, 1084, 1086)] == 10_000_000
+    assert watched[(113, 112, 155, 156, 1420, 1421, 1422, 1423, 1424)] == 10_000_000
+    assert watched[(1004, 1002, 1001, 1005, 1014, 1009, 1010, 1011, 1012, 1084, 1086)] == 10_000_000
     # the loss account's ratios come with each window
     assert (sample.gr_active, sample.sm_active, sample.dram_active) == (0.95, 0.9, 0.35)
 
@@ -145,7 +145,7 @@ def test_without_counter_fields_the_receiver_uses_field_1004(engine, clock):
     push_window(engine, clock.wall_s, 0, 0.7, [1500.0] * 10)
     sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
     assert sample.tensor_active == 0.7
-    assert (1004, 1002, 1001, 1005, 1014) in {ids for ids, _, _ in engine.watched.values()}
+    assert (1004, 1002, 1001, 1005, 1014, 1009, 1010, 1011, 1012) in {ids for ids, _, _ in engine.watched.values()}
 
 
 def test_multi_pass_fields_are_dropped_until_the_watch_succeeds(engine, clock):
@@ -364,7 +364,8 @@ def test_with_dcgm_4_6_1_the_base_unit_clocks_are_watched_and_read_in_mhz(engine
     sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
 
     watched = {ids for ids, _, _ in engine.watched.values()}
-    assert (1603,) in watched and (1608, 112, 155) in watched and (100,) not in watched
+    assert (1603,) in watched and (100,) not in watched
+    assert (1608, 112, 155, 1611, 1420, 1421, 1422, 1423, 1424) in watched
     assert sample.sm_clock_mhz == pytest.approx(1800.0) and sample.sm_clock_samples == 10
     assert sample.max_sm_clock_mhz == 1980.0
     ofu = [p.value for p in named(ofu_points(Batch(samples=[sample])), "gpu.ofu.raw")]
@@ -382,5 +383,60 @@ def test_an_engine_that_refuses_the_base_unit_fields_gets_the_old_ones(engine, c
     sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
 
     watched = {ids for ids, _, _ in engine.watched.values()}
-    assert (100,) in watched and (113, 112, 155) in watched
+    assert (100,) in watched and (113, 112, 155, 156, 1420, 1421, 1422, 1423, 1424) in watched
     assert (sample.sm_clock_mhz, sample.max_sm_clock_mhz) == (1500.0, 1980)
+
+
+def test_the_ledger_counters_are_watched_and_read_energy_clock_event_time_and_traffic(engine, clock):
+    """156 (mJ), 1420-1424 (ns per reason) with the device fields, 1009-1012 (bytes per second) with the
+    profiling fields: each sample carries them raw, the reasons by their loss account cause."""
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    end = clock.wall_s
+    push_window(engine, end, 0, 0.8, [1500.0] * 10, reasons=0x44)
+    gpu = (FE_GPU, 0)
+    engine.push(gpu, 156, us(end), 123_456_789)
+    for field_id, ns in ((1420, 7_000_000_000), (1421, 0), (1422, 0), (1423, 2_000_000_000), (1424, 0)):
+        engine.push(gpu, field_id, us(end), ns)
+    for field_id, rate in ((1009, 1_000), (1010, 2_000), (1011, 3_000_000_000), (1012, 4_000_000_000)):
+        engine.push(gpu, field_id, us(end), rate)
+
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+
+    assert sample.energy_mj == 123_456_789
+    assert sample.clock_event_ns == {"sw_power_cap": 7_000_000_000, "sync_boost": 0, "sw_thermal": 0,
+                                     "hw_thermal": 2_000_000_000, "hw_power_brake": 0}
+    assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (1_000, 2_000)
+    assert (sample.nvlink_tx_bytes_per_s, sample.nvlink_rx_bytes_per_s) == (3_000_000_000, 4_000_000_000)
+
+
+def test_a_gpu_without_the_ledger_counters_has_no_value_and_its_ofu_as_before(engine, clock):
+    engine.ledger_known = False  # bindings that know none of 156, 1009-1012, 1420-1424
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    push_window(engine, clock.wall_s, 0, 0.8, [1500.0] * 10)
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+    assert (sample.energy_mj, sample.clock_event_ns, sample.pcie_tx_bytes_per_s) == (None, None, None)
+    assert {ids for ids, _, _ in engine.watched.values()} >= {(113, 112, 155), (1004, 1002, 1001, 1005, 1014, 1084,
+                                                                                 1086)}
+
+
+def test_an_engine_refusing_the_clock_event_time_fields_still_watches_the_device_fields(engine, clock):
+    """Bindings newer than a remote nv-hostengine: the ledger's fields are refused, the device fields are not lost."""
+    engine.refused_fields = {1420}
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    push_window(engine, clock.wall_s, 0, 0.5, [1500.0] * 10, reasons=0x4)
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+    assert (113, 112, 155) in {ids for ids, _, _ in engine.watched.values()}
+    assert sample.clock_event_reasons == 0x4 and sample.max_sm_clock_mhz == 1980 and sample.clock_event_ns is None
+
+
+def test_a_blank_energy_counter_is_carried_as_the_blank_it_is(engine, clock):
+    receiver = make(engine, clock)
+    prime(receiver, clock)
+    end = clock.wall_s
+    push_window(engine, end, 0, 0.5, [1500.0] * 10)
+    engine.push((FE_GPU, 0), 156, us(end), dcgm_api.DCGM_INT64_BLANK)
+    sample = next(s for s in receiver.poll().samples if s.gpu_index == 0)
+    assert sample.energy_mj == dcgm_api.DCGM_INT64_BLANK  # the counters' rule (core.counters) reads it as no value

@@ -258,3 +258,42 @@ def test_config_rejects_bad_settings(settings, key):
 def test_collector_config_validates():
     config = load_config(str(ROOT / "collector-config" / "nvml.yaml"))
     assert [p.receivers for p in config.pipelines] == [["nvml"], ["selftelemetry"]]
+
+
+def test_the_ledger_counters_are_read_energy_clock_event_time_per_reason_and_gpm_traffic(clock):
+    """Energy (nvmlDeviceGetTotalEnergyConsumption, mJ), the clock's event time per reason (the
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_* field values DCGM's 1420-1424 read, ns) and GPM's PCIe/NVLink traffic
+    (MiB/s, carried in bytes per second): cumulative counters move by what the window added."""
+    api = FakeNvml([FakeNvmlGpu(power_mw=500_000, reasons=0x4 | 0x40, pcie_tx_mib_s=2.0, pcie_rx_mib_s=8.0,
+                                nvlink_tx_mib_s=1000.0, nvlink_rx_mib_s=1500.0)], clock)
+    receiver = make(api, clock)
+    receiver.poll()
+    first = run_window(receiver, clock).samples[0]
+    api.set(0, reasons=0x4)
+    second = run_window(receiver, clock).samples[0]
+
+    assert second.energy_mj - first.energy_mj == pytest.approx(500_000 * 10, abs=1)  # 500 W for 10 s, in mJ
+    assert set(first.clock_event_ns) == {"sw_power_cap", "sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake"}
+    moved = {cause: second.clock_event_ns[cause] - first.clock_event_ns[cause] for cause in first.clock_event_ns}
+    assert moved == {"sw_power_cap": pytest.approx(10e9, abs=1), "hw_thermal": 0, "sync_boost": 0, "sw_thermal": 0,
+                     "hw_power_brake": 0}
+    assert (second.pcie_tx_bytes_per_s, second.pcie_rx_bytes_per_s) == (pytest.approx(2 << 20), pytest.approx(8 << 20))
+    assert second.nvlink_tx_bytes_per_s == pytest.approx(1000 << 20)
+    assert second.nvlink_rx_bytes_per_s == pytest.approx(1500 << 20)
+
+
+def test_without_the_ledger_counters_the_samples_carry_no_value_not_zero(clock):
+    api = FakeNvml([FakeNvmlGpu(ledger=False)], clock)
+    receiver = make(api, clock)
+    receiver.poll()
+    sample = run_window(receiver, clock).samples[0]
+    assert sample.energy_mj is None and sample.clock_event_ns is None
+    assert sample.tensor_active is not None  # the window itself is whole
+
+
+def test_a_mig_instance_carries_its_gpus_clock_event_time_and_no_energy_of_its_own(clock):
+    api = FakeNvml([FakeNvmlGpu(mig=[FakeNvmlMig(1, "MIG-aaaa", tpa=0.6)], reasons=0x20)], clock)
+    receiver = make(api, clock)
+    receiver.poll()
+    sample = run_window(receiver, clock).samples[0]
+    assert sample.energy_mj is None and sample.clock_event_ns["sw_thermal"] == pytest.approx(10e9, abs=1)

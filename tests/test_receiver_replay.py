@@ -352,3 +352,27 @@ def test_config_errors_name_the_key(config, key):
     with pytest.raises(FieldError) as info:
         build_config(ReplayReceiverConfig, config)
     assert info.value.key == key
+
+
+def test_dmon_reads_the_ledger_counters_by_their_short_names():
+    """dcgmi dmon -e 1004,100,156,1009,1010,1011,1012,1420,1423: the columns dcgm_fields.cpp names TOTEC,
+    PCITX, PCIRX, NVLTX, NVLRX, CLKPCNS, CLKHWTHNS (NVIDIA/DCGM v4.6.0 dcgmlib/src/dcgm_fields.cpp); a blank is N/A."""
+    body = ("#Entity   TENSO        SMCLK        TOTEC            PCITX  PCIRX  NVLTX        NVLRX        "
+            "CLKPCNS      CLKHWTHNS\nID\n"
+            "GPU 0     0.500        1500         51234567890      1000   2000   3000000000   3100000000   "
+            "7000000000   N/A\n")
+    (frame,) = parse_dmon(lines(body), "x", start_unix_nano=0)
+    (sample,) = frame.batch.samples
+    assert sample.energy_mj == 51234567890
+    assert (sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s) == (1000, 2000)
+    assert (sample.nvlink_tx_bytes_per_s, sample.nvlink_rx_bytes_per_s) == (3000000000, 3100000000)
+    assert sample.clock_event_ns == {"sw_power_cap": 7000000000, "hw_thermal": "N/A"}  # raw: N/A is no value
+
+
+def test_csv_reads_the_ledger_counters_by_name_and_id_and_energy_in_joules_as_millijoules():
+    body = ("timestamp,gpu,1004,100,DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL,DCGM_FI_PROF_PCIE_RX_BYTES,1424,"
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS\n1772445600,0,0.5,1500,51234.5,4096,,12\n")
+    (frame,) = parse_csv(lines(body), "x", model="NVIDIA H100 80GB HBM3")
+    (sample,) = frame.batch.samples
+    assert sample.energy_mj == pytest.approx(51234500.0) and sample.pcie_rx_bytes_per_s == 4096
+    assert sample.clock_event_ns["sync_boost"] == 12

@@ -456,3 +456,60 @@ def test_the_csv_names_each_jobs_largest_loss(recording, tmp_path, capsys):
     assert {job: rows[job]["largest_loss"] for job in BUILT_LOSS} == BUILT_LOSS
     assert float(rows["input-starved-vit"]["lost_gpu_hours_engine_idle"]) > 2
     assert rows["input-starved-vit"]["lost_gpu_hours_sm_idle+non_tensor"] == ""  # the sim reads SM: no merged part
+
+
+DEMO_PRICES = {"NVIDIA H100 80GB HBM3": 3.00, "NVIDIA B200": 5.50}  # demo.yaml's cost.per_gpu_hour, by model
+
+
+def test_the_demos_report_prices_each_job_and_the_fleet(recording, capsys):
+    """Issue 34 item 1 in the report: with the demo's prices (--config), each job's cost is its GPU-hours x its
+    GPUs' price (the demo's jobs each run on one model), its parts less the gain add up to it, and the fleet's is
+    every GPU-hour x its model's price, the GPUs of no job included; what to fix first is ranked by money."""
+    data = report_json(capsys, recording, "--config", DEMO)
+    fleet = data["fleet"]
+    assert fleet["currency"] == "USD" and fleet["unpriced_gpu_hours"] == {}
+    models = {}
+    for gpu in data["gpus"]:
+        for job in gpu["jobs"]:
+            models.setdefault(job, set()).add(gpu["model"])
+    for job in data["jobs"]:
+        (model,) = models[job["job_id"]]
+        assert job["cost"] == pytest.approx(job["gpu_hours"] * DEMO_PRICES[model], rel=1e-9), job["job_id"]
+        assert sum(job["cost_by_part"].values()) - job["gained_cost"] == pytest.approx(job["cost"], rel=1e-9)
+        lost = {part: v for part, v in job["cost_by_part"].items() if part != "useful"}
+        assert sum(lost.values()) == pytest.approx(job["wasted_cost"], rel=1e-9)
+        assert set(lost) == set(job["loss_gpu_hours"])
+    every_gpu = sum(g["gpu_hours"] * DEMO_PRICES[g["model"]] for g in data["gpus"])
+    assert fleet["cost"] == pytest.approx(every_gpu, rel=1e-6)
+    assert sum(fleet["cost_by_part"].values()) - fleet["gained_cost"] == pytest.approx(fleet["cost"], rel=1e-9)
+    assert fleet["cost_by_part"]["unallocated"] == pytest.approx(4 * 3.00 + 1 * 5.50, rel=0.01)  # 4 H100s, 1 B200
+    money = [tip["cost"] for tip in data["recommendations"]]
+    assert None not in money and money == sorted(money, reverse=True)
+    without = report_json(capsys, recording)  # no prices: no cost, never 0
+    assert {job["cost"] for job in without["jobs"]} == {None} and without["fleet"]["cost"] is None
+    assert main(["report", str(recording), "--config", str(DEMO)]) == 0
+    out = capsys.readouterr().out
+    assert "cost USD" in out and "wasted USD" in out and "Where the money went" in out
+    assert "What to fix first (by USD lost):" in out and "Jobs are sorted by wasted USD" in out
+
+
+def test_what_to_fix_first_is_ranked_by_money_where_prices_are_set():
+    """A cheap GPU's bigger loss in GPU-hours comes after a dear GPU's smaller one once prices are set; without
+    prices the order is by GPU-hours, as before."""
+    cheap = _account(2.0, {"engine_idle": 0.5}, 0.5)  # 1 GPU h lost at 1.00 an hour
+    dear = _account(1.0, {"non_tensor": 0.6}, 0.4)  # 0.6 GPU h lost at 6.00 an hour
+    jobs = [("cheap", cheap), ("dear", dear)]
+    fleet = LossTotals()
+    for _, loss in jobs:
+        fleet.merge(loss)
+    costs = [_account(2.0 * 1.00, {"engine_idle": 0.5}, 0.5), _account(1.0 * 6.00, {"non_tensor": 0.6}, 0.4)]
+    fleet_cost = LossTotals()
+    for cost in costs:
+        fleet_cost.merge(cost)
+    assert [t["job_id"] for t in recommendations(jobs, fleet)] == ["cheap", "dear"]
+    tips = recommendations(jobs, fleet, costs=costs, fleet_cost=fleet_cost)
+    assert [(t["job_id"], t["cost"]) for t in tips] == [("dear", pytest.approx(3.6)), ("cheap", pytest.approx(1.0))]
+    lines = breakdown_lines(jobs, fleet, costs=costs, fleet_cost=fleet_cost, currency="EUR")
+    fix = lines.index("What to fix first (by EUR lost):")
+    assert lines[fix + 1].startswith("  1. dear: 0.60 GPU h, 3.60 EUR (60%) lost to non-tensor")
+    assert any(line.startswith("Where the money went (EUR lost") for line in lines)

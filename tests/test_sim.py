@@ -201,3 +201,45 @@ def test_the_counters_nest_as_on_a_gpu():
         # reported within the sampling noise of GR >= SM >= TPA; the truth adds up with the true MFU
         assert sample.gr_active >= sample.sm_active - 0.01 >= sample.tensor_active - 0.02
         assert sum(truth.parts.values()) + truth.true_mfu == pytest.approx(1.0, abs=1e-12)
+
+
+def test_the_energy_counter_moves_by_the_windows_power_times_its_length():
+    """Issue 34: the sim's energy counter (DCGM 156, mJ) is its power integrated over the ticks, so each window's
+    increase is its mean power x its length."""
+    windows = run(fleet_of([{"scenario": "steady", "gpus": 2}]), 60)
+    for before, after in zip(windows, windows[1:]):
+        for (a, _), (b, _) in zip(before, after):
+            assert b.energy_mj - a.energy_mj == pytest.approx(b.power_w * b.window_s * 1000, rel=1e-3, abs=2)
+
+
+def test_the_clock_event_time_per_reason_agrees_with_the_bitmask():
+    """A reason's ns counter (DCGM 1420-1424) moves only in windows whose bitmask has its bit, and by at most the
+    window; a reason the counters do not time (idle) moves none."""
+    fleet = fleet_of([{"scenario": "power_capped", "gpus": 1, "node": 0}, {"scenario": "steady", "gpus": 1, "node": 1}],
+                     nodes=2, gpus=2, throttled_nodes=[{"node": 1, "clock_mhz": 1100, "reason": "hw_thermal"}])
+    windows = run(fleet, 120)
+    moved = {}
+    for before, after in zip(windows, windows[1:]):
+        for (a, _), (b, _) in zip(before, after):
+            for bit, cause in sim.TIMED_REASONS:
+                grew = b.clock_event_ns[cause] - a.clock_event_ns[cause]
+                assert 0 <= grew <= b.window_s * 1e9
+                assert (grew > 0) == bool(b.clock_event_reasons & bit), (cause, b.clock_event_reasons)
+                moved[cause] = moved.get(cause, 0) + grew
+    assert moved["sw_power_cap"] > 0 and moved["hw_thermal"] > 0 and moved["sync_boost"] == 0
+
+
+def test_interconnect_traffic_by_scenario():
+    """A multi-GPU training job talks over NVLink, an input-bound job reads over PCIe, an idle GPU moves nothing."""
+    windows = run(fleet_of([{"scenario": "steady", "gpus": 2}, {"scenario": "input_bound", "gpus": 1},
+                            {"scenario": "steady", "gpus": 1}]), 60)[1:]
+
+    def mean(job, field):
+        return statistics.mean(getattr(s, field) for s, _ in by_job(windows, job))
+
+    assert mean("steady-0", "nvlink_tx_bytes_per_s") > 1e10 and mean("steady-0", "nvlink_rx_bytes_per_s") > 1e10
+    assert mean("input_bound-1", "pcie_rx_bytes_per_s") > 10 * mean("steady-0", "pcie_rx_bytes_per_s")
+    assert mean("input_bound-1", "nvlink_tx_bytes_per_s") == 0 and mean("steady-2", "nvlink_tx_bytes_per_s") == 0
+    idle = [s for w in windows for s, _ in w if s.job_id == "none"]
+    assert idle and all(s.pcie_tx_bytes_per_s == s.pcie_rx_bytes_per_s == s.nvlink_tx_bytes_per_s == 0 for s in idle)
+

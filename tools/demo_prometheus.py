@@ -383,10 +383,12 @@ def _wait_advancing(what: str, progress, target: float, stall_s: float = 60.0) -
 
 
 def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600.0,
-             exporters: dict[str, dict[str, Any]] | None = None) -> tuple[Path, float, float, float, float]:
+             exporters: dict[str, dict[str, Any]] | None = None,
+             start_time: float | None = None) -> tuple[Path, float, float, float, float]:
     """Run the demo pipeline; (OpenMetrics file, data start, data end, self-telemetry start, end).
 
     ``exporters``: more exporters (name -> config) the fleet and self-telemetry metrics go to.
+    ``start_time``: the data time the span starts at (default: so that it ends about now); in the past.
     """
     from otel_ofu.pipeline import registry
     from otel_ofu.pipeline.config import parse_service_config
@@ -398,7 +400,8 @@ def run_demo(workdir: Path, *, span_s: float = 3600.0, acceleration: float = 600
     # Half a second off the whole minute: no point lies on the boundary of a query's or a rule's
     # window (rules run on whole minutes), where engines differ on whether it counts (Prometheus 3
     # takes (t - range, t], VictoriaMetrics also the point at t - range).
-    start_time = math.floor(time.time() - span_s - wall_s) + 0.5
+    if start_time is None:
+        start_time = math.floor(time.time() - span_s - wall_s) + 0.5
     doc = _demo_document(workdir / "demo.jsonl", start_time, acceleration, sink_port, exporters)
     service = Service(parse_service_config(doc, str(DEMO_CONFIG), registry.factories()))
     sink = _sink_service(sink_port, workdir)

@@ -135,6 +135,8 @@ class PodWatcher:
         self._by_uid: dict[str, PodRecord] = {}
         self._by_ip: dict[str, list[PodRecord]] = {}
         self._owners: dict[str, Mapping[str, Any] | None] = {}  # owner uid -> its controller ref
+        # Counts the changes of the pods' records (what pod() and pod_by_uid() answer), after each.
+        self.generation = 0
         self._plurals: dict[str, dict[str, str]] = {}  # group/version -> {kind: resource name}
         self._warned_precision: set[str] = set()  # pod uids whose unknown precision was logged
         self._warned_kinds: set[str] = set()  # owner kinds whose lookup problem was logged
@@ -205,11 +207,14 @@ class PodWatcher:
             if record is not None:
                 pods[(record.namespace, record.name)] = record
         with self._lock:
+            changed = pods != self._pods
             self._pods = pods
             self._by_uid = {r.uid: r for r in pods.values() if r.uid}
             self._by_ip = {}
             for record in pods.values():
                 self._index_ips(record)
+            if changed:
+                self.generation += 1
         self._warned_precision &= set(self._by_uid)
         self._prune_owners()
 
@@ -227,6 +232,8 @@ class PodWatcher:
                     if record.uid:
                         self._by_uid[record.uid] = record
                     self._index_ips(record)
+                    if record != old:
+                        self.generation += 1
         elif event == "DELETED":
             meta = obj.get("metadata") or {}
             with self._lock:
@@ -235,6 +242,7 @@ class PodWatcher:
                     self._by_uid.pop(old.uid, None)
                     self._unindex_ips(old)
                     self._warned_precision.discard(old.uid)
+                    self.generation += 1
             self._prune_owners()
 
     def _index_ips(self, record: PodRecord) -> None:

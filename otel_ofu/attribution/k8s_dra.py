@@ -273,6 +273,7 @@ class ClaimReader:
         self._clock = clock
         self._lock = threading.Lock()
         self._reads: dict[tuple[str, str], _Read] = {}
+        self.generation = 0  # counts the changes of what claim() answers, after each
         self._denied_logged = False
         self._missing_logged = False
 
@@ -286,14 +287,18 @@ class ClaimReader:
         """Read what ``wanted`` (claim -> the node's pods using it) needs; forget the rest."""
         now = self._clock()
         with self._lock:
-            for key in [k for k in self._reads if k not in wanted]:
-                del self._reads[key]
+            gone = [self._reads.pop(k) for k in [k for k in self._reads if k not in wanted]]
+            if any(read.claim is not None for read in gone):
+                self.generation += 1
             stale = [k for k, pods in wanted.items() if self._due(self._reads.get(k), pods, now)]
         for namespace, name in stale:
             claim = self._get(namespace, name)
             with self._lock:
                 if claim is not False:
+                    before = self._reads.get((namespace, name))
                     self._reads[(namespace, name)] = _Read(claim or None, now, wanted[(namespace, name)])
+                    if (before.claim if before is not None else None) != (claim or None):
+                        self.generation += 1
         self.telemetry.set(CLAIMS_METRIC.name, len(self._reads), node=self.session.node)
 
     def _due(self, read: _Read | None, pods: frozenset[str], now: float) -> bool:

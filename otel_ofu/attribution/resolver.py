@@ -64,6 +64,7 @@ class Resolution:
 
     holders: list[Holder]
     precision: str | None
+    hpc_only: str | None = None  # the Slurm job its only claim names through hpc_job alone (note_hpc_only)
 
 
 class Resolver:
@@ -119,10 +120,22 @@ class Resolver:
         claim.job_id = job_id(namespace, job)
         return claim.job_id
 
-    def _note_hpc_only(self, claims: list[Claim]) -> None:
-        if len(claims) != 1 or claims[0].key[0] != "hpc":
+    def version(self) -> tuple | None:
+        """What changes whenever any source's answers may (Source.version), with the rules and settings
+        fixed: a device's resolution made at one value holds while it is the same. None: a source
+        cannot say."""
+        versions = []
+        for source in dict.fromkeys([*self.sources, *self.idle_sources, *([self.pods] if self.pods else [])]):
+            version = source.version()
+            if version is None:
+                return None
+            versions.append(version)
+        return tuple(versions)
+
+    def note_hpc_only(self, hpc: str | None) -> None:
+        """A GPU knows its job only as ``hpc`` (dcgm-exporter's hpc_job): remembered for the reports."""
+        if hpc is None:
             return
-        hpc = claims[0].key[1]
         self.hpc_only[hpc] = None
         self.hpc_only.move_to_end(hpc)
         while len(self.hpc_only) > self.config.max_jobs:
@@ -134,7 +147,8 @@ class Resolver:
         """The holders and the precision of one device (``sample`` is one of its samples)."""
         cfg = self.config
         claims = self.claims(device)
-        self._note_hpc_only(claims)
+        hpc = claims[0].key[1] if len(claims) == 1 and claims[0].key[0] == "hpc" else None
+        self.note_hpc_only(hpc)
         for claim in claims:  # named first: naming a pod from its labels adds its kind
             self.job_id(claim)
         resource, attributes = device.resource, device.attributes
@@ -165,7 +179,7 @@ class Resolver:
         metadata = {p for c in claims for p in c.precisions} | device.precisions | self._label_precisions(layers,
                                                                                                           sample)
         precision = self._precision(sample.precision, metadata, rule.precision, rule.precision_override)
-        return Resolution(holders, precision)
+        return Resolution(holders, precision, hpc)
 
     def _holders(self, device: Device, claims: list[Claim], claim_resource: dict[str, str]) -> list[Holder]:
         """The jobs the claims name, each with its attributes; several: each its share of the device."""

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ofu.cli.checks import FAIL, OK, SKIP, WARN, Check
+from otel_ofu.core import metrics
+from otel_ofu.exporters.prometheus import label_name, prometheus_name
+from otel_ofu.pipeline.redact import redact_url, redact_urls
 
 # What the dashboards and rules read (tests/test_backend_check.py holds this against
 # deploy/grafana and deploy/prometheus).
@@ -41,17 +45,76 @@ PROMOTE_FIX = ("resource attributes must become labels: Prometheus 3: otlp.promo
                f"exporters: resource_to_telemetry_conversion.enabled: true ({DOCS})")
 
 
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How one road names otel-ofu's metrics and attribute keys in the backend (docs/backends.md's table):
+    the one place the report (``report --prometheus``) and this check learn a backend's names from."""
+
+    key: str  # prometheus | without_suffixes | otlp
+    description: str
+    suffixes: bool = True  # unit suffixes and _total (UnderscoreEscapingWithSuffixes)
+    escaped: bool = True  # dots become underscores; False: the OpenTelemetry names as they are (UTF-8)
+
+    def metric(self, name: str) -> str:
+        """The series name of a registered OpenTelemetry metric (``job.gpu_seconds`` -> ``job_gpu_seconds_total``)."""
+        if not self.escaped:
+            return name
+        info = metrics.METRICS[name]
+        counter = info.kind == "sum"
+        out = prometheus_name(name, info.unit, counter=counter, add_suffixes=self.suffixes)
+        return f"{out}_total" if counter and self.suffixes else out
+
+    def label(self, key: str) -> str:
+        """The label of an attribute key (``ofu.job.id`` -> ``ofu_job_id``)."""
+        return label_name(key) if self.escaped else key
+
+    def quoted(self, label: str) -> str:
+        """A label name as PromQL takes it: quoted where it is not a classic name (Prometheus 3 and
+        VictoriaMetrics read ``"ofu.job.id"`` in matchers and ``by (...)``)."""
+        return label if label.replace("_", "a").isalnum() and not label[0].isdigit() else json.dumps(label)
+
+    def selector(self, name: str, matchers: dict[str, str] | None = None) -> str:
+        """A PromQL selector of metric ``name`` with ``{attribute key: value}`` equality matchers."""
+        series = self.metric(name)
+        parts = [f"{self.quoted(self.label(key))}={json.dumps(value)}" for key, value in (matchers or {}).items()]
+        if self.escaped:
+            return f"{series}{{{', '.join(parts)}}}" if parts else series
+        return "{" + ", ".join([json.dumps(series), *parts]) + "}"
+
+
+# The namings the roads give (docs/backends.md): every road with its documented settings gives the first;
+# Prometheus 3's OTLP receiver with UnderscoreEscapingWithoutSuffixes the second; VictoriaMetrics' OTLP
+# ingestion without -opentelemetry.usePrometheusNaming, or Prometheus 3 with NoTranslation, the third.
+PROMETHEUS_NAMING = Naming("prometheus", "Prometheus names with unit suffixes and _total (otel-ofu's prometheus "
+                           "exporter scraped, a Collector's remote write, Prometheus 3 or VictoriaMetrics OTLP with "
+                           "the settings of docs/backends.md)")
+WITHOUT_SUFFIXES = Naming("without_suffixes", "Prometheus names without unit suffixes or _total (Prometheus 3's "
+                          "OTLP receiver with translation_strategy: UnderscoreEscapingWithoutSuffixes)", suffixes=False)
+OTLP_NAMING = Naming("otlp", "the OpenTelemetry names and attribute keys, dots kept (VictoriaMetrics' OTLP ingestion "
+                     "without -opentelemetry.usePrometheusNaming, Prometheus 3 with NoTranslation)", suffixes=False,
+                     escaped=False)
+NAMINGS = (PROMETHEUS_NAMING, WITHOUT_SUFFIXES, OTLP_NAMING)
+
+
 class BackendError(RuntimeError):
     """The backend could not be reached or refused a query."""
 
 
 @dataclass
 class Backend:
-    """A Prometheus-compatible query API at ``url`` (e.g. http://prometheus:9090)."""
+    """A Prometheus-compatible query API at ``url`` (e.g. http://prometheus:9090).
+
+    ``bearer_token`` is sent as ``Authorization: Bearer``; ``context`` is the TLS of an https:// URL (the
+    scrape client's settings, :class:`otel_ofu.scrape.client.TlsSettings`). Neither ever reaches a message.
+    """
 
     url: str
     timeout: float = 10.0
     headers: tuple[tuple[str, str], ...] = ()
+    bearer_token: str = field(default="", repr=False)
+    context: ssl.SSLContext | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """Credentials in the URL (http://user:password@host:9090) are sent as basic auth, as Prometheus'
@@ -66,20 +129,34 @@ class Backend:
         self.url = urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
     def get(self, path: str, params: dict[str, str]) -> Any:
+        """``data`` of a GET of ``path``; a :class:`BackendError` saying what went wrong (the URL's
+        credentials and the token never in it)."""
+        headers = dict(self.headers)
+        if self.bearer_token:
+            headers["Authorization"] = f"Bearer {self.bearer_token}"
         request = urllib.request.Request(f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}",
-                                         headers=dict(self.headers))
+                                         headers=headers)
+        # No proxies from the environment, as the scrape client; TLS as configured.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=self.context))
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with opener.open(request, timeout=self.timeout) as response:
                 body = json.load(response)
         except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise BackendError(f"{redact_url(self.url)}{path}: HTTP {exc.code} {exc.reason}: the backend refused "
+                                   "the credentials (give a bearer token file, or user:password in the URL)") from None
             try:
                 body = json.load(exc)
             except ValueError:
-                raise BackendError(f"HTTP {exc.code} from {path}") from None
+                raise BackendError(f"{redact_url(self.url)}{path}: HTTP {exc.code} {exc.reason}") from None
         except (OSError, ValueError) as exc:
-            raise BackendError(f"{self.url}: {exc}") from None
-        if body.get("status") != "success":
-            raise BackendError(f"{body.get('errorType')}: {body.get('error')}")
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise BackendError(f"{redact_url(self.url)}: cannot query: {redact_urls(str(reason))}") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else body
+            kind = body.get("errorType") if isinstance(body, dict) else "bad_response"
+            raise BackendError(f"{redact_url(self.url)}{path}: {kind}: {redact_urls(str(error))}")
         return body["data"]
 
     def names(self, start: float, end: float) -> set[str]:

@@ -466,10 +466,12 @@ def expected_pages() -> dict[Path, str]:
         + _block("resource-attributes", "") + "\n\n" + _block("point-attributes", "") + "\n")
     blocks = {"metrics": metric_reference(), **attribute_reference()}
     out[metrics_page] = render_page(current, {name: link_docs(text, "") for name, text in blocks.items()})
+    from otel_ofu.report.backend import queries_table
     from otel_ofu.report.build import report_fields_table
 
     report_page = DOCS / "report.md"
-    out[report_page] = render_page(report_page.read_text(), {"report-json": report_fields_table()})
+    out[report_page] = render_page(report_page.read_text(), {"report-json": report_fields_table(),
+                                                             "report-backend-queries": queries_table()})
     return out
 
 

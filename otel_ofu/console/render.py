@@ -19,7 +19,7 @@ from rich.text import Text
 
 from otel_ofu.console.state import FindingState, FleetView, GpuRow, JobRow
 from otel_ofu.core.loss import CLOCK, gained_words, part_title
-from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION
+from otel_ofu.jobs.findings import JOB_END, MFU_GAP, NO_MFU_REPORT, REGRESSION, STALLED
 
 MISSING = "—"
 FINDING_MARK = "⚠"
@@ -110,6 +110,12 @@ def finding_text(finding: FindingState, data_ns: int, is_open: bool = True) -> s
         ratio = num("ratio")
         text = f"OFU {pct(num('ofu'))} vs baseline {pct(num('baseline'))}"
         text += f" ({ratio:.2f}x slower)" if ratio is not None else ""
+    elif finding.kind == STALLED:  # jobs.stall: what it was judged on, and the GPU-hours held when it opened
+        links = "links idle" if n.get("evidence") == "links" else "no link counters"
+        hours = num("stalled_gpu_hours")
+        text = f"engine busy, nothing moving ({links})" + (f", {hours:.2f} GPU h at open" if hours is not None else "")
+        if is_open:
+            text += ", likely a deadlock or a spinning kernel"
     else:
         text = finding.cause.replace("_", " ")
     if is_open:
@@ -133,7 +139,7 @@ def header_facts(view: FleetView) -> tuple[str, str, str, str]:
     t = view.totals
     gained = f" ({gained_words(CLOCK, t.gained_gpu_hours)})" if t.gained_gpu_hours >= 0.005 else ""
     ofu = (f"OFU now {pct(view.ofu_now)}, mean OFU {pct(t.ofu_mean)} over {t.gpu_hours:.2f} GPU h, "
-           f"wasted {t.wasted_gpu_hours:.2f} GPU h{gained}")
+           f"wasted {t.wasted_gpu_hours:.2f} GPU h{gained}{fleet_cost_text(view)}")
     return gpus, missing, ofu, f"findings open: {view.open_findings}"
 
 
@@ -206,6 +212,29 @@ def _job_cells(job: JobRow, data_ns: int, scale: float) -> list[RenderableType]:
             largest_loss_text(job, "\n"), sparkline(job.trend, scale), findings]
 
 
+def fleet_cost_text(view: FleetView) -> str:
+    """``, jobs losing 61.20 USD/h``: what the running jobs' loss parts cost per hour together (job.cost, prices
+    set); "" without. A job's own is on its line in plain text (the live table has no room for a column)."""
+    running = [job for job in view.jobs if job.cost_lost_per_hour is not None and not job.ended]
+    currencies = {job.currency for job in running}
+    if not running or len(currencies) != 1:
+        return ""
+    return f", jobs losing {sum(job.cost_lost_per_hour or 0.0 for job in running):.2f} {currencies.pop()}/h"
+
+
+def cost_text(job: JobRow, prefix: str = "") -> str:
+    """``12.34 USD/h``: what the job's loss parts are costing per hour (job.cost, prices set); "" without."""
+    if job.cost_lost_per_hour is None:
+        return ""
+    return f"{prefix}{job.cost_lost_per_hour:.2f} {job.currency}/h".rstrip()
+def energy_text(job: JobRow) -> str:
+    """``, energy 12.40 kWh (1,310 J/useful PFLOP)``: where the jobs processor sent its job.energy; else ""."""
+    if job.energy is None:
+        return ""
+    per_pflop = f" ({job.energy_per_pflop:,.0f} J/useful PFLOP)" if job.energy_per_pflop is not None else ""
+    return f", energy {job.energy / 3.6e6:.2f} kWh{per_pflop}"
+
+
 def _gain_shown(job: JobRow) -> bool:
     """A clock gain worth a word: one that prints as at least 1%."""
     return job.clock_gain is not None and job.clock_gain >= 0.005
@@ -273,7 +302,7 @@ def plain_lines(view: FleetView, *, title: str = "otel-ofu", gpus: bool = True, 
         loss = f", largest loss {largest_loss_text(job)}" if job.largest_loss is not None else \
             f", {largest_loss_text(job)}" if _gain_shown(job) else ""
         lines.append(f"  job {job.job_id}{state}: {job.gpus} GPUs, OFU {pct(job.ofu_now)} now, "
-                     f"{pct(job.ofu_life)} over the job{mfu}{loss}")
+                     f"{pct(job.ofu_life)} over the job{mfu}{loss}{energy_text(job)}{cost_text(job, ', losing ')}")
         lines += [f"    FINDING {finding_text(f, view.data_ns)}" for f in job.open_findings]
         lines += [f"    {finding_text(f, view.data_ns, is_open=False)}" for f in job.closed_findings]
     if gpus and view.gpus:

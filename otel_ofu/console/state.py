@@ -14,7 +14,8 @@ comes from an injected clock, so staleness is testable.
 - Jobs come from the GPUs' ``ofu.job.id`` (on the resource, or a point attribute in older
   data); the ``jobs`` processor's metrics (``job.ofu`` over the job's life,
   ``job.mfu.reported``) and events (``ofu.finding.open/close``, ``ofu.job.end``) add life OFU,
-  reported MFU and findings when it runs.
+  reported MFU and findings when it runs; with prices set there, ``job.cost`` adds what a job's
+  loss parts are costing per hour (over its last few bins).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from otel_ofu.core.loss import CLOCK, LossTotals
+from otel_ofu.core.loss import CLOCK, USEFUL, LossTotals
 from otel_ofu.core.model import (
+    COST_CURRENCY,
     DROP_REASON,
     GPU_INDEX,
     GPU_MIG_PROFILE,
     HW_MODEL,
+    LOSS_PART,
     NO_JOB,
     Batch,
     Event,
@@ -61,7 +64,10 @@ LIFE = "life"
 OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock",
                                              "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.ofu.dropped")
 _GPU_METRICS = frozenset({OFU, OFU_RAW, FREF, TPA, SM_CLOCK, DROPPED})
-JOB_OFU, JOB_MFU, JOB_GPUS = "job.ofu", "job.mfu.reported", "job.gpus"
+JOB_OFU, JOB_MFU, JOB_GPUS, JOB_COST = "job.ofu", "job.mfu.reported", "job.gpus", "job.cost"
+COST_BINS = 6  # a job's cost lost per hour is over its last this many job.cost stamps (5 bins: 5 minutes at 1m)
+JOB_ENERGY, JOB_ENERGY_PER_PFLOP = "job.energy", "job.energy.per_useful_pflop"
+_JOB_METRICS = frozenset({JOB_OFU, JOB_MFU, JOB_GPUS, JOB_COST, JOB_ENERGY, JOB_ENERGY_PER_PFLOP})
 
 @dataclass
 class GpuState:
@@ -118,12 +124,17 @@ class JobState:
     life_ofu: float | None = None  # job.ofu{ofu.window=life} from the jobs processor
     mfu: dict[str, float] = field(default_factory=dict)  # job.mfu.reported by window
     reported_gpus: int | None = None  # job.gpus
+    energy: float | None = None  # job.energy (J), its newest
+    energy_per_pflop: float | None = None  # job.energy.per_useful_pflop (J per useful PFLOP), its newest
     loss: LossTotals = field(default_factory=LossTotals)  # its GPUs' loss account, over what the console saw
     findings: dict[str, FindingState] = field(default_factory=dict)  # open, by id
     closed: dict[str, FindingState] = field(default_factory=dict)  # the newest closed, by kind
     ended: bool = False
     last_ns: int = 0
     seen: float = 0.0  # the console's clock when data of the job last arrived
+    # job.cost of its loss parts (not useful) by stamp, its last COST_BINS stamps: part -> money so far
+    cost: dict[int, dict[str, float]] = field(default_factory=dict)
+    currency: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,11 @@ class JobRow:
     largest_loss: tuple[str, float, str | None] | None = None  # its largest loss part, share, dominant cause
     # The share of its GPU time its SM clock gained above f_ref (boost: its windows' negative clock parts), else None
     clock_gain: float | None = None
+    # What its loss parts cost per hour of data time over its last few bins (job.cost), and in what; None without
+    cost_lost_per_hour: float | None = None
+    currency: str = ""
+    energy: float | None = None  # J since it started (job.energy), where its energy is known
+    energy_per_pflop: float | None = None  # J per useful PFLOP over its life
 
 
 @dataclass(frozen=True)
@@ -222,7 +238,7 @@ class FleetState:
             if point.name in _GPU_METRICS:
                 self._gpu_point(point, now, arrived)
                 changed = True
-            elif point.name in (JOB_OFU, JOB_MFU, JOB_GPUS):
+            elif point.name in _JOB_METRICS:
                 changed |= self._job_point(point)
         for event in batch.events:
             changed |= self._event(event)
@@ -321,6 +337,22 @@ class FleetState:
             job.mfu[window] = point.value
         elif point.name == JOB_GPUS:
             job.reported_gpus = int(point.value)
+        elif point.name == JOB_COST:
+            attributes = dict(point.attributes)
+            part = str(attributes.get(LOSS_PART, ""))
+            if part == USEFUL:
+                return False
+            job.currency = str(attributes.get(COST_CURRENCY, ""))
+            at = job.cost.get(point.time_unix_nano)
+            if at is None:
+                at = job.cost[point.time_unix_nano] = {}
+                for old in sorted(job.cost)[:-COST_BINS]:
+                    del job.cost[old]
+            at[part] = point.value
+        elif point.name == JOB_ENERGY:
+            job.energy = point.value
+        elif point.name == JOB_ENERGY_PER_PFLOP:
+            job.energy_per_pflop = point.value
         return True
 
     def _event(self, event: Event) -> bool:
@@ -423,7 +455,18 @@ class FleetState:
                       job.life_ofu if job.life_ofu is not None else job.totals.ofu_mean, mfu, trend,
                       sorted(job.findings.values(), key=lambda f: f.since_ns), closed, job.ended,
                       (largest[0], largest[1], job.loss.dominant_cause(largest[0])) if largest else None,
-                      gained / job.loss.seconds if gained and job.loss.seconds > 0 else None)
+                      gained / job.loss.seconds if gained and job.loss.seconds > 0 else None,
+                      _cost_per_hour(job.cost), job.currency, job.energy, job.energy_per_pflop)
+
+
+def _cost_per_hour(cost: dict[int, dict[str, float]]) -> float | None:
+    """What a job's loss parts cost per hour between its first and last job.cost stamps kept (a counter each: a
+    part new in the last counts from 0); None with fewer than two."""
+    if len(cost) < 2:
+        return None
+    first, last = min(cost), max(cost)
+    lost = sum(last_value - cost[first].get(part, 0.0) for part, last_value in cost[last].items())
+    return max(lost, 0.0) / ((last - first) / 1e9) * 3600.0
 
 
 def _window_order(label: str) -> float:

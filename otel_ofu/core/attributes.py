@@ -32,8 +32,9 @@ GPU_RECEIVERS = ("receivers/dcgm", "receivers/nvml", "receivers/dcgm_exporter", 
 _LABEL_SOURCES = ("receivers/dcgm_exporter", "receivers/otlp", "receivers/replay", "processors/attribution")
 _OFU_POINTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved")
 _JOB_WINDOW_METRICS = ("job.ofu", "job.mfu.reported", "job.flops.achieved", "job.ofu.loss")
+_COST_METRICS = ("job.cost", "job.cost.gained", "fleet.cost", "fleet.cost.gained")
 _LOSS_METRICS = ("gpu.ofu.loss", "job.ofu.loss", "job.ofu.loss.gpu_hours", "job.ofu.gain.gpu_hours", "fleet.gpu_hours",
-                 "fleet.gpu_hours.gained")
+                 "fleet.gpu_hours.gained", *_COST_METRICS)
 _RECEIVER_METRICS = ("otel_ofu.receiver.accepted", "otel_ofu.receiver.status", "otel_ofu.receiver.requests",
                      "otel_ofu.receiver.samples", "otel_ofu.receiver.decoded")
 _REASON_METRICS = ("otel_ofu.ofu.dropped", "otel_ofu.ofu.skipped", "otel_ofu.pipeline.dropped",
@@ -139,29 +140,45 @@ _ATTRIBUTES = (
                   ("receivers/selftelemetry", "receivers/dcgm", "receivers/nvml", "processors/jobs")),
     AttributeInfo("service.version", RESOURCE, "otel-ofu's version, on self-telemetry.", ("receivers/selftelemetry",)),
     AttributeInfo("service.instance.id", RESOURCE, "`<host>:<pid>` of the otel-ofu process, on self-telemetry and "
-                  "fleet.gpu_hours (and .gained; each jobs instance its own series).",
+                  "fleet.gpu_hours and fleet.cost (and .gained; each jobs instance its own series).",
                   ("receivers/selftelemetry", "processors/jobs")),
     # --- how a value was made (point) ---
     AttributeInfo("ofu.fref.source", POINT, "Where f_ref came from: `spec` (the spec table), `config` (the ofu "
                   "processor's reference_clocks) or `max_sm_clock` (an unknown model's reported max clock).",
                   ("processors/ofu",), _OFU_POINTS),
+    AttributeInfo("ofu.link", POINT, "The interconnect a `gpu.link.throughput` point measures: `pcie` or `nvlink`.",
+                  ("processors/ofu",), ("gpu.link.throughput",)),
     AttributeInfo("ofu.loss.part", POINT, "A part of the loss account: `engine_idle`, `sm_idle`, `non_tensor`, "
                   "`clock`, `padding`; steps merged where a counter is missing (`sm_idle+non_tensor` without "
                   "SM_ACTIVE, `engine_idle+sm_idle` without GR_ENGINE_ACTIVE, `engine_idle+sm_idle+non_tensor` with "
                   "neither) (docs/method.md#where-the-flops-go-the-loss-account). Per job and fleet also `unknown` "
                   "(OFU that came without its account); the fleet's GPU-hours also `useful` (OFU) and `unallocated` "
-                  "(no job).", ("processors/ofu", "processors/jobs"), _LOSS_METRICS),
+                  "(no job); a job's cost also `useful`.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS),
+    AttributeInfo("ofu.cost.currency", POINT, "The currency of a cost point (the jobs processor's cost.currency: "
+                  "`USD`, `EUR`, ...): the unit of its value (docs/jobs.md#cost).", ("processors/jobs",),
+                  _COST_METRICS),
     AttributeInfo("ofu.loss.cause", POINT, "Why, for two parts: the clock part's most severe clock event reason "
                   "(`hw_power_brake`, `hw_thermal`, `hw_slowdown`, `sw_thermal`, `sw_power_cap`, `sync_boost`, "
                   "`app_clocks`, `display_clocks`, `idle`, `other`, `none`, `unknown`), and for the part holding the "
                   "non-tensor step `memory_bound`, `not_memory_bound` (DRAM_ACTIVE at or above the threshold or not) "
                   "or `unknown`. Absent on the other parts. Per job: the cause behind most of that part's loss in the "
-                  "window.", ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
+                  "window. Where the clock event time per reason is read (DCGM 1420-1424), the clock part comes as one "
+                  "point per reason that held the clock down (`sw_power_cap`, `sync_boost`, `sw_thermal`, "
+                  "`hw_thermal`, `hw_power_brake`), by its share of the throttled time, adding up to the clock part; "
+                  "per job the clock part is always one point per cause, its gain as `boost` (below 0).",
+                  ("processors/ofu", "processors/jobs"), _LOSS_METRICS[:2]),
     AttributeInfo("ofu.share.basis", POINT, "How a shared GPU's split among its jobs was made (gpu.job.share): "
                   "`sm_util` (each job's processes' SM utilization: NVML per-process utilization, dcgm-exporter's "
                   "per-pod DCGM_FI_DEV_GPU_UTIL), `even` (nothing measured each job's use, or none used it), "
                   "`mig_profile` (MIG devices of one profile on one GPU whose instance is not known: each job an even "
                   "part of each; docs/sharing.md).", ("processors/ofu",), ("gpu.job.share",)),
+    AttributeInfo("ofu.energy.basis", POINT, "How gpu.energy was found: `counter` (the increase of the GPU's energy "
+                  "counter: DCGM 156 or 1611, NVML total energy) or `power_x_time` (the power reading x the window's "
+                  "time, where the source has no counter: an estimate; docs/method.md#energy-per-job).",
+                  ("processors/ofu",), ("gpu.energy",)),
+    AttributeInfo("ofu.energy.use", POINT, "Whose GPUs fleet.energy went to: `jobs` (GPU windows of a job) or "
+                  "`unallocated` (GPUs of no job, ignored jobs, shared GPUs not counted).", ("processors/jobs",),
+                  ("fleet.energy",)),
     AttributeInfo("ofu.drop.reason", POINT, "Why a GPU window has no OFU: `missing`, `blank`, `not_found`, "
                   "`not_supported`, `not_permissioned`, `nan`, `negative`, `out_of_range`, `zero_clock`, "
                   "`not_a_number`, `no_reference_clock` (docs/method.md#no-value-is-not-zero).",
@@ -172,10 +189,11 @@ _ATTRIBUTES = (
                   "reporting process (docs/audit.md).", ("receivers/nvml", "receivers/prometheus")),
     AttributeInfo("ofu.window", POINT, "The window a job figure covers: a rolling window (`5m`, `1h`: the jobs "
                   "processor's windows) or `life`.", ("processors/jobs",), _JOB_WINDOW_METRICS),
-    AttributeInfo("ofu.finding.kind", POINT, "`mfu_gap` (the MFU audit) or `regression`.", ("processors/jobs",),
-                  ("job.finding",)),
+    AttributeInfo("ofu.finding.kind", POINT, "`mfu_gap` (the MFU audit), `regression` or `stalled` (GPUs busy with "
+                  "nothing moving: docs/jobs.md#stalled-jobs).", ("processors/jobs",), ("job.finding",)),
     AttributeInfo("ofu.finding.cause", POINT, "The finding's likely cause: `flop_formula_overcount`, "
-                  "`uncounted_padding_or_recompute`, `sustained_ofu_drop`.", ("processors/jobs",), ("job.finding",)),
+                  "`uncounted_padding_or_recompute`, `sustained_ofu_drop`, `engine_busy_no_work`.",
+                  ("processors/jobs",), ("job.finding",)),
     # --- self-telemetry (point) ---
     AttributeInfo("receiver", POINT, "The receiver's component id (`otlp`, `dcgm/node`).", (), _RECEIVER_METRICS),
     AttributeInfo("state", POINT, "The GPU receiver's state (`ok`, `dcgm_missing`, `profiling_in_use`, "

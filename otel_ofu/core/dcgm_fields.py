@@ -41,9 +41,20 @@ SM_ACTIVE = 1002
 SM_OCCUPANCY = 1003
 PIPE_TENSOR_ACTIVE = 1004
 DRAM_ACTIVE = 1005
+PCIE_TX_BYTES = 1009  # bytes per second over the watch interval (DCGM_FT_INT64)
+PCIE_RX_BYTES = 1010
+NVLINK_TX_BYTES = 1011
+NVLINK_RX_BYTES = 1012
 PIPE_TENSOR_HMMA_ACTIVE = 1014
 SM_CYCLES_ELAPSED_TOTAL = 1084
 MMA_CYCLES_ACTIVE_TOTAL = 1086
+# Nanoseconds the clock was held down per reason since the driver loaded (DCGM_FT_INT64; NVML's
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_* field values behind them, dcgmlib/src/dcgm_fields.cpp).
+CLOCKS_EVENT_REASON_SW_POWER_CAP_NS = 1420
+CLOCKS_EVENT_REASON_SYNC_BOOST_NS = 1421
+CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS = 1422
+CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS = 1423
+CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS = 1424
 # Base-unit fields (DCGM 4.6.1; go-dcgm pkg/dcgm/dcgm_fields.h and base_unit_fields_test.go).
 SM_CLOCK_HERTZ = 1603
 SM_APP_CLOCK_HERTZ = 1606
@@ -59,7 +70,7 @@ class Field:
 
     id: int
     names: tuple[str, ...]  # the first is the name up to DCGM 4.5 (what dcgm-exporter's shipped CSVs say)
-    unit: str  # "MHz", "Hz", "W", "mJ", "J", "1" (a ratio 0..1), "bitmask", "cycles"
+    unit: str  # "MHz", "Hz", "W", "mJ", "J", "1" (a ratio 0..1), "bitmask", "cycles", "ns", "By/s"
     replaces: int | None = None
     to_replaced: float = 1.0
 
@@ -95,8 +106,22 @@ FIELDS: tuple[Field, ...] = (
                                "dcgm_fi_prof_pipe_tensor_active"), "1"),
     Field(DRAM_ACTIVE, ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "dcgm_fi_prof_dram_active"), "1"),
     Field(PIPE_TENSOR_HMMA_ACTIVE, ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "DCGM_FI_PROF_HMMA_UTIL_RATIO"), "1"),
+    # The interconnect's traffic over the watch interval, bytes per second (dcgm-exporter's
+    # etc/default-counters.csv: "The rate of data transmitted over the PCIe bus ... in bytes per second";
+    # the 1.x compatibility CSV names the PCIe ones in lowercase). DCGM 4.6 kept these names.
+    Field(PCIE_TX_BYTES, ("DCGM_FI_PROF_PCIE_TX_BYTES", "dcgm_fi_prof_pcie_tx_bytes"), "By/s"),
+    Field(PCIE_RX_BYTES, ("DCGM_FI_PROF_PCIE_RX_BYTES", "dcgm_fi_prof_pcie_rx_bytes"), "By/s"),
+    Field(NVLINK_TX_BYTES, ("DCGM_FI_PROF_NVLINK_TX_BYTES",), "By/s"),
+    Field(NVLINK_RX_BYTES, ("DCGM_FI_PROF_NVLINK_RX_BYTES",), "By/s"),
     Field(SM_CYCLES_ELAPSED_TOTAL, ("DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL",), "cycles"),
     Field(MMA_CYCLES_ACTIVE_TOTAL, ("DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL",), "cycles"),
+    # Cumulative ns per clock event reason (DCGM 3.3+; no other name in DCGM 4.6 or go-dcgm's 4.6.1 header).
+    Field(CLOCKS_EVENT_REASON_SW_POWER_CAP_NS, ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS",), "ns"),
+    Field(CLOCKS_EVENT_REASON_SYNC_BOOST_NS, ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS",), "ns"),
+    Field(CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS, ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS",), "ns"),
+    Field(CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS, ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS",), "ns"),
+    Field(CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS,
+          ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS",), "ns"),
     Field(SM_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_CLOCK_HERTZ",), "Hz", SM_CLOCK, 1e-6),
     Field(SM_APP_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_APP_CLOCK_HERTZ",), "Hz", APP_SM_CLOCK, 1e-6),
     Field(SM_MAX_CLOCK_HERTZ, ("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ",), "Hz", MAX_SM_CLOCK, 1e-6),
@@ -107,9 +132,24 @@ FIELDS_BY_ID: dict[int, Field] = {f.id: f for f in FIELDS}
 FIELD_NAMES: dict[int, tuple[str, ...]] = {f.id: f.names for f in FIELDS}
 FIELD_IDS_BY_NAME: dict[str, int] = {name: f.id for f in FIELDS for name in f.names}
 
-# DCGM field types, for the blank rule (values.clean(field_type=...)).
+# Each clock event reason's ns counter -> the cause it names in the loss account (otel_ofu.core.loss
+# CLOCK_REASONS: the bit of field 112 the same reason sets).
+CLOCK_EVENT_NS_FIELDS: dict[int, str] = {
+    CLOCKS_EVENT_REASON_SW_POWER_CAP_NS: "sw_power_cap", CLOCKS_EVENT_REASON_SYNC_BOOST_NS: "sync_boost",
+    CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS: "sw_thermal", CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS: "hw_thermal",
+    CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS: "hw_power_brake",
+}
+# The interconnect fields -> the GpuSample attribute each fills.
+TRAFFIC_FIELDS: dict[int, str] = {
+    PCIE_TX_BYTES: "pcie_tx_bytes_per_s", PCIE_RX_BYTES: "pcie_rx_bytes_per_s",
+    NVLINK_TX_BYTES: "nvlink_tx_bytes_per_s", NVLINK_RX_BYTES: "nvlink_rx_bytes_per_s",
+}
+
+# DCGM field types, for the blank rule (values.clean(field_type=...)): dcgmlib/src/dcgm_fields.cpp
+# registers each of these as DCGM_FT_INT64.
 FIELD_TYPES: dict[int, str] = {SM_CYCLES_ELAPSED_TOTAL: "int64", MMA_CYCLES_ACTIVE_TOTAL: "int64",
-                               CLOCKS_EVENT_REASONS: "int64"}
+                               CLOCKS_EVENT_REASONS: "int64", TOTAL_ENERGY_CONSUMPTION: "int64",
+                               **{fid: "int64" for fid in (*CLOCK_EVENT_NS_FIELDS, *TRAFFIC_FIELDS)}}
 
 # The unit table's base-unit fields: field -> (the field it replaces, factor from its unit to that one's).
 BASE_UNIT_FIELDS: dict[int, tuple[int, float]] = {
@@ -158,7 +198,11 @@ def series_in_legacy_units(series: dict[int, list[tuple[int, object]]]) -> dict[
 DMON_SHORT_NAMES: dict[str, int] = {
     "SMCLK": SM_CLOCK, "SACLK": APP_SM_CLOCK, "DVCCTR": CLOCKS_EVENT_REASONS, "SMMAX": MAX_SM_CLOCK,
     "POWER": POWER_USAGE, "GRACT": GR_ENGINE_ACTIVE, "SMACT": SM_ACTIVE, "TENSO": PIPE_TENSOR_ACTIVE,
-    "DRAMA": DRAM_ACTIVE, "THMMA": PIPE_TENSOR_HMMA_ACTIVE,
+    "DRAMA": DRAM_ACTIVE, "THMMA": PIPE_TENSOR_HMMA_ACTIVE, "TOTEC": TOTAL_ENERGY_CONSUMPTION,
+    "PCITX": PCIE_TX_BYTES, "PCIRX": PCIE_RX_BYTES, "NVLTX": NVLINK_TX_BYTES, "NVLRX": NVLINK_RX_BYTES,
+    "CLKPCNS": CLOCKS_EVENT_REASON_SW_POWER_CAP_NS, "CLKBSTNS": CLOCKS_EVENT_REASON_SYNC_BOOST_NS,
+    "CLKSWTHNS": CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS, "CLKHWTHNS": CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS,
+    "CLKEPBSNS": CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS,
 }
 
 # dcgm-exporter labels -> resource attributes (semantic-convention names). Old spellings
@@ -255,9 +299,19 @@ def sample_from_fields(fields: dict[int, object], *, time_unix_nano: int, window
                        **extra: Any) -> GpuSample:
     """A GpuSample from ``{field_id: raw value}``; absent fields stay None (no value).
 
-    Base-unit fields count as the fields they replace (:func:`in_legacy_units`).
+    Base-unit fields count as the fields they replace (:func:`in_legacy_units`): energy in J (1611)
+    as mJ (156). The ledger's counters (energy, ns per clock event reason, interconnect bytes per
+    second) stay raw too; ``clock_event_ns`` holds the reasons present, None when none is.
     """
     fields = in_legacy_units(fields)
+    for fid, name in TRAFFIC_FIELDS.items():
+        if fid in fields:
+            extra.setdefault(name, fields[fid])
+    reasons = {cause: fields[fid] for fid, cause in CLOCK_EVENT_NS_FIELDS.items() if fid in fields}
+    if reasons:
+        extra.setdefault("clock_event_ns", reasons)
+    if TOTAL_ENERGY_CONSUMPTION in fields:
+        extra.setdefault("energy_mj", fields[TOTAL_ENERGY_CONSUMPTION])
     return GpuSample(
         time_unix_nano=time_unix_nano, window_s=window_s, host=host, gpu_index=gpu_index, uuid=uuid, model=model,
         tensor_active=fields.get(PIPE_TENSOR_ACTIVE), sm_clock_mhz=fields.get(SM_CLOCK),

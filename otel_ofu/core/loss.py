@@ -26,6 +26,12 @@ rounding). The rules (docs/method.md, "Where the FLOPs go", says why):
 - The clock part carries its cause, the most severe clock event reason of the window
   (DCGM 112); the part holding the non-tensor step carries whether DRAM_ACTIVE says the
   kernels were memory-bound.
+- Where the window's throttled time per reason is known (DCGM 1420-1424, cumulative ns: their
+  increases over the window, core.counters), a clock part above 0 is split into one part per
+  reason that held the clock down, by its share of that time (:func:`split_clock`), the parts
+  adding up to the clock part exactly (core.exact). Without that time (no counters, a first
+  reading, no increase) the bitmask's cause stays, as above; a clock part below 0 (a gain) is
+  never split.
 
 Pure: numbers in, numbers out; :class:`LossTotals` aggregates windows GPU-time weighted for
 jobs and the fleet, where time without a job is the part ``unallocated``.
@@ -33,6 +39,7 @@ jobs and the fleet, where time without a job is the part ``unallocated``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -90,7 +97,13 @@ CLOCK_REASONS: tuple[tuple[int, str], ...] = (
     (0x100, "display_clocks"),  # the display clock setting
     (0x1, "idle"),  # nothing running: clocks parked
 )
-CLOCK_CAUSES: tuple[str, ...] = (*(name for _, name in CLOCK_REASONS), OTHER_REASON, NO_REASON, UNKNOWN)
+#: The reasons whose held-down time DCGM counts (1420-1424, ns; NVML's NVML_FI_DEV_CLOCKS_EVENT_REASON_*
+#: fields): what splits the clock part, named as their bits above, most severe first.
+CLOCK_TIME_CAUSES: tuple[str, ...] = ("hw_power_brake", "hw_thermal", "sw_thermal", "sw_power_cap", "sync_boost")
+#: A job's clock part gained (the SM clock above f_ref: GPU windows whose clock part is below 0), as a cause of
+#: job.ofu.loss beside the reasons that lost (never a GPU window's cause).
+BOOST = "boost"
+CLOCK_CAUSES: tuple[str, ...] = (*(name for _, name in CLOCK_REASONS), OTHER_REASON, NO_REASON, UNKNOWN, BOOST)
 MEMORY_CAUSES: tuple[str, ...] = (MEMORY_BOUND, NOT_MEMORY_BOUND, UNKNOWN)
 
 #: DRAM_ACTIVE at or above this makes the non-tensor work memory-bound: the memory interface
@@ -211,9 +224,61 @@ CAUSE_KINDS: dict[tuple[str, ...], tuple[str | None, ...]] = {
     for names in (FULL, WITHOUT_SM, WITHOUT_GR, WITHOUT_BOTH)}
 
 
-def causes_of(names: tuple[str, ...], memory: str, clock: str) -> tuple[str | None, ...]:
-    """The cause beside each part of a layout."""
+def causes_of(names: tuple[str, ...], memory: str, clock: str | tuple[str, ...]) -> tuple[str | None, ...]:
+    """The cause beside each part of a layout; ``clock`` a tuple: a split layout's (:func:`split_layout`) clock causes,
+    one per clock part, in order."""
+    if type(clock) is tuple:
+        causes = iter(clock)
+        return tuple(next(causes) if name == CLOCK else memory if NON_TENSOR in name.split(MERGE) else None
+                     for name in names)
     return tuple(clock if k is _CLOCK else memory if k is _MEMORY else None for k in CAUSE_KINDS[names])
+
+
+def split_clock(clock: float, throttled: dict[str, float] | None) -> tuple[tuple[str, float], ...] | None:
+    """The clock part split by each reason's share of the window's throttled time: ``((cause, share), ...)`` in
+    :data:`CLOCK_TIME_CAUSES` order, for the reasons with time above 0; None when it is not split (a clock part
+    of 0 or below, no throttled time known, none above 0).
+
+    ``throttled``: cause -> ns the clock was held down by that reason in the window (the increases of DCGM
+    1420-1424). Time under two reasons at once counts for each, so the shares are of their sum. The shares
+    add up to the clock part exactly (their exact sum, ``math.fsum``, is it; so is core.exact's where each is
+    at least 2^-12): one reason's share takes the rest.
+    """
+    if not throttled or not clock > 0.0 or not math.isfinite(clock):
+        return None
+    weights = [(cause, float(ns)) for cause in CLOCK_TIME_CAUSES
+               if (ns := throttled.get(cause)) is not None and ns > 0 and math.isfinite(ns)]
+    if not weights:
+        return None
+    total = math.fsum(w for _, w in weights)
+    shares = [clock * (w / total) for _, w in weights]
+    kept = [item for item, share in zip(weights, shares) if share > 0.0]  # a share below the smallest double: none
+    if len(kept) <= 1:
+        return ((kept[0][0] if kept else max(weights, key=lambda item: item[1])[0], clock),)
+    weights, shares = kept, [share for share in shares if share > 0.0]
+    # One share takes the rest, the smallest first: its last bit is the finest, so the rest is most often
+    # exactly a double; the exact sum (math.fsum) is then the clock part, else a nudge of an ulp or two makes it.
+    proportional = list(shares)
+    for holder in sorted(range(len(shares)), key=lambda k: (proportional[k], k)):
+        shares = list(proportional)
+        shares[holder] = math.fsum([clock, *(-share for k, share in enumerate(proportional) if k != holder)])
+        for _ in range(4):
+            found = math.fsum(shares)
+            if found == clock or shares[holder] <= 0.0:
+                break
+            shares[holder] = math.nextafter(shares[holder], math.inf if found < clock else -math.inf)
+        if shares[holder] > 0.0 and math.fsum(shares) == clock:
+            break
+    return tuple((cause, share) for (cause, _), share in zip(weights, shares))
+
+
+def split_layout(names: tuple[str, ...], shares: tuple[float, ...] | list[float], split: tuple[tuple[str, float], ...]
+                 ) -> tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]]:
+    """A window's layout and shares with its clock part as the split's parts (one ``clock`` per cause), and the
+    split's causes in their order (the ``clock`` argument of :func:`causes_of`)."""
+    at = names.index(CLOCK)
+    return ((*names[:at], *(CLOCK for _ in split), *names[at + 1:]),
+            (*shares[:at], *(share for _, share in split), *shares[at + 1:]), tuple(cause for cause, _ in split))
 
 
 def _levels(tpa: float, gr: object, sm: object, tolerance: float
@@ -345,8 +410,9 @@ class LossTotals:
                        {part: cause for (part, _), cause in zip(account.parts, account.causes) if cause is not None})
 
     def add_parts(self, parts: Iterable[tuple[str, float]], ofu: float, seconds: float,
-                  causes: dict[str, str] | None = None) -> None:
-        """One window given as parts (what the ``gpu.ofu.loss`` points of a window say)."""
+                  causes: dict[str, str | tuple[tuple[str, float], ...]] | None = None) -> None:
+        """One window given as parts (what the ``gpu.ofu.loss`` points of a window say). A part whose cause is
+        ``((cause, share), ...)`` (the clock split by cause) counts as the sum of its causes' counts, exactly."""
         if seconds <= 0:
             return
         try:  # core.exact.exact, inline: one window is a dozen terms
@@ -358,11 +424,18 @@ class LossTotals:
         self.exact_seconds += total
         totals = self.exact_parts
         for part, count in counts:
+            cause = causes.get(part) if causes else None
+            if type(cause) is tuple:  # split by cause (its shares above 0): the part is its causes' counts' sum
+                for name, share in cause:
+                    lost = exact(share * seconds)
+                    key = (part, name)
+                    self.exact_causes[key] = self.exact_causes.get(key, 0) + lost
+                    totals[part] = totals.get(part, 0) + lost
+                continue
             if count < 0:  # a gain (the SM clock above f_ref): counted apart, the part lost nothing here
                 self.exact_gains[part] = self.exact_gains.get(part, 0) - count
                 count = 0
             totals[part] = totals.get(part, 0) + count
-            cause = causes.get(part) if causes else None
             if cause is not None:
                 key = (part, cause)
                 self.exact_causes[key] = self.exact_causes.get(key, 0) + count
@@ -430,6 +503,23 @@ class LossTotals:
         """The GPU-hours each part gained (its windows below 0: the clock boosting above f_ref), in account order.
         GPU time = the parts' GPU-hours (useful, lost, unallocated) - these."""
         return {part: to_float(self.exact_gains[part]) / 3600.0 for part in sorted(self.exact_gains, key=part_order)}
+
+    def cause_shares(self, part: str) -> dict[str, float]:
+        """A part's share of the GPU time by cause (the clock's: each reason's): what each cause lost, and what the
+        part gained as :data:`BOOST` (below 0); together they are the part's share in :meth:`shares`, exactly in the
+        sums (a rounding left by a scaled merge goes to the cause that lost most; lost without a cause: ``unknown``)."""
+        seconds = self.seconds
+        if seconds <= 0:
+            return {}
+        counts = {cause: count for (p, cause), count in self.exact_causes.items() if p == part and count}
+        rest = self.exact_parts.get(part, 0) - sum(counts.values())
+        if rest:
+            largest = max(counts, key=lambda c: (counts[c], c), default=UNKNOWN)
+            counts[largest] = counts.get(largest, 0) + rest
+        gained = self.exact_gains.get(part, 0)
+        if gained:
+            counts[BOOST] = counts.get(BOOST, 0) - gained
+        return {cause: to_float(count) / seconds for cause, count in counts.items() if count}
 
     def dominant_cause(self, part: str) -> str | None:
         """The cause behind most of a part's loss (the clock's reason, memory-bound or not)."""

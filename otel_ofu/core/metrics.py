@@ -46,6 +46,13 @@ _METRICS = (
                "The part of a GPU (or MIG instance) several jobs hold that this point set's job held in the window: "
                "its share of the GPU's time, FLOPs, loss and energy; the shares of one GPU's jobs add up to 1. "
                "ofu.share.basis says how it was split (docs/sharing.md). None on a GPU one job holds (all of it)."),
+    MetricInfo("gpu.energy", "J", "gauge",
+               "The energy the GPU used in the window ending at the point's time (since its previous sample): the "
+               "increase of its energy counter (DCGM 156 or 1611, NVML total energy), or power x the window's time "
+               "where the source has no counter (ofu.energy.basis says which). A MIG instance's is its slices' share "
+               "of the device's (gpu.mig.share), a shared GPU's job's its share (gpu.job.share): the parts add up to "
+               "the device's. None, never 0, where the counter is blank or on a GPU's first sample "
+               "(docs/method.md#energy-per-job)."),
     MetricInfo("gpu.mig.share", RATIO, "gauge",
                "A MIG instance's fraction of its physical GPU: its compute slices over the GPU's (a 3g.40gb of an "
                "H100: 3/7), beside its gpu.ofu; none for a whole GPU (1) or an instance of unknown size. The "
@@ -63,7 +70,9 @@ _METRICS = (
                "The loss account: the share of the dense peak lost to each part (ofu.loss.part: engine_idle, "
                "sm_idle, non_tensor, clock, padding, or steps merged where a counter is missing); the parts add up "
                "to 1 - gpu.ofu. The clock part carries its event reason, the non-tensor part whether it was "
-               "memory-bound (ofu.loss.cause). docs/method.md#where-the-flops-go-the-loss-account.",
+               "memory-bound (ofu.loss.cause); with the clock event time per reason (DCGM 1420-1424) the clock "
+               "part is one point per reason, by its share of the throttled time, adding up to the part. "
+               "docs/method.md#where-the-flops-go-the-loss-account.",
                whole_set=True),
     MetricInfo("gpu.sm.activity", RATIO, "gauge", "Input: SM activity ratio (DCGM 1002), when the source has it."),
     MetricInfo("gpu.graphics_engine.activity", RATIO, "gauge",
@@ -71,6 +80,10 @@ _METRICS = (
                "the source has it."),
     MetricInfo("gpu.dram.activity", RATIO, "gauge",
                "Input: DRAM activity ratio (DCGM 1005 DRAM_ACTIVE, GPM DRAM_BW_UTIL), when the source has it."),
+    MetricInfo("gpu.link.throughput", "By/s", "gauge",
+               "Input: interconnect traffic over the window, transmitted and received together, per link kind "
+               "(ofu.link: pcie from DCGM 1009/1010, nvlink from DCGM 1011/1012, or NVML GPM's PCI and NVLink "
+               "rates), when the source reads both directions; the jobs processor's stalled finding reads it."),
     MetricInfo("gpu.ofu.dropped", "{window}", "sum",
                "GPU windows that produced no OFU, by reason (ofu.drop.reason): blank, not_supported, "
                "nan, out_of_range, zero_clock, ... Never reported as 0 OFU."),
@@ -138,12 +151,17 @@ MFU_REPORT_METRIC = "training.mfu"
 TFLOPS_REPORT_METRICS: tuple[str, ...] = ("training.tflops_per_gpu", "megatron.training.throughput_tflops")
 TRAINING_REPORT_METRICS: tuple[str, ...] = (MFU_REPORT_METRIC, *TFLOPS_REPORT_METRICS)
 
+# PCIe and NVLink traffic per GPU window (ofu.link): the ofu processor emits it, the jobs processor's stalled
+# finding reads it (otel_ofu.jobs.stall).
+LINK_THROUGHPUT_METRIC = "gpu.link.throughput"
+
 # What the ofu processor emits per GPU: another otel-ofu's ``otlp`` receiver decodes these into
 # points by default (a jobs tier behind node agents), instead of passing them through as bytes.
 GPU_METRICS: tuple[str, ...] = (
     "gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.achieved", "gpu.ofu.loss", "gpu.tensor.activity",
     "gpu.sm.clock.frequency", "gpu.sm.clock.max", "gpu.power.usage", "gpu.clock.event_reasons", "gpu.sm.activity",
-    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped", "gpu.job.share",
+    "gpu.graphics_engine.activity", "gpu.dram.activity", "gpu.ofu.dropped", "gpu.job.share", "gpu.energy",
+    "gpu.link.throughput",
 )
 # The outputs of the OFU computation among them (the rest are its inputs, re-emitted).
 OFU_OUTPUT_METRICS: frozenset[str] = frozenset({
@@ -197,7 +215,7 @@ _OFU_OUTPUTS = ("gpu.ofu", "gpu.ofu.raw", "gpu.ofu.reference_clock", "gpu.flops.
                 "gpu.job.share", "gpu.ofu.loss", "gpu.tensor.activity", "gpu.sm.clock.frequency", "gpu.sm.clock.max",
                 "gpu.power.usage",
                 "gpu.clock.event_reasons", "gpu.sm.activity", "gpu.graphics_engine.activity", "gpu.dram.activity",
-                "gpu.ofu.dropped", "otel_ofu.ofu.dropped")
+                "gpu.link.throughput", "gpu.ofu.dropped", "otel_ofu.ofu.dropped", "gpu.energy")
 _EMITTED_BY: dict[str, tuple[str, ...]] = {
     **{name: ("processors/ofu",) for name in _OFU_OUTPUTS},
     "sim.gpu.mfu.true": ("receivers/sim",),

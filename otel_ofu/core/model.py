@@ -37,7 +37,15 @@ SHARE_BASIS = "ofu.share.basis"
 FREF_SOURCE = "ofu.fref.source"
 DROP_REASON = "ofu.drop.reason"
 LOSS_PART = "ofu.loss.part"  # a part of the loss account (otel_ofu.core.loss): engine_idle, clock, ...
+LINK = "ofu.link"  # which interconnect a gpu.link.throughput point measures: pcie or nvlink
 LOSS_CAUSE = "ofu.loss.cause"  # why: the clock part's event reason, memory-bound or not for the non-tensor part
+COST_CURRENCY = "ofu.cost.currency"  # the currency of a cost point (job.cost, fleet.cost): the jobs processor's cost
+# how gpu.energy was found: counter (the GPU's energy counter's increase) or power_x_time (power x window time,
+# where the source has no counter)
+ENERGY_BASIS = "ofu.energy.basis"
+ENERGY_COUNTER = "counter"
+ENERGY_POWER_X_TIME = "power_x_time"
+ENERGY_USE = "ofu.energy.use"  # fleet.energy's part: jobs | unallocated
 
 NO_JOB = "none"
 

@@ -1,9 +1,16 @@
-"""The ``file`` exporter: OTLP JSON, one export request per line, like the Collector's.
+"""The ``file`` exporter: one export request per line of OTLP JSON, or per protobuf record, like the Collector's.
 
-Other tools (the Collector's otlpjsonfilereceiver, ``otel-ofu report``, the ``replay``
-receiver) read the same format. Every write is one ``write(2)`` of whole lines (or one whole
-zstd frame / gzip member), flushed at once, so a crash leaves at most one partly written last
-line, which readers skip with a warning (:func:`otel_ofu.otlp.files.read_json_lines`).
+``format: json`` (the default): other tools (the Collector's otlpjsonfilereceiver, ``otel-ofu
+report``, the ``replay`` receiver, jq) read the same lines. ``format: proto``: the Collector's
+file exporter's records, byte for byte its framing (a 4-byte big-endian length, then the
+serialized request; with ``compression: zstd`` the request compressed alone, as the Collector
+does). Both are written from the serialized request (the OTLP exporters' encoder): JSON through
+:mod:`otel_ofu.otlp.wire_json`, not ``json_format``.
+
+Every write is one ``write(2)`` of whole lines or records (or one whole zstd frame / gzip
+member), flushed at once, so a crash leaves at most one partly written last line or record,
+which readers skip with a warning (:func:`otel_ofu.otlp.files.read_json_lines`) and an append
+cuts (:func:`otel_ofu.otlp.files.repair_tail`, :func:`repair_records_tail`).
 
 A write that fails (disk full: ENOSPC, EFBIG, EDQUOT, EIO) is undone: the file is cut back to
 where the write began, so it stays a file of whole lines / frames, and the batch is kept in
@@ -24,24 +31,27 @@ import collections
 import datetime as dt
 import errno
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
 from otel_ofu.core.metrics import MetricInfo, register
 from otel_ofu.core.model import Batch
-from otel_ofu.otlp import codec as otlp
-from otel_ofu.otlp import files
+from otel_ofu.otlp import files, payload, wire_json
 from otel_ofu.pipeline.component import Context, Exporter, Factory
 from otel_ofu.pipeline.config import build_config, path_kind, require
 
 MIB = 1024 * 1024
+_LENGTH = struct.Struct(">I")
 
 WRITE_FAILED = register(MetricInfo(
     "otel_ofu.exporter.write_failed", "{write}", "sum",
     "Self-telemetry: writes of the file exporter that failed, by reason (the error: ENOSPC, EFBIG, EDQUOT, EIO); "
-    "the file is cut back to its last whole line or frame and the batch kept to retry.")).name
+    "the file is cut back to its last whole line, frame or record and the batch kept to retry.")).name
 PENDING = register(MetricInfo(
     "otel_ofu.exporter.pending", "{item}", "gauge",
     "Self-telemetry: items the file exporter keeps in memory after failed writes, to write with the next batch.")).name
@@ -80,7 +90,11 @@ class FileExporterConfig:
     # Rotation, as the Collector's file exporter (docs/file-exporter.md): absent, one file that
     # grows; `rotation:` alone, the defaults below.
     rotation: Annotated[Any, RotationConfig] = UNSET
-    # Compress each write as one zstd frame or gzip member ("" and "none": plain text).
+    # What each export request is written as, as the Collector's file exporter: json (one line of OTLP
+    # JSON each) or proto (the protobuf, after its length in 4 bytes, big-endian; docs/file-exporter.md).
+    format: Literal["json", "proto"] = "json"
+    # json: compress each write as one zstd frame or gzip member; proto: each record's message as one
+    # zstd frame, as the Collector does ("" and "none": not compressed).
     compression: Literal["", "none", "zstd", "gzip"] = ""
     # true: every line carries every metric's description; false: only a metric's first line in a file.
     repeat_descriptions: bool = False
@@ -89,7 +103,7 @@ class FileExporterConfig:
     max_pending_megabytes: int = 16
 
     def validate(self) -> None:
-        if require(bool(self.path), "path", "required: the file to write OTLP JSON lines to"):
+        if require(bool(self.path), "path", "required: the file to write OTLP JSON lines or records to"):
             parent = Path(self.path).expanduser().parent
             if require(path_kind("path", parent) == "dir", "path", f"directory {str(parent)!r} does not exist"):
                 require(path_kind("path", self.path) != "dir", "path", f"{self.path!r} is a directory: name the file")
@@ -98,6 +112,8 @@ class FileExporterConfig:
             require(self.rotation is None or isinstance(self.rotation, dict), "rotation",
                     f"expected a mapping, got {self.rotation!r}")
             self.rotation = build_config(RotationConfig, self.rotation or {}, prefix="rotation.")
+        require(not (self.format == "proto" and self.compression == "gzip"), "compression",
+                "gzip is for format: json; the Collector compresses proto records with zstd: use zstd")
         if self.compression == "zstd":
             try:
                 import zstandard  # noqa: F401
@@ -111,15 +127,17 @@ class FileExporterConfig:
 class _OutputFile:
     """The current file: size-triggered rotation, retention of rotated files, whole writes."""
 
-    def __init__(self, path: Path, rotation: RotationConfig | None, append: bool, log: Any):
+    def __init__(self, path: Path, rotation: RotationConfig | None, append: bool, log: Any, records: bool = False):
         self.path, self.rotation, self.log = path, rotation, log
+        self.repair_tail = repair_records_tail if records else files.repair_tail
         self._fd: int | None = None
         self.size = 0
         if path.exists() and path.stat().st_size:
             if append:
-                cut = files.repair_tail(path)
+                _check_appendable(path, records)
+                cut = self.repair_tail(path)
                 if cut:
-                    log.warning("%s ended with a partly written line or frame (a crash?): cut %d bytes before "
+                    log.warning("%s ended with a partly written line, frame or record (a crash?): cut %d bytes before "
                                 "appending", path, cut)
             elif rotation is not None:
                 self._rename_to_backup()
@@ -202,10 +220,10 @@ class _OutputFile:
             self.close()
 
     def _reopen(self) -> None:
-        cut = files.repair_tail(self.path)
+        cut = self.repair_tail(self.path)
         if cut:
-            self.log.warning("%s ended with a partly written line or frame: cut %d bytes before writing", self.path,
-                             cut)
+            self.log.warning("%s ended with a partly written line, frame or record: cut %d bytes before writing",
+                             self.path, cut)
         self._open(keep=True)
 
     def close(self) -> None:
@@ -214,12 +232,85 @@ class _OutputFile:
             self._fd = None
 
 
+def _looks_like_records(head: bytes) -> bool:
+    """Whether a file's first bytes are a length-prefixed record (format: proto, or the Collector's
+    compressed JSON): a length, then a request's first field (1: resource_metrics or resource_logs),
+    a zstd frame or a JSON object."""
+    if len(head) < 5:
+        return len(head) == 4 and head == bytes(4)
+    (size,) = struct.unpack(">I", head[:4])
+    first = head[4:5] in (b"\x0a", b"{") or head[4:8] == files.ZSTD_MAGIC
+    return size <= files.MAX_RECORD_BYTES and (size == 0 or first)
+
+
+def _check_appendable(path: Path, records: bool) -> None:
+    """A file holds one format: appending records to lines (or lines to records) would make it unreadable."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if _looks_like_records(head) != records:
+        held, wanted = ("length-prefixed records", "json") if not records else ("text lines or frames", "proto")
+        raise ValueError(f"{path} holds {held}: format: {wanted} cannot append to it (a file holds one format); "
+                         "name another path or move the file away")
+
+
+def repair_records_tail(path: Path) -> int:
+    """Cut a partly written last record (a crash) off a file of length-prefixed records; returns bytes removed.
+
+    Records are followed by their lengths from the start; the file is cut where the next record's
+    4-byte length or body would run past its end.
+    """
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    keep = 0
+    with open(path, "rb") as handle:
+        while keep + 4 <= size:
+            handle.seek(keep)
+            (length,) = struct.unpack(">I", handle.read(4))
+            if keep + 4 + length > size:
+                break
+            keep += 4 + length
+    if keep == size:
+        return 0
+    with open(path, "r+b") as handle:
+        handle.truncate(keep)
+    return size - keep
+
+
+def record(message: bytes) -> bytes:
+    """One record of the Collector's ``format: proto`` framing (exportMessageAsBuffer): the length, 4 bytes
+    big-endian, then the message (compressed or not)."""
+    return _LENGTH.pack(len(message)) + message
+
+
+def without_known_descriptions(request: bytes, described: set[str]) -> bytes:
+    """A serialized ExportMetricsServiceRequest without the descriptions of metrics in ``described``;
+    the metrics whose description it keeps are added to ``described``.
+
+    Through protobuf (upb parses and writes in C; a walk of the bytes in Python was slower): the
+    request as it was when nothing changes.
+    """
+    message = ExportMetricsServiceRequest.FromString(request)
+    changed = False
+    for resource_metrics in message.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name in described:
+                    if metric.description:
+                        metric.description = ""
+                        changed = True
+                elif metric.description:
+                    described.add(metric.name)
+    return message.SerializeToString() if changed else request
+
+
 class FileExporter(Exporter):
     def __init__(self, config: FileExporterConfig, context: Context):
         super().__init__(config, context)
         self._file: _OutputFile | None = None
         self._lock = threading.Lock()
         self._compress = files.compressor(config.compression if config.compression != "none" else "")
+        self._records = config.format == "proto"
         self._described: set[str] = set()  # metrics whose description the current file already has
         # Batches not written yet (a write failed), oldest first, with their encoded size when last tried.
         self._pending: collections.deque[tuple[Batch, int]] = collections.deque()
@@ -230,29 +321,31 @@ class FileExporter(Exporter):
 
     def start(self) -> None:
         self._file = _OutputFile(Path(self.config.path).expanduser(), self.config.rotation_config(),
-                                 self.config.append, self.log)
+                                 self.config.append, self.log, records=self._records)
         self._described = set()
 
     def _encode(self, batch: Batch) -> tuple[bytes, int] | None:
-        """The batch's line(s), compressed if configured, and how many lines."""
-        lines = []
-        request = otlp.to_request(batch.points)
-        request.resource_metrics.extend(otlp.passthrough_messages(batch.passthrough))
-        if request.resource_metrics:
+        """The batch's line(s) or record(s), compressed if configured, and how many.
+
+        Both formats start from the serialized request (the OTLP exporters' encoder): JSON is written
+        from its bytes (:mod:`otel_ofu.otlp.wire_json`), protobuf is those bytes.
+        """
+        requests: list[tuple[bytes, bool]] = []  # (serialized request, whether logs)
+        metrics = payload.metrics_payload(batch.points_and_rows(), batch.passthrough)
+        if metrics is not None:
+            body = metrics[0]
             if not self.config.repeat_descriptions:
-                for rm in request.resource_metrics:
-                    for sm in rm.scope_metrics:
-                        for metric in sm.metrics:
-                            if metric.name in self._described:
-                                metric.description = ""
-                            elif metric.description:
-                                self._described.add(metric.name)
-            lines.append(otlp.to_json_line(request))
-        if batch.events:  # as the Collector's file exporter: each signal's requests on their own lines
-            lines.append(otlp.to_json_line(otlp.events_to_request(batch.events)))
-        if not lines:
+                body = without_known_descriptions(body, self._described)
+            requests.append((body, False))
+        events = payload.logs_payload(batch.events)
+        if events is not None:  # as the Collector's file exporter: each signal's requests on their own lines
+            requests.append((events[0], True))
+        if not requests:
             return None
-        return self._compress(("\n".join(lines) + "\n").encode()), len(lines)
+        if self._records:
+            return b"".join([record(self._compress(body)) for body, _ in requests]), len(requests)
+        text = "\n".join([wire_json.request_json(body, logs) for body, logs in requests]) + "\n"
+        return self._compress(text.encode("ascii")), len(requests)
 
     def export(self, batch: Batch) -> None:
         with self._lock:
@@ -314,6 +407,7 @@ class FileExporter(Exporter):
             kept = sum(len(b) for b, _ in self._pending)
             self.log.warning("cannot write to %s: %s; the file is kept whole (cut back to its last complete %s); "
                              "%d items kept to write with the next batch%s", self._file.path, exc.strerror or exc,
+                             "record" if self._records else
                              "frame" if self.config.compression not in ("", "none") else "line", kept,
                              f", {dropped} dropped (more than max_pending_megabytes "
                              f"{self.config.max_pending_megabytes} kept)" if dropped else "")
@@ -339,4 +433,5 @@ class FileExporter(Exporter):
 
 
 FACTORY = Factory("file", FileExporterConfig, FileExporter,
-                  "writes OTLP JSON lines to a file, rotated and compressed as the Collector's file exporter can")
+                  "writes OTLP JSON lines or protobuf records to a file, rotated and compressed as the Collector's "
+                  "file exporter can")

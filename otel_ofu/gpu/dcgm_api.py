@@ -35,11 +35,19 @@ BINDING_MODULES = ("pydcgm", "dcgm_structs", "dcgm_fields", "dcgm_agent")
 
 # What the dcgm receiver watches, by numeric id (names changed in DCGM 4.6).
 DEVICE_FIELDS = (F.MAX_SM_CLOCK, F.CLOCKS_EVENT_REASONS, F.POWER_USAGE)
+# The ledger's device counters (issue 34): energy (156, or 1611 in J where the bindings know it) and the
+# ns per clock event reason (1420-1424), watched with the device fields where the bindings know them; an
+# engine that refuses them (older than the bindings) gets the device fields without them.
+LEDGER_FIELDS = (F.TOTAL_ENERGY_CONSUMPTION, *F.CLOCK_EVENT_NS_FIELDS)
 CLOCK_FIELDS = (F.SM_CLOCK,)
 # TPA makes OFU; GR, SM and DRAM activity make its loss account (otel_ofu.core.loss).
 PROFILING_FIELDS = (F.PIPE_TENSOR_ACTIVE, F.SM_ACTIVE, F.GR_ENGINE_ACTIVE, F.DRAM_ACTIVE, F.PIPE_TENSOR_HMMA_ACTIVE)
+# PCIe and NVLink bytes per second: what tells a stalled job from a working one. Profiling fields, tried
+# with the others first and left out when this DCGM/GPU cannot watch them together.
+TRAFFIC_FIELDS = tuple(F.TRAFFIC_FIELDS)
 COUNTER_FIELDS = (F.SM_CYCLES_ELAPSED_TOTAL, F.MMA_CYCLES_ACTIVE_TOTAL)
-INT_FIELDS = frozenset({F.SM_CLOCK, F.MAX_SM_CLOCK, F.CLOCKS_EVENT_REASONS, *COUNTER_FIELDS})
+INT_FIELDS = frozenset({F.SM_CLOCK, F.MAX_SM_CLOCK, F.CLOCKS_EVENT_REASONS, *COUNTER_FIELDS, *LEDGER_FIELDS,
+                        *TRAFFIC_FIELDS})
 
 
 class DcgmError(Exception):
@@ -251,7 +259,7 @@ class DcgmSession:
             for entity in self.entities:
                 self._profiled.AddEntity(*entity.key)
             keep_age = max(60.0, 3 * self.collection_interval_s)
-            self._watch_in_base_units("device", DEVICE_FIELDS, self.collection_interval_s, keep_age, self._gpus)
+            self._watch_device(keep_age)
             self._watch_in_base_units("clock", CLOCK_FIELDS, self.clock_interval_s, keep_age, self._gpus)
         except DcgmError:
             self.close()
@@ -263,16 +271,17 @@ class DcgmSession:
     def watch_profiling(self) -> tuple[int, ...]:
         """Watch the profiling fields, dropping what this DCGM/GPU cannot watch together.
 
-        Tries the raw cycle counters (1084/1086) with the ratio fields first, then without
-        them, then TPA with the loss account's ratios (GR, SM, DRAM), then TPA and SM, then
-        TPA alone (GPUs before Hopper cannot watch every group together). Raises
-        DcgmError(profiling_*) when none can be watched.
+        Tries the raw cycle counters (1084/1086) and the PCIe/NVLink traffic (1009-1012) with the
+        ratio fields first, then without the traffic, then without the counters, then TPA with the
+        loss account's ratios (GR, SM, DRAM), then TPA and SM, then TPA alone (GPUs before Hopper
+        cannot watch every group together). Raises DcgmError(profiling_*) when none can be watched.
         """
         b = self.bindings
-        known = [f for f in PROFILING_FIELDS + (COUNTER_FIELDS if self.counters else ())
+        known = [f for f in PROFILING_FIELDS + TRAFFIC_FIELDS + (COUNTER_FIELDS if self.counters else ())
                  if b.dcgm_fields.DcgmFieldGetById(f) is not None]
         ratios = tuple(f for f in known if f not in COUNTER_FIELDS)
-        attempts = [tuple(known), ratios,
+        attempts = [tuple(known), tuple(f for f in known if f not in TRAFFIC_FIELDS), ratios,
+                    tuple(f for f in ratios if f not in TRAFFIC_FIELDS),
                     tuple(f for f in ratios if f in (F.PIPE_TENSOR_ACTIVE, F.GR_ENGINE_ACTIVE, F.SM_ACTIVE,
                                                      F.DRAM_ACTIVE)),
                     tuple(f for f in ratios if f in (F.PIPE_TENSOR_ACTIVE, F.SM_ACTIVE)), (F.PIPE_TENSOR_ACTIVE,)]
@@ -356,6 +365,23 @@ class DcgmSession:
             _quietly(group.Delete)
             raise self._classify_watch(name, exc) from None
         self._watches = [w for w in self._watches if w.name != name] + [_Watch(name, tuple(ids), entities, group)]
+
+    def _watch_device(self, keep_age_s: float) -> None:
+        """The device fields with the ledger's counters the bindings know; without them when the engine
+        refuses them (a remote nv-hostengine older than the bindings), so OFU never waits on them."""
+        known = self.bindings.dcgm_fields.DcgmFieldGetById
+        ledger = tuple(f for f in LEDGER_FIELDS if known(f) is not None)
+        if ledger:
+            try:
+                self._watch_in_base_units("device", DEVICE_FIELDS + ledger, self.collection_interval_s, keep_age_s,
+                                          self._gpus)
+                return
+            except DcgmError as exc:
+                if exc.state == "hostengine_lost":
+                    raise
+                log.info("the host engine refused the energy and clock event time fields (%s): watching the device "
+                         "fields without them", exc.message)
+        self._watch_in_base_units("device", DEVICE_FIELDS, self.collection_interval_s, keep_age_s, self._gpus)
 
     def _watch_in_base_units(self, name: str, field_ids: tuple[int, ...], interval_s: float, keep_age_s: float,
                              entities: Any) -> None:

@@ -224,6 +224,40 @@ def running_processes(api: Any, handle: Any) -> list[Any]:
         return []
 
 
+def total_energy_mj(api: Any, handle: Any) -> int | None:
+    """The GPU's energy counter since the driver loaded, mJ (nvmlDeviceGetTotalEnergyConsumption, Volta+);
+    None where NVML has none."""
+    return _optional(api, api.nvmlDeviceGetTotalEnergyConsumption, handle)
+
+
+# NVML's per-reason clock event time fields (nvml.h NVML_FI_DEV_CLOCKS_EVENT_REASON_*, cumulative ns):
+# the same counters DCGM reads for its fields 1420-1424 (dcgmlib/src/dcgm_fields.cpp), by cause name.
+CLOCK_EVENT_NS_FIELDS: tuple[tuple[str, str], ...] = (
+    ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", "sw_power_cap"),
+    ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST", "sync_boost"),
+    ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", "sw_thermal"),
+    ("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", "hw_thermal"),
+    ("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN", "hw_power_brake"),
+)
+
+
+def clock_event_ns(api: Any, handle: Any) -> dict[str, int] | None:
+    """Nanoseconds the clock was held down per reason, by cause, through nvmlDeviceGetFieldValues; the
+    reasons NVML answers for (the others left out), None when it answers for none (older bindings or driver)."""
+    known = [(getattr(api, name), cause) for name, cause in CLOCK_EVENT_NS_FIELDS if hasattr(api, name)]
+    if not known:
+        return None
+    values = _optional(api, api.nvmlDeviceGetFieldValues, handle, [field_id for field_id, _ in known])
+    if values is None:
+        return None
+    out = {}
+    for value, (_, cause) in zip(values, known):
+        if value.nvmlReturn == api.NVML_SUCCESS:
+            out[cause] = int(value.value.ullVal) if value.valueType == api.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG \
+                else int(value.value.sllVal)
+    return out or None
+
+
 def clock_event_reasons(api: Any, handle: Any) -> int | None:
     call = getattr(api, "nvmlDeviceGetCurrentClocksEventReasons", None) or api.nvmlDeviceGetCurrentClocksThrottleReasons
     return _optional(api, call, handle)

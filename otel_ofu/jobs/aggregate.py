@@ -227,14 +227,19 @@ class JobTotals:
     exact_flop: int = 0
     exact_flop_gpu_seconds: int = 0  # the GPU time whose FLOPs are known (precision known)
     exact_gained_gpu_seconds: int = 0  # what they gained: their parts below 0 (the SM clock boosting above f_ref)
+    exact_energy: int = 0  # J, of the windows whose energy is known (gpu.energy)
+    exact_energy_gpu_seconds: int = 0  # the GPU time whose energy is known
+    # The energy and the FLOPs of the windows where both are known: their ratio is J per useful FLOP.
+    exact_energy_of_flop: int = 0
+    exact_flop_of_energy: int = 0
 
     def add(self, seconds: float, ofu: float, flops_per_s: float | None = None,
-            shares: Iterable[float] | None = None) -> None:
+            shares: Iterable[float] | None = None, energy: float | None = None) -> None:
         """One GPU window. ``shares``: its loss parts' shares (jobs.loss.window_shares); without them its
         1 - OFU. A share above 0 is lost, its GPU time added to the waste (term by term as the loss account
         adds it, so the waste is exactly what the loss parts add up to); one below 0 (the clock part of a window
         whose SM clock boosted above f_ref) is gained, added to the gain, never subtracted from the waste:
-        neither falls."""
+        neither falls. ``energy``: the window's energy (J; None: not known)."""
         try:  # core.exact.exact, inline
             gpu, useful = int(seconds * SCALE), int(ofu * seconds * SCALE)
             parts = [int(share * seconds * SCALE) for share in ((1.0 - ofu,) if shares is None else shares)]
@@ -248,9 +253,18 @@ class JobTotals:
                 self.exact_gained_gpu_seconds -= count
             else:
                 self.exact_wasted_gpu_seconds += count
+        flop = None
         if flops_per_s is not None:
-            self.exact_flop += exact(flops_per_s * seconds)
+            flop = exact(flops_per_s * seconds)
+            self.exact_flop += flop
             self.exact_flop_gpu_seconds += gpu
+        if energy is not None:
+            joules = exact(energy)
+            self.exact_energy += joules
+            self.exact_energy_gpu_seconds += gpu
+            if flop is not None:
+                self.exact_energy_of_flop += joules
+                self.exact_flop_of_energy += flop
 
     def merge(self, other: JobTotals, sign: int = 1) -> None:
         """Add ``other`` exactly (``sign`` -1: take it out again)."""
@@ -260,6 +274,10 @@ class JobTotals:
         self.exact_flop += sign * other.exact_flop
         self.exact_flop_gpu_seconds += sign * other.exact_flop_gpu_seconds
         self.exact_gained_gpu_seconds += sign * other.exact_gained_gpu_seconds
+        self.exact_energy += sign * other.exact_energy
+        self.exact_energy_gpu_seconds += sign * other.exact_energy_gpu_seconds
+        self.exact_energy_of_flop += sign * other.exact_energy_of_flop
+        self.exact_flop_of_energy += sign * other.exact_flop_of_energy
 
     @property
     def gpu_seconds(self) -> float:
@@ -304,6 +322,59 @@ class JobTotals:
     @property
     def flops_known(self) -> bool:
         return self.exact_flop_gpu_seconds > 0
+
+    @property
+    def energy_known(self) -> bool:
+        return self.exact_energy_gpu_seconds > 0
+
+    @property
+    def energy(self) -> float | None:
+        """J over the windows whose energy is known; None when none is."""
+        return to_float(self.exact_energy) if self.energy_known else None
+
+    @property
+    def energy_per_useful_pflop(self) -> float | None:
+        """J per PFLOP of useful work (10^15 FLOPs at OFU), over the windows whose energy and FLOPs are known."""
+        return energy_per_pflop(self.exact_energy_of_flop, self.exact_flop_of_energy)
+
+
+def energy_per_pflop(exact_energy: int, exact_flop: int) -> float | None:
+    """J per PFLOP from two exact sums (J, FLOP) over the same windows; None without FLOPs."""
+    if exact_flop <= 0:
+        return None
+    return to_float(exact_energy) / (to_float(exact_flop) / 1e15)
+
+
+@dataclass
+class EnergyTotals:
+    """The fleet's energy (J, exact sums): the jobs' windows and no job's, and the jobs' J per useful FLOP."""
+
+    exact_jobs: int = 0
+    exact_unallocated: int = 0  # GPUs of no job, ignored jobs, shared GPUs not counted
+    exact_energy_of_flop: int = 0  # the jobs' energy and FLOPs of the windows where both are known
+    exact_flop_of_energy: int = 0
+
+    def add_job(self, energy: float, flop: float | None) -> None:
+        joules = exact(energy)
+        self.exact_jobs += joules
+        if flop is not None:
+            self.exact_energy_of_flop += joules
+            self.exact_flop_of_energy += exact(flop)
+
+    def add_unallocated(self, energy: float) -> None:
+        self.exact_unallocated += exact(energy)
+
+    @property
+    def known(self) -> bool:
+        return self.exact_jobs != 0 or self.exact_unallocated != 0
+
+    def by_use(self) -> dict[str, float]:
+        """J by ofu.energy.use: ``jobs``, ``unallocated``."""
+        return {"jobs": to_float(self.exact_jobs), "unallocated": to_float(self.exact_unallocated)}
+
+    @property
+    def per_useful_pflop(self) -> float | None:
+        return energy_per_pflop(self.exact_energy_of_flop, self.exact_flop_of_energy)
 
 
 def bin_pieces(start: float, end: float, resolution: float) -> list[tuple[int, float]]:

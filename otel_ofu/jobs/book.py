@@ -30,14 +30,17 @@ from typing import Any
 
 from otel_ofu.attribution import HPC_JOB_ID, slurm_job_id
 from otel_ofu.attribution.claims import SHARED_SEPARATOR
+from otel_ofu.core.exact import exact
 from otel_ofu.core.loss import LossTotals
 from otel_ofu.core.model import JOB_ID, JOB_RUN, Attributes, GpuKey, MetricPoint, gpu_label, without_job_identity
-from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start
+from otel_ofu.jobs.aggregate import EnergyTotals, JobTotals, WeightedHistogram, segment_start
 from otel_ofu.jobs.clocks import HostClocks
 from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.facts import JobKey, gpu_facts, job_of, key_job_id
+from otel_ofu.jobs.cost import Pricer
+from otel_ofu.jobs.facts import GpuFacts, JobKey, gpu_facts, job_of, key_job_id
 from otel_ofu.jobs.findings import Transition
 from otel_ofu.jobs.loss import LOSS_METRIC, Parts, add_window, window_parts
+from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary, JobTracker, Snapshot
 from otel_ofu.jobs.units import reported_mfu
 from otel_ofu.jobs.windows import SeriesWindows, take
@@ -45,6 +48,7 @@ from otel_ofu.jobs.windows import SeriesWindows, take
 OFU_METRIC = "gpu.ofu"
 FLOPS_METRIC = "gpu.flops.achieved"
 SHARE_METRIC = "gpu.job.share"
+ENERGY_METRIC = "gpu.energy"
 
 
 @dataclass
@@ -125,6 +129,14 @@ class JobBook:
         self.unattributed_histogram = WeightedHistogram()
         # Every GPU window's loss account, jobs' and no job's (unallocated): the fleet's, since this book began
         self.fleet_loss = LossTotals()
+        # ... and its money (jobs.cost): GPU-seconds x price per GPU-hour by part, the GPUs with a price only
+        self.fleet_cost = LossTotals()
+        self.pricer = Pricer(config.cost)  # the jobs processor sets its own after loading a saved book
+        # GPU time with no price while prices are set (exact, core.exact), by what it is priced by (its model,
+        # or the cost.by attribute's value; "" when it has none): what job.cost and fleet.cost leave out
+        self.unpriced: dict[str, int] = {}
+        # Every GPU window's energy (gpu.energy), the jobs' and no job's, since this book began
+        self.fleet_energy = EnergyTotals()
         # The jobs processor's fleet.gpu_hours: (the last bin it went out for, the bin its series started),
         # kept with the book so that a restart continues the same cumulative series
         self.fleet_emitted: tuple[int, int] | None = None
@@ -149,17 +161,41 @@ class JobBook:
         points = list(points)
         self.clocks.next_batch()
         update = Update()
-        flops = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == FLOPS_METRIC}
-        # A shared GPU's job's part of it, by its point set's window (the ofu processor's gpu.job.share).
-        shares = {(p.resource, p.time_unix_nano): p.value for p in points if p.name == SHARE_METRIC}
-        losses = window_parts(points) if any(p.name == LOSS_METRIC for p in points) else {}
+        # Each GPU window's FLOP/s, a shared GPU's job's part of it (the ofu processor's gpu.job.share) and its
+        # energy and link traffic (PCIe and NVLink together: jobs.stall), by (resource, time) as its gpu.ofu point
+        # has them;
+        # one pass over the batch.
+        flops: dict[tuple[Attributes, int], float] = {}
+        shares: dict[tuple[Attributes, int], float] = {}
+        links: dict[tuple[Attributes, int], float] = {}
+        # A window's energy (the ofu processor's gpu.energy: a shared GPU's job's is its part already).
+        energies: dict[tuple[Attributes, int], float] = {}
+        any_loss = False
+        for p in points:
+            name = p.name
+            if name == OFU_METRIC:
+                continue
+            if name == LOSS_METRIC:
+                any_loss = True
+            elif name == FLOPS_METRIC:
+                flops[(p.resource, p.time_unix_nano)] = p.value
+            elif name == SHARE_METRIC:
+                shares[(p.resource, p.time_unix_nano)] = p.value
+            elif name == ENERGY_METRIC:
+                energies[(p.resource, p.time_unix_nano)] = p.value
+            elif name == LINK_METRIC:
+                key = (p.resource, p.time_unix_nano)
+                links[key] = links.get(key, 0.0) + p.value
+        if links:  # a window whose link points are not finite (or negative) has none
+            links = {key: value for key, value in links.items() if math.isfinite(value) and value >= 0}
+        losses = window_parts(points) if any_loss else {}
         touched: dict[str, JobTracker] = {}
         behind: dict[Any, list[MetricPoint]] = {}  # host -> its points far behind its newest data
         for point in points:
             if point.name == OFU_METRIC:
-                self._gpu_point(point, flops, update, touched, now, behind, losses, shares)
+                self._gpu_point(point, flops, update, touched, now, behind, losses, shares, energies, links)
         for source, late in behind.items():
-            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares)
+            self._late_or_stepped_back(source, late, flops, update, touched, now, losses, shares, energies, links)
         for tracker in update.started:  # reports that came before the job's first GPU window
             for name in (tracker.key, *tracker.aliases):
                 for held in self._pending.pop(name, ()):
@@ -190,7 +226,9 @@ class JobBook:
     def _late_or_stepped_back(self, source: Any, late: list[MetricPoint], flops: dict, update: Update,
                               touched: dict[str, JobTracker], now: float | None,
                               losses: dict[tuple[Attributes, int], Parts] | None = None,
-                              shares: dict[tuple[Attributes, int], float] | None = None) -> None:
+                              shares: dict[tuple[Attributes, int], float] | None = None,
+                              energies: dict[tuple[Attributes, int], float] | None = None,
+                              links: dict[tuple[Attributes, int], float] | None = None) -> None:
         """A host's points of this batch that are far behind its newest data: late (not counted, as
         any point out of order), or its clock was stepped back (HostClocks.stepped_back).
 
@@ -217,7 +255,8 @@ class JobBook:
         if now is None:  # a recording's clock: the newest data of its hosts as they are now
             self.newest = max(c.data for c in self.clocks.hosts.values())
         for point in late:
-            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares)
+            self._gpu_point(point, flops, update, touched, now, losses=losses, shares=shares, energies=energies,
+                            links=links)
 
     def _tracker(self, job: str, attributes: dict[str, Any], update: Update,
                  touched: dict[str, JobTracker], shared: bool = False) -> JobTracker:
@@ -242,7 +281,9 @@ class JobBook:
     def _gpu_point(self, point: MetricPoint, flops: dict, update: Update, touched: dict[str, JobTracker],
                    now: float | None, behind: dict[Any, list[MetricPoint]] | None = None,
                    losses: dict[tuple[Attributes, int], Parts] | None = None,
-                   shares: dict[tuple[Attributes, int], float] | None = None) -> None:
+                   shares: dict[tuple[Attributes, int], float] | None = None,
+                   energies: dict[tuple[Attributes, int], float] | None = None,
+                   links: dict[tuple[Attributes, int], float] | None = None) -> None:
         t = point.time_unix_nano / 1e9
         if not math.isfinite(point.value):
             update.skip("not_finite")
@@ -282,22 +323,39 @@ class JobBook:
         self._hosts_moved.add(source)
         if self._gpus_seen is not None:
             self._gpus_seen.add(gpu)
+        energy = energies.get((point.resource, point.time_unix_nano)) if energies else None
+        if energy is not None and not (energy >= 0.0 and math.isfinite(energy)):  # NaN too
+            update.skip("bad_energy")
+            energy = None
         if job is None or key_job_id(job) in self._ignored or (facts.shared and not self.config.include_shared):
             part = 1.0 if share is None else share
             self.unattributed.add((end - start) * part, point.value)
             self.unattributed_histogram.add(point.value, (end - start) * part)
             self.fleet_loss.add_unallocated((end - start) * part)
+            price = self._price(facts, (end - start) * part)
+            if price is not None:
+                self.fleet_cost.add_unallocated((end - start) * part * price)
+            if energy is not None:
+                self.fleet_energy.add_unallocated(energy)
             return
         loss = losses.get((point.resource, point.time_unix_nano)) if losses else None
         rate = flops.get((point.resource, point.time_unix_nano)) if flops else None
         if rate is None or share is not None:  # gpu.flops.achieved of a shared GPU's job is its part: the GPU's here
             rate = facts.flops(point.value)
         weight = share if share is not None else 1.0 / len(facts.jobs)
+        price = self._price(facts, (end - start) * weight * len(facts.jobs))
+        if energy is not None and share is None and len(facts.jobs) > 1:
+            energy *= weight  # a point naming several jobs carries the device's energy: each job its part
+        traffic = links.get((point.resource, point.time_unix_nano)) if links else None
         for name in facts.jobs:
             if key_job_id(name) in self._ignored:
                 self.unattributed.add((end - start) * weight, point.value)
                 self.unattributed_histogram.add(point.value, (end - start) * weight)
                 self.fleet_loss.add_unallocated((end - start) * weight)
+                if price is not None:
+                    self.fleet_cost.add_unallocated((end - start) * weight * price)
+                if energy is not None:
+                    self.fleet_energy.add_unallocated(energy)
                 continue
             tracker = self._tracker(name, facts.attributes, update, touched, facts.shared)
             jobs_of_host = self._host_jobs.get(source)
@@ -305,9 +363,27 @@ class JobBook:
                 jobs_of_host = self._host_jobs[source] = set()
             jobs_of_host.add(name)
             tracker.add_gpu_window(gpu, start, end, point.value, rate, facts.normalized_precision, source, weight,
-                                   loss)
+                                   loss, energy, traffic, price)
             add_window(self.fleet_loss, loss, point.value, (end - start) * weight)
+            if price is not None:
+                add_window(self.fleet_cost, loss, point.value, (end - start) * weight * price)
+            if energy is not None:
+                self.fleet_energy.add_job(energy, None if rate is None else rate * (end - start) * weight)
             tracker.peak_flops_per_gpu = facts.flops(1.0)
+
+    def _price(self, facts: GpuFacts, seconds: float) -> float | None:
+        """What an hour of the point's GPU costs: its price (jobs.cost), a MIG instance's part of it; None without
+        one (or while no price is set), its ``seconds`` then counted as unpriced."""
+        pricer = self.pricer
+        if not pricer.config.enabled:
+            return None
+        key = pricer.key(facts.attributes)
+        price = pricer.price(key)
+        if price is not None and facts.share is not None:
+            return price * facts.share
+        if key in self.unpriced or len(self.unpriced) < Pricer.MAX_VALUES:
+            self.unpriced[key] = self.unpriced.get(key, 0) + exact(seconds)
+        return None
 
     def _mfu_point(self, point: MetricPoint, update: Update, touched: dict[str, JobTracker]) -> None:
         """A job's report about itself (MFU or TFLOP/s per GPU), from any of its ranks.

@@ -1,4 +1,4 @@
-"""The jobs settings (the ``jobs`` processor's and the report's): windows, timeouts, clocks, audit."""
+"""The jobs settings (the ``jobs`` processor's and the report's): windows, timeouts, clocks, audit, prices."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from otel_ofu.core.metrics import MFU_REPORT_METRIC, TFLOPS_REPORT_METRICS
 from otel_ofu.core.model import JOB_KIND, NO_JOB
 from otel_ofu.jobs.aggregate import window_label
 from otel_ofu.jobs.audit import AuditConfig
+from otel_ofu.jobs.cost import CostConfig
 from otel_ofu.jobs.regression import RegressionConfig
+from otel_ofu.jobs.stall import StallConfig
 from otel_ofu.pipeline.config import Duration, require, require_directory
 
 
@@ -20,6 +22,26 @@ def _default_copy_attributes() -> list[str]:
 
 
 DEFAULT_MAX_GAP_S = 120.0  # JobsConfig.max_gap's default
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass
+class CarbonConfig:
+    """Emissions per job (job.emissions, grams of CO2-equivalent) from its energy (docs/method.md#energy-per-job)."""
+
+    # The carbon intensity of the GPUs' electricity, g CO2e per kWh (your grid's or provider's figure, e.g.
+    # a yearly average); unset: no job.emissions.
+    grams_per_kwh: float | None = None
+
+    def validate(self) -> None:
+        if self.grams_per_kwh is not None:
+            require(0 <= self.grams_per_kwh <= 5000, "grams_per_kwh",
+                    f"expected g CO2e per kWh within [0, 5000], got {self.grams_per_kwh}")
+
+    def grams(self, joules: float) -> float | None:
+        """The emissions of ``joules`` of energy; None when no intensity is set."""
+        return None if self.grams_per_kwh is None else joules / JOULES_PER_KWH * self.grams_per_kwh
+
 
 @dataclass
 class JobsConfig:
@@ -57,6 +79,9 @@ class JobsConfig:
     copy_attributes: list[str] = field(default_factory=_default_copy_attributes)
     audit: AuditConfig = field(default_factory=AuditConfig)
     regression: RegressionConfig = field(default_factory=RegressionConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)
+    stall: StallConfig = field(default_factory=StallConfig)
     # A directory for this processor's own state (otel_ofu.jobs.state): jobs survive a restart or a
     # crash; at shutdown jobs are then kept, not ended (docs/fleet.md). Unset: in memory only.
     storage: str | None = None
@@ -96,10 +121,14 @@ class JobsConfig:
             require(bool(name), f"tflops_metrics[{i}]", "must name a metric")
             require(name != self.mfu_metric, f"tflops_metrics[{i}]", f"{name} is already mfu_metric (a fraction)")
         require(self.max_pending_reports >= 0, "max_pending_reports", "must not be negative")
+        require(self.stall.after >= self.resolution, "stall.after",
+                f"must be at least resolution ({self.resolution:g}s)")
 
     def state_key(self) -> JobsConfig:
-        """The settings a saved state depends on (not where or how often it is saved)."""
-        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True)
+        """The settings a saved state depends on (not where or how often it is saved, nor the prices or the carbon
+        intensity: a new one counts from when it is set, the jobs go on)."""
+        return replace(self, storage=None, checkpoint_interval=Duration(60), max_journal_bytes=0, passthrough=True,
+                       cost=CostConfig(), carbon=CarbonConfig())
 
     @property
     def retention_s(self) -> float:

@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 MFU_GAP = "mfu_gap"
 REGRESSION = "regression"
-KINDS = (MFU_GAP, REGRESSION)
+STALLED = "stalled"  # GPUs busy doing nothing (jobs.stall)
+KINDS = (MFU_GAP, REGRESSION, STALLED)
 
 # Causes: the likely reason, named for the person who has to fix it.
 FLOP_FORMULA_OVERCOUNT = "flop_formula_overcount"  # reported MFU above OFU
 UNCOUNTED_PADDING_OR_RECOMPUTE = "uncounted_padding_or_recompute"  # OFU far above reported MFU
 SUSTAINED_DROP = "sustained_ofu_drop"  # OFU well below the job's own baseline
+STALLED_ENGINE_BUSY_NO_WORK = "engine_busy_no_work"  # engine busy, tensor pipes, DRAM and links idle (jobs.stall)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ CAUSES: dict[str, Cause] = {
         "the job's OFU fell well below its own recent baseline and stayed there",
         "look at what changed when it began ('since'): a debug setting (TORCH_DISTRIBUTED_DEBUG=DETAIL "
         "serialises NCCL calls), a slow node or link, data loading, a new software version"),
+    STALLED_ENGINE_BUSY_NO_WORK: Cause(
+        "the job's GPUs keep a kernel running while their tensor pipes, memory and links do nothing: a "
+        "collective that never completes (an NCCL deadlock, a rank gone) or a kernel spinning on a flag",
+        "look at the job's ranks now (py-spy dump, NCCL_DEBUG=INFO, torch.distributed's flight recorder): a rank "
+        "that died or waits in another collective; restart it from its checkpoint rather than let it hold the "
+        "GPUs until its NCCL timeout (docs/runbooks.md#ofujobstalled)"),
 }
 
 

@@ -24,7 +24,9 @@ from otel_ofu.pipeline.caches import Cache
 
 LOSS_METRIC = "gpu.ofu.loss"
 
-Parts = tuple[tuple[tuple[str, float], ...], dict[str, str]]  # (part, share) pairs and part -> cause
+# (part, share) pairs and part -> cause; a part split by cause (the clock by its reasons' throttled time,
+# core.loss.split_clock) is one pair, its shares' sum, and its causes ((cause, share), ...).
+Parts = tuple[tuple[tuple[str, float], ...], dict[str, str | tuple[tuple[str, float], ...]]]
 
 _PART_OF = Cache("jobs loss attributes", 4096)  # id(attributes) -> (attributes, part, cause)
 
@@ -45,20 +47,34 @@ def _part_of(attributes: Attributes) -> tuple[str | None, str | None]:
 
 
 def window_parts(points: Iterable[MetricPoint]) -> dict[tuple[Attributes, int], Parts]:
-    """The loss parts of each GPU window in a batch, by (resource, time), as its gpu.ofu point has them."""
-    found: dict[tuple[Attributes, int], tuple[list[tuple[str, float]], dict[str, str]]] = {}
+    """The loss parts of each GPU window in a batch, by (resource, time), as its gpu.ofu point has them; a part
+    that comes as several points (the clock split by cause) is one part holding its causes' shares."""
+    found: dict[tuple[Attributes, int], tuple[list[tuple[str, float]], dict[str, Any]]] = {}
+    split: dict[tuple[Attributes, int], dict[str, list[tuple[str, float]]]] = {}
     for point in points:
         if point.name != LOSS_METRIC or not math.isfinite(point.value):
             continue
         part, cause = _part_of(point.attributes)
         if part is None:
             continue
-        entry = found.get((point.resource, point.time_unix_nano))
+        key = (point.resource, point.time_unix_nano)
+        entry = found.get(key)
         if entry is None:
-            entry = found[(point.resource, point.time_unix_nano)] = ([], {})
+            entry = found[key] = ([], {})
+        if cause is not None and part in entry[1]:  # a part again, with another cause: a split part
+            causes = split.setdefault(key, {})
+            if part not in causes:
+                causes[part] = [(entry[1][part], next(v for p, v in entry[0] if p == part))]
+            causes[part].append((cause, point.value))
+            continue
         entry[0].append((part, point.value))
         if cause is not None:
             entry[1][part] = cause
+    for key, by_part in split.items():
+        parts, causes = found[key]
+        for part, shares in by_part.items():
+            causes[part] = tuple(shares)
+            parts[:] = [(p, math.fsum(v for _, v in shares) if p == part else v) for p, v in parts]
     return {key: (tuple(parts), causes) for key, (parts, causes) in found.items()}
 
 

@@ -27,6 +27,7 @@ from otel_ofu.jobs.facts import JobKey, job_key
 from otel_ofu.jobs.findings import CLOSE, JOB_END, OPEN, REGRESSION, Finding, Transition
 from otel_ofu.jobs.loss import LossBins, Parts, add_window, grown_part, window_shares
 from otel_ofu.jobs.regression import RegressionDetector
+from otel_ofu.jobs.stall import StallBin, StallDetector, window_state
 
 LIFE = "life"
 
@@ -48,6 +49,8 @@ class Snapshot:
     open_findings: list[Finding]
     # window label (and "life") -> the job's loss account over it (core.loss; its shares add up to 1 with OFU)
     loss: dict[str, LossTotals] = field(default_factory=dict)
+    cost: LossTotals | None = None  # its cost account over its life (jobs.cost); None: no GPU of it had a price
+    stalled_seconds: float = 0.0  # GPU time in stalled windows of its stalled findings so far (jobs.stall)
 
 
 @dataclass
@@ -70,6 +73,8 @@ class JobSummary:
     resource: Attributes
     histogram: WeightedHistogram = field(default_factory=WeightedHistogram)  # OFU weighted by GPU-seconds
     loss: LossTotals = field(default_factory=LossTotals)  # its loss account over its life (core.loss)
+    cost: LossTotals | None = None  # its cost account over its life (jobs.cost); None: no GPU of it had a price
+    stalled_seconds: float = 0.0  # GPU time in stalled windows of its stalled findings (jobs.stall)
 
 
 @dataclass
@@ -80,6 +85,7 @@ class _OpenBin:
     totals: JobTotals = field(default_factory=JobTotals)
     exact_mfu_seconds: int = 0
     exact_mfu_weighted: int = 0
+    cost: LossTotals = field(default_factory=LossTotals)  # its windows' money by part (jobs.cost)
 
 
 def _mean(weighted: int, seconds: int) -> float | None:
@@ -106,6 +112,7 @@ class JobTracker:
         self.closed_mfu_seconds = 0
         self.closed_mfu_weighted = 0
         self.closed_loss = LossTotals()  # the loss account over its life
+        self.closed_cost = LossTotals()  # ... and its money (jobs.cost): GPU-seconds x price per GPU-hour by part
         self.histogram = WeightedHistogram()
         self.loss_bins = LossBins(float(config.resolution), retention)  # ... and by bin, for windows and findings
         self.precisions: dict[str, float] = {}
@@ -123,30 +130,49 @@ class JobTracker:
         self._open: dict[int, _OpenBin] = {}  # bins not closed yet that hold some of the life sums
         self.audit = MfuAudit(config.audit, self._res)
         self.regression = RegressionDetector(config.regression, self._res)
+        self.stall = StallDetector(config.stall, self._res)
+        self._stall_bins: dict[int, StallBin] = {}  # bins not closed yet: what its GPU windows did (jobs.stall)
         self.findings: list[Finding] = []
 
     def add_gpu_window(self, gpu: GpuKey, start: float, end: float, ofu: float, flops_per_s: float | None = None,
                        precision: str | None = None, source: Any = None, weight: float = 1.0,
-                       loss: Parts | None = None) -> None:
+                       loss: Parts | None = None, energy: float | None = None, links: float | None = None,
+                       price: float | None = None) -> None:
         """One window of one of its GPUs; ``weight``: the part of the GPU's time that is this job's (a GPU
         ``n`` jobs share: 1/n of its time and FLOPs). The GPU counts as one of the job's GPUs either way.
-        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted."""
+        ``loss``: the window's loss parts (jobs.loss.window_parts); without them its loss is unaccounted.
+        ``energy``: the job's energy in the window (J, its part already: gpu.energy), shared among the bins the
+        window overlaps as its time is. ``links``: its PCIe + NVLink traffic in bytes per second, None where the
+        source reads none (jobs.stall). ``price``: what an hour of the GPU costs (jobs.cost.Pricer; a MIG
+        instance's part of its GPU's price); None: the window has no cost."""
         seconds = (end - start) * weight
         self._touch(start, end)
         next_bin = self._next_bin
         assert next_bin is not None
         shares = window_shares(loss, ofu)  # its parts lost (waste) and gained apart: neither counter falls
-        for k, overlap in bin_pieces(start, end, self._res):  # bin by bin: a snapshot counts up to its bin's end
+        stall_state = window_state(loss, links, self.config.stall) if self.config.stall.enabled else None
+        pieces = bin_pieces(start, end, self._res)
+        for k, overlap in pieces:  # bin by bin: a snapshot counts up to its bin's end
             piece = overlap * weight
+            joules = None if energy is None else energy if len(pieces) == 1 else energy * (overlap / (end - start))
             add_window(self.loss_bins.bin(k), loss, ofu, piece)
+            if stall_state is not None and k >= next_bin:
+                stall_bin = self._stall_bins.get(k)
+                if stall_bin is None:
+                    stall_bin = self._stall_bins[k] = StallBin()
+                stall_bin.add(stall_state, piece, links is not None)
             if k >= next_bin:
                 open_bin = self._open.get(k)
                 if open_bin is None:
                     open_bin = self._open[k] = _OpenBin()
-                open_bin.totals.add(piece, ofu, flops_per_s, shares)
+                open_bin.totals.add(piece, ofu, flops_per_s, shares, joules)
+                if price is not None:
+                    add_window(open_bin.cost, loss, ofu, piece * price)
             else:  # late for a bin already closed: into the life values at once
                 add_window(self.closed_loss, loss, ofu, piece)
-                self.closed_totals.add(piece, ofu, flops_per_s, shares)
+                self.closed_totals.add(piece, ofu, flops_per_s, shares, joules)
+                if price is not None:
+                    add_window(self.closed_cost, loss, ofu, piece * price)
         self.loss_bins.evict(next_bin)
         if end > self.sources.get(source, -math.inf):
             self.sources[source] = end
@@ -203,6 +229,14 @@ class JobTracker:
                 loss.merge(self.loss_bins.bins[k])
         return loss
 
+    @property
+    def cost(self) -> LossTotals | None:
+        """Its cost account over its life, every window so far (jobs.cost); None while none had a price."""
+        cost = self.closed_cost.copy()
+        for open_bin in self._open.values():
+            cost.merge(open_bin.cost)
+        return cost if cost.exact_seconds > 0 else None
+
     def _mfu_sums(self) -> tuple[int, int]:
         seconds, weighted = self.closed_mfu_seconds, self.closed_mfu_weighted
         for open_bin in self._open.values():
@@ -220,7 +254,7 @@ class JobTracker:
         return _mean(weighted, seconds)
 
     def open_findings(self) -> list[Finding]:
-        return [f for f in (self.audit.open, self.regression.open) if f is not None]
+        return [f for f in (self.audit.open, self.regression.open, self.stall.open) if f is not None]
 
     def advance(self) -> tuple[list[Snapshot], list[Transition]]:
         """Close every bin the job's data has passed; evaluate each that has data."""
@@ -242,11 +276,14 @@ class JobTracker:
                     self._next_bin = skip_to
                     for empty in [b for b in self._bin_gpus if b < skip_to]:
                         del self._bin_gpus[empty]
+                    for empty in [b for b in self._stall_bins if b < skip_to]:
+                        del self._stall_bins[empty]
                     self._close_open_bins(skip_to - 1)
                 continue
             self.peak_gpus = max(self.peak_gpus, len(gpus))
             found = self.regression.observe(bin_end, bin_ofu)
             found += self.audit.observe(bin_end, *self._audit_means(bin_end), last_report=self._last_report())
+            found += self.stall.observe(bin_end, self._stall_bins.pop(k, None))
             for transition in found:
                 if transition.action == OPEN:
                     self.findings.append(transition.finding)
@@ -293,6 +330,7 @@ class JobTracker:
             self.closed_totals.merge(open_bin.totals)
             self.closed_mfu_seconds += open_bin.exact_mfu_seconds
             self.closed_mfu_weighted += open_bin.exact_mfu_weighted
+            self.closed_cost.merge(open_bin.cost)
             account = self.loss_bins.bins.get(k)
             if account is not None:
                 self.closed_loss.merge(account)
@@ -318,8 +356,10 @@ class JobTracker:
             mfu[LIFE] = mfu_life
         loss = {window_label(w): self.loss_bins.between(bin_end - float(w), bin_end) for w in self.config.windows}
         loss[LIFE] = life
+        cost = self.closed_cost.copy() if self.closed_cost.exact_seconds > 0 else None
         return Snapshot(self.job_id, bin_end, gpus, bin_ofu, self.mfu.mean(bin_end - self._res, bin_end), ofu, mfu,
-                        rate, totals, self.regression.baseline, self.open_findings(), loss)
+                        rate, totals, self.regression.baseline, self.open_findings(), loss, cost=cost,
+                        stalled_seconds=self.stall.stalled_seconds)
 
     def end(self, reason: str) -> tuple[JobSummary, list[Transition]]:
         """The job's summary; findings still open close with it."""
@@ -331,10 +371,13 @@ class JobTracker:
                 finding.closed_at = self.last_end
                 finding.close_numbers = {"reason": JOB_END}
                 transitions.append(Transition(CLOSE, finding, self.last_end))
+        if self.stall.open is not None:
+            transitions.append(self.stall.close(self.last_end, JOB_END))
         summary = JobSummary(
             job_id=self.job_id, start=self.first_start, end=self.last_end, reason=reason, gpus=len(self.gpus),
             peak_gpus=max([self.peak_gpus, *(len(g) for g in self._bin_gpus.values())]), totals=self.totals,
             ofu_p10=self.histogram.quantile(0.1), ofu_p50=self.histogram.quantile(0.5),
             ofu_p90=self.histogram.quantile(0.9), mfu_reported=self.mfu_life, precisions=dict(self.precisions),
-            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss)
+            findings=list(self.findings), resource=self.resource, histogram=self.histogram, loss=self.loss,
+            cost=self.cost, stalled_seconds=self.stall.stalled_seconds)
         return summary, transitions

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from otel_ofu.attribution import PER_JOB_ATTRIBUTES
@@ -23,7 +24,7 @@ from otel_ofu.attribution.config import AttributionProcessorConfig
 from otel_ofu.attribution.k8s_api import PodWatcher
 from otel_ofu.attribution.k8s_dra import DraWatcher
 from otel_ofu.attribution.limits import JobLimiter
-from otel_ofu.attribution.resolver import Resolver
+from otel_ofu.attribution.resolver import Holder, Resolver
 from otel_ofu.attribution.sources import Copy, Device, Polled, Source
 from otel_ofu.attribution.sources.dra import DraSource
 from otel_ofu.attribution.sources.kubelet import KubeletSource
@@ -46,6 +47,7 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.core.values import clean
+from otel_ofu.pipeline.caches import Cache
 from otel_ofu.pipeline.component import Context, Factory, Processor
 
 OVERFLOW_METRIC = register(MetricInfo(
@@ -54,10 +56,13 @@ OVERFLOW_METRIC = register(MetricInfo(
 JOBS_METRIC = register(MetricInfo(
     "otel_ofu.attribution.jobs", "{job}", "gauge", "Distinct job ids attribution currently holds a slot for."))
 
+MAX_ANSWERS = 1 << 17  # devices whose last answer is kept (a 100,000-GPU processing stage's), about 1 KB each
+
 
 class AttributionProcessor(Processor):
     def __init__(self, config: AttributionProcessorConfig, context: Context, *,
-                 pid_provider: PidProvider | None = None, clock: Callable[[], float] = time.monotonic):
+                 pid_provider: PidProvider | None = None, clock: Callable[[], float] = time.monotonic,
+                 memo: bool = True):
         super().__init__(config, context)
         self._clock = clock
         telemetry = context.telemetry
@@ -76,6 +81,10 @@ class AttributionProcessor(Processor):
         self.resolver = Resolver(config, claims, idle, pods=None)
         self.reports = ReportSource(config, self.resolver, None, self.processes, telemetry, self.log)
         self._limiter = JobLimiter(config.max_jobs, int(config.job_idle_timeout * 1e9), config.overflow_job_id)
+        # Each device's last answer, kept while its samples and the sources are the same (annotate_device);
+        # ``memo=False`` resolves every device every time (tests compare the two).
+        self._memo = memo
+        self._answers = Cache("attribution answers", MAX_ANSWERS)  # GPU key -> (version, signature, _Answer)
         self._last_overflow_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,6 +117,7 @@ class AttributionProcessor(Processor):
             claims, idle = self._sources()
             self.resolver = Resolver(cfg, claims, idle, pods=pods)
             self.reports = ReportSource(cfg, self.resolver, pods, self.processes, self.context.telemetry, self.log)
+            self._answers.clear()  # made by the resolver before: other sources
         if cfg.kubelet.enabled or cfg.processes.enabled or self.dra is not None:
             self._thread = threading.Thread(target=self._run, name=self.context.component_id, daemon=True)
             self._thread.start()
@@ -158,10 +168,12 @@ class AttributionProcessor(Processor):
         reshaped = False  # a device came as several copies, or went out as several jobs' samples
         devices = _devices(batch.samples)
         profiles = _mig_profiles(devices)
+        version = self.resolver.version() if self._memo else None  # once: the sources' state this batch
         for key, copies in devices:
             first = copies[0]
             before = first.job_id or NO_JOB
-            out, over = self.annotate_device(copies, profiles.get(_profile_key(first), 0) if profiles else 0, key)
+            out, over = self.annotate_device(copies, profiles.get(_profile_key(first), 0) if profiles else 0, key,
+                                             version)
             if len(out) == 1 and out[0].job_id is not None and out[0].job_id != before:
                 renamed[(key, before)] = out[0].job_id
             for original in over:
@@ -192,15 +204,54 @@ class AttributionProcessor(Processor):
                           peer=batch.peer)
         return batch
 
-    def annotate_device(self, copies: list[GpuSample], same_profile: int = 0,
-                        key: GpuKey | None = None) -> tuple[list[GpuSample], list[str]]:
+    def annotate_device(self, copies: list[GpuSample], same_profile: int = 0, key: GpuKey | None = None,
+                        version: Hashable | None = None) -> tuple[list[GpuSample], list[str]]:
         """One device's samples of one window (one, or a per-pod copy each) as one sample per job holding
         it, each with its share when several do; and the job ids that overflowed max_jobs. ``same_profile``:
-        a MIG instance's GPU's instances of its profile in this window.
+        a MIG instance's GPU's instances of its profile in this window. ``version``: the resolver's
+        (Resolver.version) when the device's answer may be kept and reused, else None.
 
         The first sample is annotated in place (its dicts replaced, never mutated: pipelines share
         them); the others are new samples.
         """
+        sample = copies[0]
+        key = key or sample.gpu_key()
+        signature = _signature(copies, same_profile) if version is not None else None
+        answer = None
+        if signature is not None:
+            kept = self._answers.get(key)
+            if kept is not None and kept[0] == version and kept[1] == signature:  # the same inputs
+                answer = kept[2]
+                self.resolver.note_hpc_only(answer.hpc_only)  # as resolving it again would
+        if answer is None:
+            answer = self._resolve(copies, same_profile, key)
+            if signature is not None and _keepable(signature):
+                self._answers.put(key, (version, signature, answer))
+        sample.precision = answer.precision
+        if not answer.holders:
+            sample.resource, sample.attributes = dict(answer.resource), dict(answer.attributes)
+            return [sample], []
+        attributes = dict(answer.attributes)
+        out, over = [], []
+        for holder in answer.holders:
+            job, resource = holder.job, dict(holder.resource)
+            if job != NO_JOB and not self._limiter.admit(job, sample.time_unix_nano):
+                over.append(job)
+                job = self.config.overflow_job_id
+                for name in PER_JOB_ATTRIBUTES:
+                    resource.pop(name, None)
+            if not out:
+                sample.job_id, sample.resource, sample.attributes = job, resource, attributes
+                sample.share, sample.share_basis = holder.share, holder.basis
+                out.append(sample)
+            else:
+                out.append(dataclasses.replace(sample, job_id=job, resource=resource, share=holder.share,
+                                               share_basis=holder.basis))
+        return out, over
+
+    def _resolve(self, copies: list[GpuSample], same_profile: int, key: GpuKey) -> _Answer:
+        """What the sources and rules say about the device: made of its samples and the sources' state alone
+        (never the window's time: the limiter's admits are annotate_device's)."""
         sample = copies[0]
         if len(copies) == 1:  # nearly always
             resource = dict(sample.resource)
@@ -208,30 +259,56 @@ class AttributionProcessor(Processor):
         else:
             resource = _common(c.resource for c in copies)
             found_copies = [Copy(dict(c.resource), _use(c.holder_use)) for c in copies]
-        device = Device(str(sample.uuid).strip().lower(), key or sample.gpu_key(), sample.host, resource,
-                        dict(sample.attributes), copies=found_copies, same_profile=same_profile)
+        device = Device(str(sample.uuid).strip().lower(), key, sample.host, resource, dict(sample.attributes),
+                        copies=found_copies, same_profile=same_profile)
         self.processes.take_pids(device)
         found = self.resolver.resolve(device, sample)
-        sample.precision = found.precision
-        if not found.holders:
-            sample.resource, sample.attributes = device.resource, device.attributes
-            return [sample], []
-        out, over = [], []
-        for holder in found.holders:
-            job, resource = holder.job, holder.resource
-            if job != NO_JOB and not self._limiter.admit(job, sample.time_unix_nano):
-                over.append(job)
-                job = self.config.overflow_job_id
-                for key in PER_JOB_ATTRIBUTES:
-                    resource.pop(key, None)
-            if not out:
-                sample.job_id, sample.resource, sample.attributes = job, resource, device.attributes
-                sample.share, sample.share_basis = holder.share, holder.basis
-                out.append(sample)
-            else:
-                out.append(dataclasses.replace(sample, job_id=job, resource=resource, share=holder.share,
-                                               share_basis=holder.basis))
-        return out, over
+        return _Answer(found.precision, device.resource, device.attributes, tuple(found.holders), found.hpc_only)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A device's resolution as annotate_device hands it out: its precision, its resource with no holder,
+    its point attributes, its holders (each job's resource, share and basis) and the resolver's Slurm note.
+    Kept and handed out again: its dicts are copied onto the samples, never given away."""
+
+    precision: str | None
+    resource: dict[str, Any]
+    attributes: dict[str, Any]
+    holders: tuple[Holder, ...]
+    hpc_only: str | None
+
+
+def _signature(copies: list[GpuSample], same_profile: int) -> tuple:
+    """Exactly what the resolver reads of a device's samples, comparable: the first sample's identity (its
+    index's type too: 0 and "0" name one GPU apart), job id, precision and point attributes (Device,
+    Resolver.resolve, rules), each copy's resource and its use as the number the resolver reads (_use: 0.0
+    and -0.0 both count as none used), and the window's instances of its MIG profile."""
+    first = copies[0]
+    index = first.gpu_index
+    head = (first.host, first.uuid, first.model, index, type(index), first.job_id, first.precision)
+    if len(copies) == 1:  # nearly always
+        use = first.holder_use
+        resources: tuple = ((tuple(first.resource.items()), None if use is None else _use(use)),)
+    else:
+        resources = tuple((tuple(c.resource.items()), None if c.holder_use is None else _use(c.holder_use))
+                          for c in copies)
+    return head, tuple(first.attributes.items()), resources, same_profile
+
+
+def _keepable(signature: tuple) -> bool:
+    """Whether a signature may be kept: every name and value in it a str or None (the index an int or a
+    str), so one equal to it holds the same values: nothing but a str equals a str, while 1, 1.0 and True
+    are equal but different attribute values."""
+    head, attributes, resources, _ = signature
+    if not _TEXT.issuperset(map(type, head[:3])) or head[4] not in (int, str) or not _TEXT.issuperset(
+            map(type, head[5:])):
+        return False
+    items = [*attributes, *(item for resource, _ in resources for item in resource)]
+    return all(type(name) is str and type(value) in _TEXT for name, value in items)
+
+
+_TEXT = frozenset({str, type(None)})
 
 
 def _devices(samples: list[GpuSample]) -> list[tuple[GpuKey, list[GpuSample]]]:

@@ -5,8 +5,8 @@ It passes every point through and adds, once per ``resolution`` of data time and
 job's metrics under a resource of its own (``ofu.job.id`` plus copied scheduler
 attributes), and events: ``ofu.job.start``, ``ofu.job.end`` (with the job's summary, after
 ``job_timeout`` without points or at shutdown), ``ofu.finding.open`` / ``ofu.finding.close``
-(MFU audit and regression alarms, with both numbers and the likely cause). The logic lives
-in :mod:`otel_ofu.jobs`; this module only turns its results into points and events.
+(MFU audit, regression alarms and stalled GPUs, with their numbers and the likely cause). The logic
+lives in :mod:`otel_ofu.jobs`; this module only turns its results into points and events.
 
 Time: a job's end is judged in the clock of each host that ran it; this process's wall clock
 only says when a host went silent and which points are stamped too far in the future
@@ -21,13 +21,26 @@ import socket
 import time
 from collections.abc import Callable
 
-from otel_ofu.core.loss import USEFUL, LossTotals, gained_words, part_title
+from otel_ofu.core.loss import CLOCK, USEFUL, LossTotals, gained_words, part_title
 from otel_ofu.core.metrics import RATIO, MetricInfo, register
-from otel_ofu.core.model import JOB_ID, LOSS_CAUSE, LOSS_PART, PRECISION, Attributes, Batch, Event, MetricPoint, attrs
+from otel_ofu.core.model import (
+    COST_CURRENCY,
+    ENERGY_USE,
+    JOB_ID,
+    LOSS_CAUSE,
+    LOSS_PART,
+    PRECISION,
+    Attributes,
+    Batch,
+    Event,
+    MetricPoint,
+    attrs,
+)
 from otel_ofu.jobs.aggregate import window_label
-from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, JobBook, Update
+from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
 from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.cost import Pricer, money, money_gained, total
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
     EVENT_FINDING_CLOSE,
@@ -42,14 +55,20 @@ from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as 
     MFU_GAP,
     NO_MFU_REPORT,
     OPEN,
+    STALLED,
     WINDOW,
     Finding,
     Transition,
 )
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
+from otel_ofu.jobs.stall import LINK_METRIC, WORK_RESUMED
 from otel_ofu.jobs.state import JobState, Outputs, layout_fingerprint
 from otel_ofu.jobs.tracker import LIFE, JobSummary, JobTracker, Snapshot
 from otel_ofu.pipeline.component import Context, Factory, Processor
+
+# A cost point's unit: money, in the currency its ofu.cost.currency attribute names (the registry holds one unit per
+# metric, and the currency is a setting).
+COST_UNIT = "{currency}"
 
 for _info in (
     MetricInfo("job.ofu", RATIO, "gauge", "A job's OFU, time-weighted over its GPUs, over the window in ofu.window "
@@ -68,8 +87,9 @@ for _info in (
                "GPU time + this - the gain (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
     MetricInfo("job.ofu.loss", RATIO, "gauge", "A job's loss account over the window in ofu.window: the share "
                "of its GPU time lost to each part (ofu.loss.part), GPU-time weighted like job.ofu; with job.ofu the "
-               "parts add up to 1. The clock and non-tensor parts carry their dominant cause (ofu.loss.cause); "
-               "`unknown`: OFU that came without its account.", whole_set=True),
+               "parts add up to 1. The non-tensor part carries its dominant cause (ofu.loss.cause); the clock part "
+               "comes as one point per cause (each clock event reason's loss, the boost's gain as `boost`), adding "
+               "up to the part; `unknown`: OFU that came without its account.", whole_set=True),
     MetricInfo("job.ofu.loss.gpu_hours", "h", "sum", "GPU time the job has lost to each part (ofu.loss.part) since it "
                "started: share x GPU time of each window where the part is a loss; the parts add up to "
                "job.wasted_gpu_hours. Never falls: a window's negative clock part is in job.ofu.gain.gpu_hours."),
@@ -83,14 +103,47 @@ for _info in (
     MetricInfo("fleet.gpu_hours.gained", "h", "sum", "GPU-hours the jobs gained on a part (ofu.loss.part: `clock`, "
                "the SM clock boosting above f_ref) since this jobs processor started; job.ofu.gain.gpu_hours of "
                "every job together (docs/method.md#wasted-gpu-hours-and-the-clock-gain)."),
+    MetricInfo("job.cost", COST_UNIT, "sum", "What the job's GPU time has cost since it started (the jobs "
+               "processor's cost: price per GPU-hour of each GPU, a MIG instance's part of it, a shared GPU's job "
+               "its share), by where it went (ofu.loss.part): `useful` (OFU) and each loss part; currency in "
+               "ofu.cost.currency. Summed over parts, less job.cost.gained: GPU-hours x price. Only for GPU time "
+               "with a price (docs/method.md#cost)."),
+    MetricInfo("job.cost.gained", COST_UNIT, "sum", "Money the job's windows gained on a part (ofu.loss.part: "
+               "`clock`, the SM clock boosting above f_ref), job.ofu.gain.gpu_hours x price; a series only once the "
+               "job gained on a GPU with a price."),
+    MetricInfo("fleet.cost", COST_UNIT, "sum", "What every GPU-hour with a price this jobs processor has seen since "
+               "it started has cost, by where it went (ofu.loss.part): `useful`, each loss part of the jobs, "
+               "`unknown`, and `unallocated` (GPU time of no job); currency in ofu.cost.currency. Summed over "
+               "instances and parts, less fleet.cost.gained: the fleet's GPU-hours x price."),
+    MetricInfo("fleet.cost.gained", COST_UNIT, "sum", "Money the jobs gained on a part (ofu.loss.part: `clock`) since "
+               "this jobs processor started: job.cost.gained of every job together."),
+    MetricInfo("job.energy", "J", "sum", "Energy the job's GPUs used since it started: each GPU window's gpu.energy "
+               "(its counter's increase, or power x time where there is none), a shared GPU's and a MIG instance's "
+               "by the job's part; only windows whose energy is known (docs/method.md#energy-per-job)."),
+    MetricInfo("job.energy.per_useful_pflop", "J/{pflop}", "gauge", "Joules per PFLOP of useful work (10^15 FLOPs "
+               "at OFU, job.flops) over the job's life, over the windows whose energy and FLOPs are both known. "
+               "Over a rolling window: increase(job.energy) / (increase(job.flops) / 1e15) in the backend."),
+    MetricInfo("job.emissions", "g", "sum", "Grams of CO2-equivalent of the job's energy since it started: "
+               "job.energy in kWh x the jobs processor's carbon.grams_per_kwh (only when that is set)."),
+    MetricInfo("fleet.energy", "J", "sum", "Energy of every GPU window this jobs processor has seen since it "
+               "started, by whose GPUs it went to (ofu.energy.use: `jobs`, `unallocated`); summed over instances: "
+               "the fleet's."),
+    MetricInfo("fleet.energy.per_useful_pflop", "J/{pflop}", "gauge", "The jobs' joules per PFLOP of useful work "
+               "since this jobs processor started, over the windows whose energy and FLOPs are both known (the "
+               "unallocated GPUs' energy is in fleet.energy, not here)."),
     MetricInfo("job.ofu.baseline", RATIO, "gauge", "The regression detector's baseline: the median of the job's "
                "recent per-bin OFU (frozen while a regression is open)."),
     MetricInfo("job.finding", "{finding}", "gauge", "1 while a finding is open for the job (ofu.finding.kind: "
-               "mfu_gap or regression; ofu.finding.cause), 0 once when it closes."),
+               "mfu_gap, regression or stalled; ofu.finding.cause), 0 once when it closes."),
+    MetricInfo("job.stalled_gpu_hours", "h", "sum", "GPU time the job's GPUs spent stalled (engine busy, tensor "
+               "pipes, DRAM and links idle) in its stalled findings since it started: the stalled windows from "
+               "when each began to when work resumed (docs/jobs.md#stalled-jobs). A series only once the job "
+               "had one."),
     MetricInfo("otel_ofu.jobs.checkpoints", "{checkpoint}", "sum", "Snapshots of the jobs state written to "
                "storage (each followed by an empty journal)."),
     MetricInfo("otel_ofu.jobs.skipped", "{point}", "sum", "Points the jobs processor did not use, by reason "
-               "(out_of_order, not_finite, bad_share: a gpu.job.share outside 0..1, mfu_without_job, "
+               "(out_of_order, not_finite, bad_share: a gpu.job.share outside 0..1, bad_energy: a gpu.energy below 0 "
+               "or not finite (the window counts without energy), mfu_without_job, "
                "tflops_without_peak, future: stamped more than max_future beyond its host's usual lead over this "
                "process's clock)."),
     MetricInfo("otel_ofu.jobs.reports.pending", "{point}", "gauge", "Reports (MFU, TFLOP/s) held for jobs no GPU "
@@ -134,6 +187,13 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
             text += f": likely {finding.cause}"
         else:
             text += f"; the gap it was opened for ({finding.cause}) is gone"
+    elif finding.kind == STALLED:
+        text = _stalled_text(job_id, finding, n, action, reason)
+        if action == OPEN:
+            return f"finding ({finding.kind}): {text}"
+        if reason == JOB_END:
+            return f"finding closed with its job ({finding.kind}): {text}"
+        return f"finding cleared, work resumed ({finding.kind}): {text}"
     elif "ofu" in n:
         text = (f"job {job_id}: OFU {float(n['ofu']):.1%} vs its baseline {float(n['baseline']):.1%} "
                 f"({float(n['ratio']):.2f}x slower)")
@@ -148,7 +208,21 @@ def finding_text(job_id: str, finding: Finding, action: str) -> str:
     return f"finding cleared ({finding.kind}): {text}"
 
 
-def summary_attributes(summary: JobSummary) -> Attributes:
+def _stalled_text(job_id: str, finding: Finding, n: dict, action: str, reason: object) -> str:
+    """A stalled finding for people: for how long, how many GPU-hours, and what it was judged on."""
+    evidence = ("NVLink/PCIe traffic, tensor and DRAM activity idle" if n.get("evidence") == "links" else
+                "tensor and DRAM activity idle (the source reads no NVLink/PCIe traffic)")
+    busy = (f"job {job_id}: its GPUs kept their engine busy with nothing moving for "
+            f"{window_label(round(float(n['stalled_for_s'])))} ({evidence}; "
+            f"{float(n['stalled_gpu_hours']):.2f} GPU h)")
+    if action == OPEN or reason == JOB_END:
+        return f"{busy}: likely {finding.cause} (a collective deadlock or a spinning kernel)"
+    if reason == WORK_RESUMED:
+        return f"{busy}; tensor, memory or link activity is back"
+    return busy
+
+
+def summary_attributes(summary: JobSummary, currency: str = "") -> Attributes:
     t = summary.totals
     out: dict[str, object] = {
         JOB_ID: summary.job_id, JOB_END_REASON: summary.reason,
@@ -158,11 +232,22 @@ def summary_attributes(summary: JobSummary) -> Attributes:
         "ofu.job.ofu.mean": t.ofu_mean,
         "ofu.job.ofu.p10": summary.ofu_p10, "ofu.job.ofu.p50": summary.ofu_p50, "ofu.job.ofu.p90": summary.ofu_p90,
         "ofu.job.flops": t.flop if t.flops_known else None, "ofu.job.mfu.reported": summary.mfu_reported,
+        "ofu.job.energy": t.energy, "ofu.job.energy.per_useful_pflop": t.energy_per_useful_pflop,
         "ofu.job.findings": len(summary.findings),
+        "ofu.job.stalled_gpu_hours": summary.stalled_seconds / 3600.0 if summary.stalled_seconds > 0 else None,
         **_largest_loss(summary.loss),
+        **_cost(summary.cost, currency),
         "ofu.job.precisions": ",".join(p for p, _ in sorted(summary.precisions.items(), key=lambda kv: -kv[1])),
     }
     return attrs(out)
+
+
+def _cost(cost: LossTotals | None, currency: str) -> dict[str, object]:
+    """The job end event's cost: all of it, what its loss parts lost, the currency; nothing without a price."""
+    if cost is None:
+        return {}
+    lost = math.fsum(value for part, value in money(cost).items() if part != USEFUL)
+    return {"ofu.job.cost": total(cost), "ofu.job.cost.wasted": lost, COST_CURRENCY: currency}
 
 
 def _largest_loss(loss: LossTotals) -> dict[str, object]:
@@ -185,7 +270,7 @@ def state_fingerprint(config: JobsConfig) -> str:
     summary, _ = JobTracker("fingerprint", config).end("fingerprint")
     return layout_fingerprint([book, book.clocks, HostClock(0.0, 0.0), tracker, tracker.ofu, tracker.totals,
                                tracker.histogram, tracker.loss, tracker.loss_bins, tracker.audit, tracker.regression,
-                               Finding("kind", "cause", 0.0, 0.0), summary], config.state_key())
+                               tracker.stall, Finding("kind", "cause", 0.0, 0.0), summary], config.state_key())
 
 
 FUTURE_WARNING_INTERVAL_S = 600.0  # at most one "clock ahead" warning per this many seconds
@@ -214,9 +299,10 @@ class JobsProcessor(Processor):
         self._clock = clock
         self._warned_future_at = -math.inf
         self._logged: set[tuple[str, str]] = set()  # (problem, job id) already logged
+        self._unpriced_logged: set[str] = set()  # what GPUs with no price are priced by, already logged
         self.state: JobState | None = None
-        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, config.mfu_metric,
-                                         *config.tflops_metrics})
+        self._journal_names = frozenset({OFU_METRIC, FLOPS_METRIC, LOSS_METRIC, SHARE_METRIC, ENERGY_METRIC,
+                                         LINK_METRIC, config.mfu_metric, *config.tflops_metrics})
         # fleet.gpu_hours: this instance's (summed over instances: the fleet's), once per resolution bin
         host = socket.gethostname()
         self._fleet_resource = attrs({"service.name": "otel-ofu", "service.instance.id": f"{host}:{os.getpid()}"})
@@ -237,6 +323,7 @@ class JobsProcessor(Processor):
         book, batches, unsent = self.state.load()
         if book is not None:
             self.book = book
+            self.book.pricer = Pricer(self.config.cost)  # the prices in force now, not those it was saved with
         for now, points in batches:  # their outputs are in the journal: not made again
             self.book.observe(points, now)
             self._fleet_points()  # ... fleet.gpu_hours too: the next goes out when it would have
@@ -326,10 +413,13 @@ class JobsProcessor(Processor):
             self.context.telemetry.add("otel_ofu.jobs.skipped", count, reason=reason)
         self.context.telemetry.set("otel_ofu.jobs.reports.pending", self.book.pending_reports)
         self._log_report_problems(update)
+        self._log_unpriced()
         points: list[MetricPoint] = []
         events: list[Event] = [self._start_event(tracker) for tracker in update.started]
         for tracker, snapshot in update.snapshots:
-            points += self._snapshot_points(snapshot, tracker)
+            points += self._snapshot_points(snapshot, tracker, self.config.cost.currency)
+            if tracker.stall.cannot_tell:
+                self._log_cannot_tell(tracker)
         for tracker, transition in update.transitions:
             events.append(self._finding_event(tracker, transition))
             if transition.action == CLOSE:
@@ -338,9 +428,10 @@ class JobsProcessor(Processor):
                                           tracker.resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
                                           "{finding}"))
         for summary in update.ended:
-            events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource, summary_attributes(summary),
-                                self._end_text(summary)))
-            self.log.info("%s", self._end_text(summary))
+            text = self._end_text(summary, self.config.cost.currency)
+            events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource,
+                                summary_attributes(summary, self.config.cost.currency), text))
+            self.log.info("%s", text)
         points += self._fleet_points()
         return points, events
 
@@ -359,10 +450,37 @@ class JobsProcessor(Processor):
             return []
         self.book.fleet_emitted = (current, first)
         t, start = _ns(current * resolution), _ns(first * resolution)
-        return [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
-                for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
-                                            ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
-                for part, hours in hours_by_part.items()]
+        out = [MetricPoint(name, hours, t, self._fleet_resource, attrs({LOSS_PART: part}), "h", True, start)
+               for name, hours_by_part in (("fleet.gpu_hours", loss.gpu_hours()),
+                                           ("fleet.gpu_hours.gained", loss.gained_gpu_hours()))
+               for part, hours in hours_by_part.items()]
+        energy = self.book.fleet_energy
+        if energy.known:
+            out += [MetricPoint("fleet.energy", joules, t, self._fleet_resource, attrs({ENERGY_USE: use}), "J", True,
+                                start) for use, joules in energy.by_use().items()]
+            if (per_pflop := energy.per_useful_pflop) is not None:
+                out.append(MetricPoint("fleet.energy.per_useful_pflop", per_pflop, t, self._fleet_resource, (),
+                                       "J/{pflop}"))
+        cost = self.book.fleet_cost
+        if cost.exact_seconds > 0:
+            currency = self.config.cost.currency
+            out += [MetricPoint(name, value, t, self._fleet_resource,
+                                attrs({LOSS_PART: part, COST_CURRENCY: currency}), COST_UNIT, True, start)
+                    for name, by_part in (("fleet.cost", money(cost)), ("fleet.cost.gained", money_gained(cost)))
+                    for part, value in by_part.items()]
+        return out
+
+    def _log_unpriced(self) -> None:
+        """Once per model (or cost.by value): GPUs with no price, whose time has no cost."""
+        new = self.book.unpriced.keys() - self._unpriced_logged
+        if not new:
+            return
+        self._unpriced_logged |= new
+        by = self.config.cost.by
+        for key in sorted(new):
+            self.log.warning("jobs: GPUs with %s %s have no price: their GPU time has no cost (not a cost of 0); add "
+                             "it to cost.per_gpu_hour or set cost.default (docs/jobs.md#cost). Logged once.", by,
+                             repr(key) if key else "(none)")
 
     def _log_report_problems(self, update: Update) -> None:
         """Once per job: reports that matched no job, TFLOP/s that could not become MFU."""
@@ -387,6 +505,18 @@ class JobsProcessor(Processor):
                                  "jobs and give the reporting process a pod, Slurm or process identity "
                                  "(docs/audit.md). Logged once.")
 
+    def _log_cannot_tell(self, tracker: JobTracker) -> None:
+        """Once per job: its GPUs read neither GR nor SM activity, so whether it is stalled cannot be told."""
+        if ("stall_unknown", tracker.job_id) in self._logged:
+            return
+        if len(self._logged) >= _MAX_LOGGED_JOBS:
+            self._logged.clear()
+        self._logged.add(("stall_unknown", tracker.job_id))
+        self.log.info("job %s: its GPUs read neither GR_ENGINE_ACTIVE (DCGM 1001) nor SM_ACTIVE (1002), or sent no "
+                      "loss account (gpu.ofu.loss): whether it is stalled, busy with nothing moving, cannot be told, "
+                      "and no stalled finding is raised for that time. Add field 1001 to the source's counters "
+                      "(docs/jobs.md#stalled-jobs). Logged once per job.", tracker.job_id)
+
     def _start_event(self, tracker: JobTracker) -> Event:
         precisions = ",".join(sorted(tracker.precisions))
         # In a jobs tier a job also "starts" on an instance it moved to (docs/fleet.md): its totals begin there.
@@ -409,7 +539,7 @@ class JobsProcessor(Processor):
                      "WARN" if transition.action == OPEN else "INFO")
 
     @staticmethod
-    def _end_text(summary: JobSummary) -> str:
+    def _end_text(summary: JobSummary, currency: str = "") -> str:
         t = summary.totals
         ofu = f"{t.ofu_mean:.1%}" if t.ofu_mean is not None else "n/a"
         gpus = f"{summary.gpus} GPU{'s' if summary.gpus != 1 else ''}"
@@ -417,11 +547,17 @@ class JobsProcessor(Processor):
         where = f" (largest loss: {part_title(largest[0])}, {largest[1]:.0%})" if largest else ""
         gained = summary.loss.gained_gpu_hours()
         gain = "".join(f" ({gained_words(part, hours)})" for part, hours in gained.items() if hours >= 0.005)
+        cost = ""
+        if summary.cost is not None:
+            numbers = _cost(summary.cost, currency)
+            cost = f", cost {numbers['ofu.job.cost']:.2f} {currency} ({numbers['ofu.job.cost.wasted']:.2f} wasted)"
         return (f"job {summary.job_id} ended ({summary.reason}): {gpus}, {t.gpu_hours:.2f} GPU h, "
-                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}, {len(summary.findings)} finding(s)")
+                f"OFU {ofu}, {t.wasted_gpu_hours:.2f} GPU h wasted{where}{gain}{cost}, {len(summary.findings)} "
+                "finding(s)")
 
     @staticmethod
-    def _snapshot_points(s: Snapshot, tracker: JobTracker) -> list[MetricPoint]:
+    def _snapshot_points(s: Snapshot, tracker: JobTracker, currency: str = "") -> list[MetricPoint]:
+        carbon = tracker.config.carbon
         resource, start = tracker.resource, _ns(tracker.first_start)
         t = _ns(s.time)
         out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w}), RATIO) for w, v in s.ofu.items()]
@@ -434,10 +570,22 @@ class JobsProcessor(Processor):
         out.append(MetricPoint("job.wasted_gpu_hours", s.totals.wasted_gpu_hours, t, resource, (), "h", True, start))
         if s.totals.flops_known:
             out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
+        if (energy := s.totals.energy) is not None:
+            out.append(MetricPoint("job.energy", energy, t, resource, (), "J", True, start))
+            if (per_pflop := s.totals.energy_per_useful_pflop) is not None:
+                out.append(MetricPoint("job.energy.per_useful_pflop", per_pflop, t, resource, (), "J/{pflop}"))
+            if (grams := carbon.grams(energy)) is not None:
+                out.append(MetricPoint("job.emissions", grams, t, resource, (), "g", True, start))
         for window, loss in s.loss.items():
             for part, share in loss.shares().items():
                 if part == USEFUL:
                     continue  # job.ofu
+                by_cause = loss.cause_shares(part) if part == CLOCK else None
+                if by_cause:  # the clock: one point per cause (each reason's, the boost's gain), adding up to it
+                    out += [MetricPoint("job.ofu.loss", cause_share, t, resource,
+                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO)
+                            for cause, cause_share in by_cause.items()]
+                    continue
                 cause = loss.dominant_cause(part)
                 out.append(MetricPoint("job.ofu.loss", share, t, resource,
                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO))
@@ -447,8 +595,16 @@ class JobsProcessor(Processor):
                                 start) for part, hours in life.gpu_hours().items() if part != USEFUL]
             out += [MetricPoint("job.ofu.gain.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
                                 start) for part, hours in life.gained_gpu_hours().items()]
+        if s.cost is not None:  # its money by part and what the clock gained: two counters, as the GPU-hours
+            out += [MetricPoint(name, value, t, resource, attrs({LOSS_PART: part, COST_CURRENCY: currency}),
+                                COST_UNIT, True, start)
+                    for name, by_part in (("job.cost", money(s.cost)), ("job.cost.gained", money_gained(s.cost)))
+                    for part, value in by_part.items()]
         if s.baseline is not None:
             out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
+        if s.stalled_seconds > 0:
+            out.append(MetricPoint("job.stalled_gpu_hours", s.stalled_seconds / 3600.0, t, resource, (), "h", True,
+                                   start))
         out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
                             "{finding}") for f in s.open_findings]
         return out

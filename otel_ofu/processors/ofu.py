@@ -26,10 +26,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from otel_ofu.core import specs
-from otel_ofu.core.loss import MEMORY_BOUND_DRAM, causes_of, loss_shares
-from otel_ofu.core.metrics import OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
+from otel_ofu.core.counters import CounterTracker
+from otel_ofu.core.loss import CLOCK, MEMORY_BOUND_DRAM, causes_of, loss_shares, split_clock, split_layout
+from otel_ofu.core.metrics import LINK_THROUGHPUT_METRIC, OFU_OUTPUT_METRICS, RATIO, MetricInfo, register
 from otel_ofu.core.model import (
     DROP_REASON,
+    ENERGY_BASIS,
+    ENERGY_COUNTER,
+    ENERGY_POWER_X_TIME,
     FREF_SOURCE,
     GPU_INDEX,
     HOST_NAME,
@@ -37,6 +41,7 @@ from otel_ofu.core.model import (
     HW_MODEL,
     HW_VENDOR,
     JOB_ID,
+    LINK,
     LOSS_CAUSE,
     LOSS_PART,
     PRECISION,
@@ -62,7 +67,13 @@ UNKNOWN_JOB = "unknown"
 _ATTRIBUTES_CACHE_SIZE = 4096  # distinct (job, precision, attributes) sets kept
 _RESOURCES_CACHE_SIZE = 1 << 17  # GPU resources kept (a 100,000-GPU processing stage's), about 1 KB each
 _WARNED_MODELS_SIZE = 256  # distinct unknown model strings warned about (then it starts over)
-_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters are looked for
+# GpuSample.source of a sample made again from another otel-ofu's points (recompute): its energy came with
+# them as gpu.energy (passed on), so none is worked out here from its re-emitted power.
+RECOMPUTED_SOURCE = "otel-ofu"
+_SWEEP_INTERVAL_S = 60.0  # how often stale drop counters (and clock event counters) are looked for
+# A GPU with no sample for this long has left: its clock event counters are forgotten (its next reading is a
+# first one, whose window keeps the bitmask's cause).
+CLOCK_EVENTS_MAX_STALE_S = 600.0
 
 
 def _iso(time_unix_nano: int) -> str:
@@ -115,11 +126,19 @@ _INPUT_FIELDS: dict[str, tuple[str, float]] = {
     "gpu.clock.event_reasons": ("clock_event_reasons", 1.0), "gpu.sm.activity": ("sm_active", 1.0),
     "gpu.graphics_engine.activity": ("gr_active", 1.0), "gpu.dram.activity": ("dram_active", 1.0),
 }
-# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them.
-_INPUT_POINTS: tuple[tuple[str, str], ...] = (
-    ("gpu.tensor.activity", RATIO), ("gpu.sm.clock.frequency", "Hz"), ("gpu.sm.clock.max", "Hz"),
-    ("gpu.power.usage", "W"), ("gpu.clock.event_reasons", "{bitmask}"), ("gpu.sm.activity", RATIO),
-    ("gpu.graphics_engine.activity", RATIO), ("gpu.dram.activity", RATIO))
+# The inputs as the ofu processor emits them (emit_inputs), in the order a GPU's points list them: name,
+# unit, and the link (ofu.link) of a gpu.link.throughput point.
+LINK_METRIC = LINK_THROUGHPUT_METRIC
+_INPUT_POINTS: tuple[tuple[str, str, str | None], ...] = (
+    ("gpu.tensor.activity", RATIO, None), ("gpu.sm.clock.frequency", "Hz", None), ("gpu.sm.clock.max", "Hz", None),
+    ("gpu.power.usage", "W", None), ("gpu.clock.event_reasons", "{bitmask}", None), ("gpu.sm.activity", RATIO, None),
+    ("gpu.graphics_engine.activity", RATIO, None), ("gpu.dram.activity", RATIO, None),
+    (LINK_METRIC, "By/s", "pcie"), (LINK_METRIC, "By/s", "nvlink"))
+
+
+def _input_attributes(point_attrs: Attributes, link: str | None) -> Attributes:
+    """An input point's attributes: the GPU window's, and which link a gpu.link.throughput point measures."""
+    return point_attrs if link is None else attrs({**dict(point_attrs), LINK: link})
 _IDENTITY_KEYS = frozenset({HOST_NAME, HW_ID, HW_MODEL, HW_VENDOR, GPU_INDEX, JOB_ID, PRECISION})
 
 
@@ -164,9 +183,30 @@ class LossConfig:
 
 
 @dataclass
+class EnergyConfig:
+    """gpu.energy: the energy each GPU window used (docs/method.md#energy-per-job)."""
+
+    enabled: bool = True  # emit gpu.energy where the source has an energy counter or a power reading
+    # Where the source has no energy counter (DCGM 156/1611, NVML total energy): the power reading x the
+    # time since the GPU's previous sample (ofu.energy.basis power_x_time); false: no energy without a counter.
+    power_x_time: bool = True
+    # A power reading stands for at most this long: after a longer gap since the GPU's previous sample its
+    # window gets no power_x_time energy (a counter's increase covers any gap).
+    max_power_gap: Duration = field(default_factory=lambda: Duration(120))
+    # A GPU's last counter reading is forgotten after this long (data time) without a sample of it: it
+    # left, and its next reading (if it comes back) is a first one, which gives no energy.
+    forget_after: Duration = field(default_factory=lambda: Duration(3600))
+
+    def validate(self) -> None:
+        require(self.max_power_gap > 0, "max_power_gap", "must be positive")
+        require(self.forget_after > 0, "forget_after", "must be positive")
+
+
+@dataclass
 class OfuProcessorConfig:
     tile_correction: TileCorrectionConfig = field(default_factory=TileCorrectionConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
     # Model string (as reported) -> f_ref in MHz, for GPUs missing from the spec table; "*" for
     # every model the table does not know (and samples that name none).
     reference_clocks: dict[str, float] = field(default_factory=dict)
@@ -174,7 +214,7 @@ class OfuProcessorConfig:
     # clamped to 1.
     tpa_tolerance: float = TPA_TOLERANCE
     # Also emit the inputs (tensor activity, SM clock, max clock, power, clock event reasons, SM,
-    # graphics engine and DRAM activity) as their own metrics.
+    # graphics engine and DRAM activity, PCIe and NVLink traffic) as their own metrics.
     emit_inputs: bool = True
     # A gpu.ofu.dropped series (GPU resource, reason) with no drop for this long is forgotten:
     # pods and jobs come and go, and their series must not stay in memory forever.
@@ -201,6 +241,10 @@ class _Gpu:
     resource: Attributes  # of its points: the GPU's identity and its job's
     share: float | None  # the fraction of the physical GPU it is (specs.instance_share)
     mig: bool  # a MIG instance (whose points carry gpu.mig.share)
+    device: tuple[str, str]  # the physical device (host, UUID or index): whose energy counter it reads
+    # The part of its device's energy that is its: 1 for a whole GPU, a MIG instance's slices' share, None for
+    # an instance of unknown size (it gets none).
+    energy_part: float | None
     # Its calibration (core.ofu.calibration; None: no f_ref) and the raw max SM clock reading it was
     # worked out with (None, nearly always): worked out again when another reading comes.
     calibration: Calibration | None | object = None
@@ -210,7 +254,9 @@ class _Gpu:
     def of(cls, sample: GpuSample, job: str, precision: str) -> _Gpu:
         share = specs.instance_share(sample.model, sample.resource) if sample.resource else 1.0
         mig = share is not None and bool(sample.resource) and specs.is_mig_instance(sample.resource)
-        return cls(sample.gpu_key(), sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig)
+        key = sample.gpu_key()
+        part = (share if mig else None) if key[2] else 1.0
+        return cls(key, sample.resource_attributes({JOB_ID: job, PRECISION: precision}), share, mig, key[:2], part)
 
 
 class OfuProcessor(Processor):
@@ -228,6 +274,17 @@ class OfuProcessor(Processor):
         self._previous = Cache("ofu previous sample", _RESOURCES_CACHE_SIZE)
         self._arriving: dict[GpuKey, int] = {}  # GPU -> time of the last computed OFU that arrived for it
         self._job_factors = Cache("ofu job tile corrections", _ATTRIBUTES_CACHE_SIZE)  # job id -> (overrides,)
+        # Energy, per device (host, UUID or index: a MIG instance's is its GPU's): the counter's last reading,
+        # and its last window (time, joules or None, basis) so that the samples of one device and window (a
+        # shared GPU's jobs, a GPU's MIG instances) take their parts of one increase. See _device_energy.
+        self._energy_counter = CounterTracker()
+        self._energy_windows: dict[tuple[str, str], tuple[int, float | None, str]] = {}
+        self._energy_next_sweep = 0  # data time (ns) of the next look for devices that left
+        # The clock event time per reason (DCGM 1420-1424): per GPU, each cause's last reading (core.counters),
+        # and the time of its last window, that window's throttled ns per cause, and when it was seen.
+        self._event_counters: dict[GpuKey, CounterTracker] = {}
+        self._throttled: dict[GpuKey, tuple[int, dict[str, float] | None, float]] = {}
+        self._next_event_sweep = clock() + _SWEEP_INTERVAL_S
 
     def process(self, batch: Batch) -> Batch:
         points = list(batch.points)
@@ -309,7 +366,7 @@ class OfuProcessor(Processor):
                          values.get("sm_clock_mhz"), 1 if "sm_clock_mhz" in values else 0,
                          values.get("max_sm_clock_mhz"), values.get("power_w"), values.get("clock_event_reasons"),
                          values.get("sm_active"), values.get("gr_active"), values.get("dram_active"),
-                         source="otlp",
+                         source=RECOMPUTED_SOURCE,
                          job_id=None if r.get(JOB_ID) is None else str(r[JOB_ID]),
                          precision=None if r.get(PRECISION) is None else str(r[PRECISION]),
                          resource={k: v for k, v in r.items() if k not in _IDENTITY_KEYS}, attributes=extra,
@@ -332,6 +389,8 @@ class OfuProcessor(Processor):
         gpu = self._gpu(sample, job, precision)
         resource, share = gpu.resource, gpu.share
         t = sample.time_unix_nano
+        # Stepped for every window, with OFU or not, so that an increase never spans two windows.
+        throttled = None if sample.clock_event_ns is None else self._throttled_time(sample, gpu.key)
 
         max_clock = sample.max_sm_clock_mhz
         known = gpu.max_clock
@@ -346,14 +405,19 @@ class OfuProcessor(Processor):
         cal: Calibration | None = gpu.calibration  # type: ignore[assignment]
         result = ofu_with(cal, sample.tensor_active, sample.sm_clock_mhz, cfg.tpa_tolerance, share)
         point_attrs, ofu_attrs_by_fref, loss_attrs, layouts = self._point_attributes(sample.attributes)
+        energy = self._energy(sample, gpu) if cfg.energy.enabled and sample.source != RECOMPUTED_SOURCE else None
         if not isinstance(result, OfuResult):
             if result is NoValue.NO_REFERENCE_CLOCK and sample.model not in self._warned_models:
                 self._warn_no_reference_clock(sample)
             out = [self._drop(sample, result, resource, t)]
+            if energy is not None:  # a window without OFU used energy too
+                out.append(MetricPoint("gpu.energy", energy[0], t, resource,
+                                       attrs({**sample.attributes, ENERGY_BASIS: energy[1]}), "J"))
             if cfg.emit_inputs:
                 inputs: list[float] = []
                 present = self._input_values(sample, result, inputs)
-                out += [MetricPoint(name, value, t, resource, point_attrs, unit) for (name, unit), value
+                out += [MetricPoint(name, value, t, resource, _input_attributes(point_attrs, link), unit)
+                        for (name, unit, link), value
                         in zip([item for k, item in enumerate(_INPUT_POINTS) if present >> k & 1], inputs)]
             return out
 
@@ -375,16 +439,22 @@ class OfuProcessor(Processor):
             values.append(share)  # type: ignore[arg-type]
         if job_share is not None:
             values.append(job_share)
+        if energy is not None:
+            values.append(energy[0])
         loss = None
         if cfg.loss.enabled:
             names, shares, memory, clock = loss_shares(
                 result.tpa, result.raw, result.corrected, sample.gr_active, sample.sm_active, sample.dram_active,
                 sample.clock_event_reasons, cfg.tpa_tolerance, cfg.loss.memory_bound_dram)
+            if throttled is not None:  # the clock part by each reason's share of the window's throttled time
+                split = split_clock(shares[names.index(CLOCK)], throttled)
+                if split is not None:
+                    names, shares, clock = split_layout(names, shares, split)  # type: ignore[assignment]
             loss = (names, memory, clock)
             values += shares
         present = self._input_values(sample, result, values) if cfg.emit_inputs else 0
         layout_key = (result.fref_source, flops is not None, gpu.mig, None if job_share is None else sample.share_basis,
-                      loss, present)
+                      None if energy is None else energy[1], loss, present)
         layout = layouts.get(layout_key)
         if layout is None:
             layout = layouts[layout_key] = self._layout(sample, layout_key, ofu_attrs_by_fref, loss_attrs,
@@ -401,7 +471,7 @@ class OfuProcessor(Processor):
     def _layout(sample: GpuSample, key: tuple, ofu_attrs_by_fref: dict[str, Attributes],
                 loss_attrs: dict[tuple, tuple[Attributes, ...]], point_attrs: Attributes) -> PointLayout:
         """The names, units and attributes of a GPU window's points (see :meth:`_sample_output`), for its key."""
-        fref_source, flops, mig, share_basis, loss, present = key
+        fref_source, flops, mig, share_basis, energy_basis, loss, present = key
         ofu_attrs = ofu_attrs_by_fref.get(fref_source)
         if ofu_attrs is None:
             ofu_attrs = ofu_attrs_by_fref[fref_source] = attrs({**sample.attributes, FREF_SOURCE: fref_source})
@@ -415,6 +485,8 @@ class OfuProcessor(Processor):
         if share_basis is not None:
             # A shared GPU's job: its part of the GPU (docs/sharing.md), and how the split was made.
             points.append(("gpu.job.share", RATIO, attrs({**dict(ofu_attrs), SHARE_BASIS: share_basis})))
+        if energy_basis is not None:
+            points.append(("gpu.energy", "J", attrs({**sample.attributes, ENERGY_BASIS: energy_basis})))
         if loss is not None:
             part_attrs = loss_attrs.get(loss)
             if part_attrs is None:
@@ -423,8 +495,101 @@ class OfuProcessor(Processor):
                     attrs({**sample.attributes, LOSS_PART: part, LOSS_CAUSE: cause})
                     for part, cause in zip(names, causes_of(names, memory, clock)))
             points += [("gpu.ofu.loss", RATIO, part_attributes) for part_attributes in part_attrs]
-        points += [(name, unit, point_attrs) for k, (name, unit) in enumerate(_INPUT_POINTS) if present >> k & 1]
+        points += [(name, unit, _input_attributes(point_attrs, link))
+                   for k, (name, unit, link) in enumerate(_INPUT_POINTS) if present >> k & 1]
         return PointLayout(tuple(points))
+
+    def _energy(self, sample: GpuSample, gpu: _Gpu) -> tuple[float, str] | None:
+        """The sample's energy in its window (J) and how it was found; None where there is none.
+
+        The device's energy (:meth:`_device_energy`) times the part of it this sample stands for: a MIG
+        instance its slices' share (gpu.mig.share; none for an instance of unknown size), a shared GPU's
+        job its share (gpu.job.share). So a device's parts add up to it, as its time does.
+        """
+        known = self._energy_windows.get(gpu.device)
+        if known is None or known[0] != sample.time_unix_nano:
+            known = self._device_energy(sample, gpu.device, known)
+        joules, part = known[1], gpu.energy_part
+        if joules is None or part is None:
+            return None
+        if part != 1.0:
+            joules *= part
+        if sample.share is not None:
+            joules *= sample.share
+        return joules, known[2]
+
+    def _device_energy(self, sample: GpuSample, device: tuple[str, str],
+                       known: tuple[int, float | None, str] | None) -> tuple[int, float | None, str]:
+        """The whole device's energy in the window ending at the sample's time, worked out once per device and
+        window (``known``: its last window): the counter's increase (core.counters: none for a blank, first or
+        late reading; a reset counts from 0), else, where the source has no counter, power x the time since
+        the device's previous sample. Kept as the device's last window: (time, joules or None, basis)."""
+        t = sample.time_unix_nano
+        if known is not None and t < known[0]:
+            return (t, None, known[2])  # late: its window is already counted
+        settings = self.config.energy
+        if t >= self._energy_next_sweep:
+            self._forget_devices(t)
+        joules: float | None = None
+        if sample.energy_mj is not None:
+            basis = ENERGY_COUNTER
+            increase = self._energy_counter.increase(device, t, sample.energy_mj)
+            if increase is not None:
+                joules = increase / 1000.0
+        else:
+            basis = ENERGY_POWER_X_TIME
+            power = clean(sample.power_w)[0] if settings.power_x_time and sample.power_w is not None else None
+            if power is not None and known is not None:
+                seconds = (t - known[0]) / 1e9
+                if 0 < seconds <= float(settings.max_power_gap):
+                    joules = power * seconds
+        windows = self._energy_windows
+        if len(windows) >= _RESOURCES_CACHE_SIZE and device not in windows:
+            # Bounded as the caches are (starting over): at worst one window without energy per device.
+            windows.clear()
+            self._energy_counter = CounterTracker()
+        known = windows[device] = (t, joules, basis)
+        return known
+
+    def _forget_devices(self, t: int) -> None:
+        """Forget the devices without a sample for energy.forget_after (data time): they left."""
+        cutoff = t - int(float(self.config.energy.forget_after) * 1e9)
+        self._energy_counter.forget_before(cutoff)
+        for device in [d for d, window in self._energy_windows.items() if window[0] < cutoff]:
+            del self._energy_windows[device]
+        self._energy_next_sweep = t + int(_SWEEP_INTERVAL_S * 1e9)
+
+    def _throttled_time(self, sample: GpuSample, key: GpuKey) -> dict[str, float] | None:
+        """The ns the GPU's clock was held down per reason in the sample's window: each reason's counter's increase
+        since the GPU's previous window (core.counters: none for a first, blank, late or repeated reading); None
+        when no reason has one. Another copy of the same window (a GPU several jobs share) gets the same answer."""
+        t = sample.time_unix_nano
+        now = self._clock()
+        found = self._throttled.get(key)
+        if found is not None and found[0] == t:
+            return found[1]
+        if now >= self._next_event_sweep:
+            self._forget_left_gpus(now)
+        tracker = self._event_counters.get(key)
+        if tracker is None:
+            tracker = self._event_counters[key] = CounterTracker("int64")
+        increase = tracker.increase
+        increases: dict[str, float] = {}
+        for cause, raw in sample.clock_event_ns.items():  # type: ignore[union-attr]
+            value = increase(cause, t, raw)
+            if value is not None:
+                increases[cause] = value
+        answer = increases or None
+        if found is None or t > found[0]:
+            self._throttled[key] = (t, answer, now)
+        return answer
+
+    def _forget_left_gpus(self, now: float) -> None:
+        """Forget the clock event counters of GPUs with no sample for CLOCK_EVENTS_MAX_STALE_S (they left)."""
+        for key in [k for k, entry in self._throttled.items() if now - entry[2] > CLOCK_EVENTS_MAX_STALE_S]:
+            del self._throttled[key]
+            self._event_counters.pop(key, None)
+        self._next_event_sweep = now + _SWEEP_INTERVAL_S
 
     def _warn_no_reference_clock(self, sample: GpuSample) -> None:
         """Once per model: no OFU without f_ref, and what to set (otherwise only a drop counter says why)."""
@@ -596,24 +761,42 @@ class OfuProcessor(Processor):
             if value is not None:
                 values.append(value * 1.0)
                 present |= 16
-        if sample.ratios_forwarded:  # GR, SM and DRAM went on as they came (the otlp join)
-            return present
-        if sample.sm_active is not None:
-            value = clean_ratio(sample.sm_active, tolerance)[0]
+        if not sample.ratios_forwarded:  # else GR, SM and DRAM went on as they came (the otlp join)
+            if sample.sm_active is not None:
+                value = clean_ratio(sample.sm_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 32
+            if sample.gr_active is not None:
+                value = clean_ratio(sample.gr_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 64
+            if sample.dram_active is not None:
+                value = clean_ratio(sample.dram_active, tolerance)[0]
+                if value is not None:
+                    values.append(value * 1.0)
+                    present |= 128
+        # Link traffic, tx + rx (the jobs processor's stalled finding): only with both directions read.
+        if sample.pcie_tx_bytes_per_s is not None or sample.pcie_rx_bytes_per_s is not None:
+            value = _traffic(sample.pcie_tx_bytes_per_s, sample.pcie_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 32
-        if sample.gr_active is not None:
-            value = clean_ratio(sample.gr_active, tolerance)[0]
+                values.append(value)
+                present |= 256
+        if sample.nvlink_tx_bytes_per_s is not None or sample.nvlink_rx_bytes_per_s is not None:
+            value = _traffic(sample.nvlink_tx_bytes_per_s, sample.nvlink_rx_bytes_per_s)
             if value is not None:
-                values.append(value * 1.0)
-                present |= 64
-        if sample.dram_active is not None:
-            value = clean_ratio(sample.dram_active, tolerance)[0]
-            if value is not None:
-                values.append(value * 1.0)
-                present |= 128
+                values.append(value)
+                present |= 512
         return present
+
+
+def _traffic(tx: object, rx: object) -> float | None:
+    """Bytes per second both ways, or None when either direction has no value (blank, missing, negative)."""
+    sent, received = clean(tx, "int64")[0], clean(rx, "int64")[0]  # DCGM 1009-1012 are int64: GB/s are no blank
+    if sent is None or received is None or sent < 0 or received < 0:
+        return None
+    return float(sent) + float(received)
 
 
 FACTORY = Factory("ofu", OfuProcessorConfig, OfuProcessor, "computes gpu.ofu and gpu.ofu.raw from GPU samples",

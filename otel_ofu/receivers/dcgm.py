@@ -4,10 +4,13 @@ Fields are watched by numeric id (names changed in DCGM 4.6): the profiling fiel
 TPA; 1001, 1002 and 1005 for the loss account; 1014; and, where DCGM and the GPU have them, the raw
 cycle counters 1084/1086) at
 ``collection_interval``, the SM clock (100) at its own ``clock_sample_interval``, and max
-clock, clock event reasons and power (113, 112, 155) at ``collection_interval``. Where the
-DCGM bindings know the base-unit fields (4.6.1+), the SM clock and max clock are watched as
-1603 and 1608 (Hz) instead, and converted to MHz (``core.dcgm_fields``); an engine that refuses
-them gets the old ids.
+clock, clock event reasons and power (113, 112, 155) at ``collection_interval``, with the
+ledger's counters where the bindings know them: the energy counter (156, mJ), the nanoseconds
+the clock was held down per reason (1420-1424), and PCIe/NVLink bytes per second (1009-1012,
+profiling fields, left out where they cannot be watched with the others). Where the
+DCGM bindings know the base-unit fields (4.6.1+), the SM clock, max clock and energy are watched as
+1603, 1608 (Hz) and 1611 (J) instead, and converted to MHz and mJ (``core.dcgm_fields``); an engine
+that refuses them gets the old ids.
 
 Each window's TPA is the exact interval ratio d(1086)/d(1084) when the counters are there
 (no sampling at all), else field 1004, DCGM's average over the watch interval; the SM clock
@@ -269,6 +272,12 @@ class DcgmReceiver(PollingReceiver):
             clock_event_reasons=_latest(device, F.CLOCKS_EVENT_REASONS), sm_active=_latest(prof, F.SM_ACTIVE),
             gr_active=_latest(prof, F.GR_ENGINE_ACTIVE), dram_active=_latest(prof, F.DRAM_ACTIVE),
             source=SOURCE, resource=resource,
+            # The whole GPU's energy (an instance has none of its own, as with power); the clock's
+            # event time is its GPU's, as the clock is; the traffic is the entity's.
+            energy_mj=_latest(device, F.TOTAL_ENERGY_CONSUMPTION) if is_gpu else None,
+            clock_event_ns={cause: _latest(device, fid) for fid, cause in F.CLOCK_EVENT_NS_FIELDS.items()
+                            if device.get(fid)} or None,
+            **{name: _latest(prof, fid) for fid, name in F.TRAFFIC_FIELDS.items()},
         )
 
     def _exact_tpa(self, entity: DcgmEntity, prof: Series) -> tuple[float, int, int] | None:

@@ -7,6 +7,12 @@ the SM clock is one point sample taken at collection time. So one scrape gives, 
 window of TPA and exactly one clock sample (``sm_clock_samples`` = 1): scrape at the
 exporter's collect interval, since scraping faster only repeats values.
 
+The ledger's counters on a page are read into the samples too, raw: the energy counter
+(``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` in mJ, ``DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL`` in J, as mJ),
+PCIe and NVLink bytes per second (``DCGM_FI_PROF_PCIE_TX_BYTES`` ... ``DCGM_FI_PROF_NVLINK_RX_BYTES``)
+and the clock's event time per reason (``DCGM_FI_DEV_CLOCKS_EVENT_REASON_*_NS``, counters); a
+counter's sample name with the parser's ``_total`` is the same field.
+
 Labels are mapped by :mod:`otel_ofu.core.dcgm_fields` (both ``Hostname``/``hostname`` and
 ``UUID``/``uuid``, MIG, Kubernetes old and new names, ``hpc_job``). Values are kept raw:
 a blank sentinel that leaks out of the exporter stays a sentinel and the ``ofu`` processor

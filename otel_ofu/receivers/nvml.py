@@ -4,7 +4,11 @@ Two GPM samples one ``collection_interval`` apart give ANY_TENSOR_UTIL (percent,
 100: TPA), and SM_UTIL, GRAPHICS_UTIL and DRAM_BW_UTIL (the loss account's ratios) for the
 window; GPM takes no profiling lock, so users can still run Nsight. The SM clock is sampled
 every ``clock_sample_interval`` (default 1 s) and averaged over the same window
-(``otel_ofu.core.ofu.mean_clock``). Max SM clock, clock event reasons, power and the running
+(``otel_ofu.core.ofu.mean_clock``). The same GPM window gives PCIe and NVLink traffic
+(PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_TX/RX_PER_SEC, MiB/s, carried in bytes per second as DCGM's
+1009-1012 are). Max SM clock, clock event reasons, power, the energy counter
+(nvmlDeviceGetTotalEnergyConsumption, mJ), the nanoseconds the clock was held down per reason
+(the NVML_FI_DEV_CLOCKS_EVENT_REASON_* field values DCGM's 1420-1424 read) and the running
 compute processes are read at each window's end; the processes' pids go into the point
 attribute ``process.pid`` (comma-separated, sorted), per MIG GPU instance when MIG is on
 (``report_processes: false`` leaves them out).
@@ -224,10 +228,12 @@ class NvmlReceiver(PollingReceiver):
         try:
             reasons = nvml_api.clock_event_reasons(api, gpu.info.handle)
             power_mw = _optional_call(api, api.nvmlDeviceGetPowerUsage, gpu.info.handle)
+            device = _Device(nvml_api.total_energy_mj(api, gpu.info.handle),
+                             nvml_api.clock_event_ns(api, gpu.info.handle))
             processes = nvml_api.running_processes(api, gpu.info.handle) if self.config.report_processes else []
             out = []
             for target in gpu.targets:
-                sample = self._window_sample(gpu, target, t_ns, reasons, power_mw, processes)
+                sample = self._window_sample(gpu, target, t_ns, reasons, power_mw, processes, device)
                 if sample is not None:
                     out.append(sample)
         except api.NVMLError as exc:
@@ -238,22 +244,26 @@ class NvmlReceiver(PollingReceiver):
         return out
 
     def _window_sample(self, gpu: _Gpu, target: _Target, t_ns: int, reasons: object, power_mw: object,
-                       processes: list[Any]) -> GpuSample | None:
+                       processes: list[Any], device: _Device | None = None) -> GpuSample | None:
         api = self.api
         start = t_ns - int(float(self.config.collection_interval) * 1e9)
         tpa: object = status.TPA_NOT_SUPPORTED
         sm_util: object = None
         gr_util: object = None
         dram_util: object = None
+        traffic: dict[str, object] = {}
         if gpu.info.gpm:
             if target.previous is None:  # re-opened after a lost GPU came back
                 self._open_windows(gpu, t_ns)
                 return None
             spare = target.samples[1] if target.previous is target.samples[0] else target.samples[0]
             current = self._gpm_sample(gpu, target, spare)
+            rates = {getattr(api, metric): name for metric, name in _TRAFFIC_METRICS}
             metrics = nvml_api.gpm_metrics(api, target.previous, current, (
                 api.NVML_GPM_METRIC_ANY_TENSOR_UTIL, api.NVML_GPM_METRIC_SM_UTIL, api.NVML_GPM_METRIC_GRAPHICS_UTIL,
-                api.NVML_GPM_METRIC_DRAM_BW_UTIL))
+                api.NVML_GPM_METRIC_DRAM_BW_UTIL, *rates))
+            traffic = {name: value * _MIB for metric, name in rates.items()
+                       if (value := metrics[metric][0]) is not None}
             tpa = _ratio(api, *metrics[api.NVML_GPM_METRIC_ANY_TENSOR_UTIL])
             sm_util = _ratio(api, *metrics[api.NVML_GPM_METRIC_SM_UTIL])
             gr_util = _ratio(api, *metrics[api.NVML_GPM_METRIC_GRAPHICS_UTIL])
@@ -280,6 +290,11 @@ class NvmlReceiver(PollingReceiver):
             else None,
             clock_event_reasons=reasons, sm_active=sm_util, gr_active=gr_util, dram_active=dram_util, source=SOURCE,
             resource=resource, attributes=attributes,
+            # The whole GPU's energy (an instance has none of its own, as with power); the clock's event
+            # time is its GPU's, as the clock is.
+            energy_mj=device.energy_mj if device is not None and target.gpu_instance_id is None else None,
+            clock_event_ns=dict(device.clock_event_ns) if device is not None and device.clock_event_ns else None,
+            **traffic,
         )
 
     def _gpu_failed(self, gpu: _Gpu, exc: BaseException, now: float) -> None:
@@ -324,6 +339,24 @@ class NvmlReceiver(PollingReceiver):
 
     def _resource(self, gpu: _Gpu) -> dict[str, object]:
         return {"hw.id": gpu.info.uuid, "gpu.index": str(gpu.info.index), "hw.model": gpu.info.name}
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    """What a window reads once per GPU for its samples: the energy counter and the clock event time per reason."""
+
+    energy_mj: object
+    clock_event_ns: dict[str, int] | None
+
+
+# GPM's interconnect metrics (MiB/s, nvml.h) -> the GpuSample attribute each fills, in bytes per second.
+_TRAFFIC_METRICS = (
+    ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "pcie_tx_bytes_per_s"),
+    ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_s"),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "nvlink_tx_bytes_per_s"),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "nvlink_rx_bytes_per_s"),
+)
+_MIB = 1 << 20
 
 
 def _ratio(api: Any, value: float | None, ret: int) -> object:

@@ -23,7 +23,7 @@ from otel_ofu.sim import fleet as sim
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64
 Scenario = Literal["steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint",
-                   "input_bound", "memory_bound", "ragged_vocab"]
+                   "input_bound", "memory_bound", "ragged_vocab", "hung"]
 
 
 @dataclass
@@ -92,6 +92,10 @@ class SimJobConfig:
     checkpoint_every: Duration = field(default_factory=lambda: Duration(900))  # how often the job checkpoints
     checkpoint_length: Duration = field(default_factory=lambda: Duration(60))  # how long a checkpoint dip lasts
 
+    # The hung scenario: when its collectives stop completing, into the job (it never recovers; end it with
+    # duration).
+    hang_at: Duration = field(default_factory=lambda: Duration(1200))
+
     # power_capped: the SM clock cap, MHz; unset: the scenario's 1455.
     power_cap_mhz: float | None = None
     # mixed_precision: the phases, repeated; [] = NVFP4, FP8, BF16 ten minutes each.
@@ -137,7 +141,7 @@ class SimJobConfig:
             power_cap_mhz=self.power_cap_mhz if self.power_cap_mhz is not None else defaults.get("power_cap_mhz"),
             phases=phases or list(defaults.get("phases", [])),
             profiler_at=float(self.profiler_at) if self.profiler_at is not None else None,
-            profiler_length=float(self.profiler_length),
+            profiler_length=float(self.profiler_length), hang_at=float(self.hang_at),
             profile=((self.profile.tensor, self.profile.non_tensor, self.profile.sm_idle) if self.profile
                      else defaults.get("profile", sim.JobSpec.profile)),
             non_tensor_dram=(self.non_tensor_dram if self.non_tensor_dram is not None

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_ofu.core import specs, tiles
-from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, LossTotals
+from otel_ofu.core.exact import to_float
+from otel_ofu.core.loss import LOSS_PARTS, UNACCOUNTED, UNALLOCATED, USEFUL, LossTotals
 from otel_ofu.core.model import (
     GPU_INDEX,
     HW_ID,
@@ -51,10 +52,12 @@ from otel_ofu.core.model import (
     job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram, segment_start, window_label
-from otel_ofu.jobs.book import FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
-from otel_ofu.jobs.config import JobsConfig
-from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, cause_of
+from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
+from otel_ofu.jobs.config import JOULES_PER_KWH, CarbonConfig, JobsConfig
+from otel_ofu.jobs.cost import money, money_gained, total
+from otel_ofu.jobs.findings import MFU_GAP, NO_MFU_REPORT, STALLED, cause_of
 from otel_ofu.jobs.loss import LOSS_METRIC, growth_text
+from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
@@ -69,6 +72,8 @@ TRUTH_METRIC = "sim.gpu.mfu.true"
 CSV_LOSS_PARTS = (*LOSS_PARTS, UNACCOUNTED)
 PROGRESS_MIN_BYTES = 5_000_000  # below this a progress bar is noise
 PARALLEL_MIN_BYTES = 20_000_000  # below this, starting processes costs more than reading the files here
+# inputs[].format of a Prometheus-compatible backend (``report --prometheus``, report/backend.py)
+BACKEND_FORMAT = "prometheus"
 _FINDING_META = {"id", "kind", "cause", "since_unix_nano", "opened_unix_nano", "duration_s"}
 
 
@@ -352,6 +357,7 @@ class JobReport:
     timeline: list[tuple[float, float, float | None, float | None]] = field(default_factory=list)  # t, ofu, mfu, base
     truth: list[tuple[float, float]] = field(default_factory=list)  # t, true MFU (simulator)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)  # the jobs settings' carbon intensity: emissions
 
 
 @dataclass
@@ -391,10 +397,12 @@ class Report:
     config_source: str = "default settings"
     notes: list[str] = field(default_factory=list)
     recorded_events: bool = False  # the recording holds the jobs processor's finding/job events
+    gpus_seen: int | None = None  # GPUs counted without a per-GPU table (the backend report); None: len(gpus)
+    lines_word: str = "lines"  # what ``lines`` counts (the backend report: queries)
 
     @property
     def gpu_count(self) -> int:
-        return len(self.gpus)
+        return len(self.gpus) if self.gpus_seen is None else self.gpus_seen
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -491,8 +499,9 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     config = config or JobsConfig()
     options = options or ReadOptions()
     book = JobBook(config, history=True)
-    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, config.mfu_metric, *config.tflops_metrics,
-             TRUTH_METRIC}
+    names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
+             config.mfu_metric,
+             *config.tflops_metrics, TRUTH_METRIC}
     sources, notes, store, events = read_inputs(list(paths), names, options)
     label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
     lines = sum(s.lines for s in sources)
@@ -547,7 +556,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         in_life = [row for row in timelines.get(summary.job_id, []) if life[0] <= row[0] <= life[1]]
         job_truth = sorted((t, sum(v) / len(v)) for t, v in truth.get(summary.job_id, {}).items()
                            if summary.start <= t <= summary.end + resolution)
-        jobs.append(JobReport(summary, in_life, job_truth, sorted(findings, key=lambda f: f["time_unix_nano"])))
+        jobs.append(JobReport(summary, in_life, job_truth, sorted(findings, key=lambda f: f["time_unix_nano"]),
+                              config.carbon))
     jobs.sort(key=lambda j: (-j.summary.totals.wasted_gpu_hours, j.summary.job_id))
     gpu_list = sorted(gpus.values(), key=lambda g: (g.key[0], _index_order(g.key[1]), g.key[2]))
     return Report(label, lines, first if first < math.inf else None, last if last > -math.inf else None,
@@ -561,6 +571,13 @@ def _index_order(ident: str) -> tuple[int, str]:
 
 # --- output -----------------------------------------------------------------------------------
 
+def stalled_gpu_hours(findings: list[dict[str, Any]]) -> float | None:
+    """The GPU-hours a job's stalled findings held (each at its close, or so far when still open); None without one."""
+    hours = [float(f["close_numbers"].get("stalled_gpu_hours", f["numbers"].get("stalled_gpu_hours", 0.0)))
+             for f in findings if f["kind"] == STALLED]
+    return sum(hours) if hours else None
+
+
 def job_record(job: JobReport) -> dict[str, Any]:
     s, t = job.summary, job.summary.totals
     return {
@@ -571,13 +588,27 @@ def job_record(job: JobReport) -> dict[str, Any]:
         "flops_per_gpu_s": t.flop / t.flop_gpu_seconds if t.flops_known else None,
         "wasted_gpu_hours": t.wasted_gpu_hours, "gained_gpu_hours": t.gained_gpu_hours,
         "mfu_reported_mean": s.mfu_reported,
+        "energy_joules": t.energy, "joules_per_useful_pflop": t.energy_per_useful_pflop,
+        "emissions_grams": None if t.energy is None else job.carbon.grams(t.energy),
         "precisions_gpu_hours": {p: sec / 3600.0 for p, sec in s.precisions.items()},
         "loss": s.loss.shares(),
         "loss_gpu_hours": lost_gpu_hours(s.loss),
         "gain_gpu_hours": s.loss.gained_gpu_hours(),
         "largest_loss": largest_record(s.loss),
+        **cost_record(s.cost),
         "findings": job.findings,
+        "stalled_gpu_hours": stalled_gpu_hours(job.findings),
     }
+
+
+def cost_record(cost: LossTotals | None) -> dict[str, Any]:
+    """A job's (or the fleet's) cost in the report's JSON: all of it, what its loss parts lost, by part and gained
+    (jobs.cost); nulls without a price."""
+    if cost is None:
+        return {"cost": None, "wasted_cost": None, "cost_by_part": None, "gained_cost": None}
+    by_part = money(cost)
+    return {"cost": total(cost), "wasted_cost": math.fsum(v for part, v in by_part.items() if part != USEFUL),
+            "cost_by_part": by_part, "gained_cost": math.fsum(money_gained(cost).values())}
 
 
 def gpu_record(gpu: GpuReport) -> dict[str, Any]:
@@ -617,17 +648,43 @@ def report_json(report: Report) -> dict[str, Any]:
                   "wasted_gpu_hours": sum(j.summary.totals.wasted_gpu_hours for j in report.jobs),
                   "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours(),
-                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours()},
+                  "gain_gpu_hours": book.fleet_loss.gained_gpu_hours(),
+                  "currency": book.config.cost.currency if book.config.cost.enabled else None,
+                  **cost_record(_fleet_cost(report)),
+                  "unpriced_gpu_hours": {key: to_float(count) / 3600.0 for key, count in book.unpriced.items()},
+                  "stalled_gpu_hours": sum(stalled_gpu_hours(j.findings) or 0.0 for j in report.jobs),
+                  **_fleet_energy(book)},
         "recommendations": recommendations(_job_losses(report), book.fleet_loss,
-                                           fleet_factors=_fleet_tile_factors(report)),
+                                           fleet_factors=_fleet_tile_factors(report), costs=_job_costs(report),
+                                           fleet_cost=_fleet_cost(report)),
         "jobs": [job_record(j) for j in report.jobs],
         "gpus": [gpu_record(g) for g in report.gpus],
     })
 
 
+def _fleet_energy(book: JobBook) -> dict[str, Any]:
+    """The report's fleet energy fields: null where no window's energy is known."""
+    energy = book.fleet_energy
+    by_use = energy.by_use() if energy.known else {}
+    return {"energy_joules": sum(by_use.values()) if by_use else None,
+            "unattributed_energy_joules": by_use.get("unallocated"),
+            "joules_per_useful_pflop": energy.per_useful_pflop}
+
+
 def _job_losses(report: Report) -> list[tuple[str, LossTotals]]:
     """Each job's life account, by job id: what the breakdown and the recommendations read."""
     return [(j.summary.job_id, j.summary.loss) for j in report.jobs]
+
+
+def _job_costs(report: Report) -> list[LossTotals | None]:
+    """Each job's cost account (jobs.cost), in the order of _job_losses; None for a job with no price."""
+    return [j.summary.cost for j in report.jobs]
+
+
+def _fleet_cost(report: Report) -> LossTotals | None:
+    """The fleet's cost account; None when no GPU had a price."""
+    cost = report.book.fleet_cost
+    return cost if cost.exact_seconds > 0 else None
 
 
 def _fleet_tile_factors(report: Report) -> dict[str, float]:
@@ -656,12 +713,13 @@ def _fleet_tile_factors(report: Report) -> dict[str, float]:
 # these fields. ``[]`` marks a list's items; a field whose meaning starts with "mapping" is a
 # mapping whose keys vary (not listed).
 REPORT_FIELDS: dict[str, str] = {
-    "source": "the file read, or how many",
-    "lines": "lines (or dmon/CSV rows) read, all files together",
+    "source": "the file read, or how many; with --prometheus the backend's URL (credentials masked)",
+    "lines": "lines (or dmon/CSV rows) read, all files together; with --prometheus the queries run",
     "start": "the first data time (ISO 8601, UTC)",
     "end": "the last data time",
-    "inputs[].path": "a file read, in data-time order",
-    "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data",
+    "inputs[].path": "a file read, in data-time order; with --prometheus the backend's URL",
+    "inputs[].format": "`otlp_json`, `dmon` or `csv`; null for a file with no data; `prometheus` for the backend "
+                       "of --prometheus (its `notes` say which naming its series carry)",
     "inputs[].compression": "`gzip`, `zstd`, ... as recognised by the first bytes; null for none",
     "inputs[].lines": "its lines",
     "inputs[].start": "its first data time",
@@ -669,15 +727,16 @@ REPORT_FIELDS: dict[str, str] = {
     "inputs[].partial_tail_skipped": "true when a crash's partly written last line was skipped",
     "inputs[].notes": "what else was skipped or assumed, as sentences",
     "findings_source": "where the findings come from: `recorded` (the `ofu.finding.*` events the jobs processor "
-                       "logged while it ran) or `recomputed` (from the points here, with --recompute or when the "
-                       "recording holds no finding events)",
+                       "logged while it ran), `recomputed` (from the points here, with --recompute or when the "
+                       "recording holds no finding events) or `backend` (with --prometheus: the `job_finding` series)",
     "findings_count": "findings listed under `jobs`, all jobs together",
     "findings_recomputed_count": "with `findings_source` `recorded`: how many a recomputation from the same points "
                                  "gives with this report's settings (a difference is explained in `findings_note`); "
                                  "null when the findings are recomputed already",
     "findings_note": "why the recorded and the recomputed findings differ, and how to see the others; null when they "
                      "agree",
-    "fleet.gpus": "distinct GPUs (and MIG instances) seen",
+    "fleet.gpus": "distinct GPUs (and MIG instances) seen; with --prometheus those that sent `gpu.ofu` in the "
+                  "range's last hour",
     "fleet.jobs": "jobs seen",
     "fleet.gpu_hours": "GPU time of every GPU, with a job or not",
     "fleet.job_gpu_hours": "GPU time held by jobs",
@@ -695,8 +754,25 @@ REPORT_FIELDS: dict[str, str] = {
                             "`gpu_hours`",
     "fleet.gain_gpu_hours": "mapping: part -> GPU hours the jobs gained on it (`clock`: the SM clock boosting above "
                             "f_ref); empty without a gain",
-    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first, at most "
+    "fleet.currency": "the currency of every cost (the jobs settings' cost.currency); null without prices",
+    "fleet.cost": "what every GPU-hour with a price cost (docs/method.md#cost): its parts less `gained_cost`; null "
+                  "without a price",
+    "fleet.wasted_cost": "what the jobs' loss parts and the GPUs with no job (`unallocated`) lost of it",
+    "fleet.cost_by_part": "mapping: part -> money: `useful`, each loss part of the jobs, `unknown`, `unallocated`",
+    "fleet.gained_cost": "money the clock boosting above f_ref gained (counted apart, as the GPU-hours are)",
+    "fleet.unpriced_gpu_hours": "mapping: what a GPU is priced by (its model, or the cost.by attribute's value; \"\" "
+                                "when it has none) -> GPU hours with no price, left out of every cost; empty when all "
+                                "had one or no prices are set",
+    "fleet.energy_joules": "energy of every GPU window, with a job or not (J); null when no window's is known",
+    "fleet.unattributed_energy_joules": "the part of it of GPUs without a job",
+    "fleet.joules_per_useful_pflop": "the jobs' J per useful PFLOP, jobs together (the unattributed GPUs' energy is "
+                                     "not in it)",
+    "fleet.stalled_gpu_hours": "GPU hours the jobs' stalled findings held, jobs together (`jobs[].stalled_gpu_hours`); "
+                               "0 without one",
+    "recommendations[].job_id": "the job (null: the fleet's GPU time of no job); the biggest losses first (by money "
+                                "where prices are set, those with no price after them; else by GPU-hours), at most "
                                 "5, none under 0.01 GPU h",
+    "recommendations[].cost": "what it lost in money (`fleet.currency`); null without a price",
     "recommendations[].part": "the loss part (`ofu.loss.part`)",
     "recommendations[].cause": "its dominant cause (the clock's event reason, memory-bound or not); null for the "
                                "other parts",
@@ -715,7 +791,7 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].end": "its last window's end",
     "jobs[].end_reason": "`end_of_recording`, or why it ended (`timeout`, `silent`)",
     "jobs[].duration_hours": "end - start",
-    "jobs[].gpus": "distinct GPUs over its life",
+    "jobs[].gpus": "distinct GPUs over its life; with --prometheus the most at once",
     "jobs[].peak_gpus": "the most GPUs at once",
     "jobs[].gpu_hours": "GPU time it held",
     "jobs[].ofu_mean": "OFU, time-weighted over its GPU time",
@@ -731,6 +807,12 @@ REPORT_FIELDS: dict[str, str] = {
                                "clock part), counted apart from the waste (docs/method.md#wasted-gpu-hours-and-the-"
                                "clock-gain)",
     "jobs[].mfu_reported_mean": "the MFU it reported about itself, time-weighted; null without reports",
+    "jobs[].energy_joules": "energy its GPUs used (J): its windows' gpu.energy, a shared GPU's and a MIG instance's "
+                            "by its part; null when no window's energy is known (docs/method.md#energy-per-job)",
+    "jobs[].joules_per_useful_pflop": "J per PFLOP of useful work (OFU x the dense peak), over the windows where "
+                                      "its energy and FLOPs are both known; null otherwise",
+    "jobs[].emissions_grams": "g CO2e of its energy at the jobs settings' carbon.grams_per_kwh; null when that is "
+                              "unset or its energy unknown",
     "jobs[].precisions_gpu_hours": "mapping: precision -> GPU hours in it (`unknown` when not declared)",
     "jobs[].loss": "mapping: its loss account, part -> share of its GPU time (`useful` is its OFU; they add up to 1)",
     "jobs[].loss_gpu_hours": "mapping: part -> GPU hours lost to it (they add up to `wasted_gpu_hours`; never below "
@@ -742,9 +824,15 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].largest_loss.gpu_hours": "GPU hours lost to it",
     "jobs[].largest_loss.cause": "its dominant cause, when the part has one (clock, non-tensor)",
     "jobs[].largest_loss.advice": "what to look at first",
-    "jobs[].findings[].kind": "`mfu_gap` (the MFU audit) or `regression`",
+    "jobs[].cost": "what its GPU time cost (GPU h x the price of each GPU, window by window; docs/method.md#cost): "
+                   "its parts less `gained_cost`; null when none of its GPUs had a price",
+    "jobs[].wasted_cost": "what its loss parts lost of it (the money of `wasted_gpu_hours`)",
+    "jobs[].cost_by_part": "mapping: part -> money (`useful` and each loss part)",
+    "jobs[].gained_cost": "money its clock boosting above f_ref gained, counted apart",
+    "jobs[].findings[].kind": "`mfu_gap` (the MFU audit), `regression` or `stalled` (GPUs busy with nothing "
+                              "moving: docs/jobs.md#stalled-jobs)",
     "jobs[].findings[].cause": "the likely cause, a code: `flop_formula_overcount`, "
-                               "`uncounted_padding_or_recompute`, `sustained_ofu_drop`",
+                               "`uncounted_padding_or_recompute`, `sustained_ofu_drop`, `engine_busy_no_work`",
     "jobs[].findings[].meaning": "the cause in words",
     "jobs[].findings[].action": "what to do about it",
     "jobs[].findings[].id": "`<job>/<kind>/<n>`: pairs the open and close events",
@@ -755,10 +843,14 @@ REPORT_FIELDS: dict[str, str] = {
     "jobs[].findings[].closed": "when it cleared, closed with its job or closed for want of MFU reports; null while "
                                 "open",
     "jobs[].findings[].numbers": "mapping: the numbers at open (`mfu_gap`: `mfu_reported`, `ofu`, `gap_pp`, "
-                                 "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`)",
+                                 "`ratio`, `window`; `regression`: `ofu`, `baseline`, `ratio`; `stalled`: `evidence` "
+                                 "(`links` or `activity_only`), `stalled_for_s`, `stalled_gpu_hours`)",
     "jobs[].findings[].close_numbers": "mapping: the numbers at close (`reason`: `job_end` when it closed with its "
                                        "job, `no_mfu_report` when the job sent no MFU report for a whole audit "
-                                       "window, with `no_report_s`, how long)",
+                                       "window, with `no_report_s`, how long; `work_resumed` when a stalled one "
+                                       "cleared, with its `stalled_for_s` and `stalled_gpu_hours` to then)",
+    "jobs[].stalled_gpu_hours": "GPU hours its stalled findings held (engine busy, nothing moving: "
+                                "docs/jobs.md#stalled-jobs); null without one",
     "gpus[].host": "the GPU's host",
     "gpus[].gpu": "its index on the host",
     "gpus[].uuid": "its UUID",
@@ -815,6 +907,12 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
     if f["kind"] == MFU_GAP and "mfu_reported" in n and "ofu" in n:
         what = (f"reported MFU {_pct(n['mfu_reported'])} vs OFU {_pct(n['ofu'])} over {n.get('window', '?')} "
                 f"-> {f['cause']}")
+    elif f["kind"] == STALLED and "stalled_for_s" in n:
+        until = {**n, **f.get("close_numbers", {})}
+        evidence = ("links and activity" if until.get("evidence") == "links"
+                    else "activity counters only, no link counters")
+        what = (f"engine busy with nothing moving for {window_label(round(float(until['stalled_for_s'])))}, "
+                f"{float(until['stalled_gpu_hours']):.2f} GPU h ({evidence})")
     elif "ofu" in n and "baseline" in n:
         what = f"OFU {_pct(n['ofu'])} vs baseline {_pct(n['baseline'])} ({n['baseline'] / n['ofu']:.2f}x slower)" \
             if n["ofu"] else f"OFU 0 vs baseline {_pct(n['baseline'])}"
@@ -840,15 +938,89 @@ def finding_line(job_id: str, f: dict[str, Any]) -> str:
 TABLE_COLUMNS = ("job", "GPUs", "GPU h", "OFU mean", "p10", "p50", "p90", "FLOPs", "wasted GPU h", "findings")
 
 
+def _priced(report: Report) -> bool:
+    """Whether the report has costs: prices are set and some GPU had one."""
+    return _fleet_cost(report) is not None
+
+
+ENERGY_COLUMNS = ("energy kWh", "J/PFLOP")  # after "wasted GPU h", where some job's energy is known
+
+
+def _has_energy(report: Report) -> bool:
+    return any(j.summary.totals.energy_known for j in report.jobs)
+
+
+def table_columns(report: Report) -> tuple[str, ...]:
+    """The jobs table's columns: with costs, what each job cost and what its loss parts lost, and where some
+    job's energy is known its energy columns, before findings."""
+    extra: tuple[str, ...] = ()
+    if _priced(report):
+        currency = report.book.config.cost.currency
+        extra += (f"cost {currency}", f"wasted {currency}")
+    if _has_energy(report):
+        extra += ENERGY_COLUMNS
+    return (*TABLE_COLUMNS[:-1], *extra, TABLE_COLUMNS[-1]) if extra else TABLE_COLUMNS
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _kwh(joules: float | None) -> str:
+    return "-" if joules is None else f"{joules / JOULES_PER_KWH:.2f}"
+
+
 def table_rows(report: Report) -> list[tuple[str, ...]]:
+    """The jobs table's rows; with costs, by the money their loss parts lost (those with no price last), else as
+    report.jobs has them (by wasted GPU hours)."""
+    priced = _priced(report)
+    jobs = report.jobs
+    if priced:
+        jobs = sorted(jobs, key=lambda j: (j.summary.cost is None,
+                                           -(cost_record(j.summary.cost)["wasted_cost"] or 0.0)))
     rows = []
-    for job in report.jobs:
+    energy = _has_energy(report)
+    for job in jobs:
         s, t = job.summary, job.summary.totals
         kinds = ", ".join(f"{f['kind']}@+{f['minutes_into_job']:.0f}m" for f in job.findings) or "-"
+        costs = cost_record(s.cost)
+        money_cells = (_money(costs["cost"]), _money(costs["wasted_cost"])) if priced else ()
+        per_pflop = t.energy_per_useful_pflop
+        energy_cells = (_kwh(t.energy), "-" if per_pflop is None else f"{per_pflop:,.0f}") if energy else ()
+        stalled = stalled_gpu_hours(job.findings)
+        if stalled is not None:
+            kinds += f" ({stalled:.2f} GPU h stalled)"
         rows.append((s.job_id, str(s.gpus), f"{t.gpu_hours:.2f}", _pct(t.ofu_mean), _pct(s.ofu_p10), _pct(s.ofu_p50),
                      _pct(s.ofu_p90), _si(t.flop if t.flops_known else None, "FLOP"), f"{t.wasted_gpu_hours:.2f}",
-                     kinds))
+                     *money_cells, *energy_cells, kinds))
     return rows
+
+
+def cost_lines(report: Report) -> list[str]:
+    """The fleet's cost in one line, and the GPU-hours with no price (by what they would be priced by)."""
+    fleet_cost = _fleet_cost(report)
+    config = report.book.config.cost
+    if not config.enabled:
+        return []
+    out = []
+    if fleet_cost is not None:
+        costs = cost_record(fleet_cost)
+        by_part = costs["cost_by_part"]
+        idle = by_part.get(UNALLOCATED, 0.0)
+        jobs_lost = costs["wasted_cost"] - idle
+        out.append(f"Cost {costs['cost']:.2f} {config.currency} over the GPU-hours with a price: the jobs lost "
+                   f"{jobs_lost:.2f} ({_pct(_ratio(jobs_lost, costs['cost']))}) to their loss parts, "
+                   f"{idle:.2f} went to GPUs with no job, {by_part.get(USEFUL, 0.0):.2f} to useful work (OFU; "
+                   "docs/method.md#cost).")
+    unpriced = {key: to_float(count) / 3600.0 for key, count in report.book.unpriced.items()}
+    if unpriced:
+        by = "model" if config.by == "model" else config.by
+        which = ", ".join(f"{key or f'no {by}'} ({hours:.2f} GPU h)" for key, hours in
+                          sorted(unpriced.items(), key=lambda kv: -kv[1]))
+        out.append(f"No price for {sum(unpriced.values()):.2f} GPU h, left out of the cost (never counted at 0): "
+                   f"{by} {which}; add it to the jobs processor's cost.per_gpu_hour or set cost.default "
+                   "(docs/jobs.md#cost).")
+    return out
 
 
 def _aligned(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
@@ -875,11 +1047,12 @@ def gpu_table(report: Report) -> list[str]:
 def _inputs_lines(report: Report) -> list[str]:
     if len(report.inputs) <= 1 and not report.notes and not any(s.notes for s in report.inputs):
         return []
-    out = [f"Read {len(report.inputs)} file(s), in data-time order:"]
+    backend = all(s.format == BACKEND_FORMAT for s in report.inputs)
+    out = ["Queried:" if backend else f"Read {len(report.inputs)} file(s), in data-time order:"]
     for s in report.inputs:
         what = ", ".join(x for x in (s.format or "no data", s.compression) if x)
         span = f"{_iso(s.first)} .. {_iso(s.last)}" if s.first is not None else "no points"
-        out.append(f"  {s.path} ({what}; {s.lines} lines; {span})")
+        out.append(f"  {s.path} ({what}; {s.lines} {'queries' if backend else 'lines'}; {span})")
         out += [f"    note: {n}" for n in s.notes]
     out += [f"  note: {n}" for n in report.notes]
     return [*out, ""]
@@ -900,7 +1073,10 @@ def findings_lines(report: Report) -> list[str]:
     """The findings, saying which the user is looking at and, when the other source differs, why."""
     findings = [line for j in report.jobs for f in j.findings for line in finding_line(j.summary.job_id, f).split("\n")]
     count = sum(len(j.findings) for j in report.jobs) or "none"
-    if report.findings_source == "recorded":
+    if report.findings_source == "backend":
+        out = [f"Findings (the jobs processor's job_finding series in the backend: open while 1; the numbers "
+               f"behind each are in its ofu.finding events, not in the series): {count}"]
+    elif report.findings_source == "recorded":
         out = [f"Findings (recorded: the ofu.finding events the jobs processor logged while it ran): {count}"]
         note = findings_note(report)
         if note:
@@ -946,19 +1122,28 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
     data = report_json(report)
     fleet = data["fleet"]
     out = _inputs_lines(report)
-    out.append(f"{report.source}: {report.lines} lines, {_iso(report.start)} .. {_iso(report.end)} (data time); "
+    out.append(f"{report.source}: {report.lines} {report.lines_word}, {_iso(report.start)} .. {_iso(report.end)} "
+               "(data time); "
                f"{fleet['gpus']} GPUs, {len(report.jobs)} jobs, {fleet['gpu_hours']:.2f} GPU h "
                f"({fleet['unattributed_gpu_hours']:.2f} without a job)")
     jobs_part = (f"; jobs: {_pct(fleet['job_ofu_mean'])} of the {fleet['job_gpu_hours']:.2f} GPU h they held"
                  if report.jobs else "")
     out.append(f"Fleet OFU {_pct(fleet['ofu_mean'])} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs "
                f"included{jobs_part}.")
+    out += cost_lines(report)
+    stalled_jobs = [j for j in data["jobs"] if j["stalled_gpu_hours"] is not None]
+    if stalled_jobs:
+        out.append(f"Stalled: {fleet['stalled_gpu_hours']:.2f} GPU h held by {len(stalled_jobs)} job(s) whose GPUs "
+                   "were busy with nothing moving (a collective deadlock or a spinning kernel: "
+                   "docs/jobs.md#stalled-jobs).")
     out.append("")
     if report.jobs:
-        out += _aligned([TABLE_COLUMNS, *table_rows(report)], set(range(1, 9)))
+        columns = table_columns(report)
+        out += _aligned([columns, *table_rows(report)], set(range(1, len(columns) - 1)))
         out += flops_hint(report)
         out.append("")
-        out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report))
+        out += breakdown_lines(_job_losses(report), report.book.fleet_loss, _fleet_tile_factors(report),
+                               _job_costs(report), _fleet_cost(report), report.book.config.cost.currency)
         out.append("")
     else:
         out.append(no_jobs_hint(report, fleet["gpus"]))
@@ -968,8 +1153,12 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
         out.append("")
     if report.jobs:
         out += findings_lines(report)
-        out.append("Jobs are sorted by wasted GPU hours: the GPU time their loss parts lost "
-                   "(docs/method.md#wasted-gpu-hours-and-the-clock-gain).")
+        if _priced(report):
+            out.append(f"Jobs are sorted by wasted {report.book.config.cost.currency}: what the GPU time their loss "
+                       "parts lost cost (docs/method.md#cost).")
+        else:
+            out.append("Jobs are sorted by wasted GPU hours: the GPU time their loss parts lost "
+                       "(docs/method.md#wasted-gpu-hours-and-the-clock-gain).")
     return "\n".join(out).rstrip()
 
 
@@ -979,7 +1168,8 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer.writerow(["job_id", "start", "end", "gpus", "gpu_hours", "ofu_mean", "ofu_p10", "ofu_p50", "ofu_p90",
                          "flops", "wasted_gpu_hours", "mfu_reported_mean", "findings", "finding_details",
                          "largest_loss", *(f"lost_gpu_hours_{part}" for part in CSV_LOSS_PARTS),
-                         "gained_gpu_hours"])
+                         "gained_gpu_hours", "cost", "wasted_cost", "currency", "energy_joules",
+                         "joules_per_useful_pflop", "emissions_grams", "stalled_gpu_hours"])
         for job in report.jobs:
             r = _clean(job_record(job))
             details = "; ".join(f"{f['kind']}:{f['cause']}@{f['time']}" for f in job.findings)
@@ -987,4 +1177,7 @@ def write_csv(report: Report, path: str | Path) -> None:
             writer.writerow([r["job_id"], r["start"], r["end"], r["gpus"], r["gpu_hours"], r["ofu_mean"], r["ofu_p10"],
                              r["ofu_p50"], r["ofu_p90"], r["flops"], r["wasted_gpu_hours"], r["mfu_reported_mean"],
                              len(job.findings), details, (r.get("largest_loss") or {}).get("part"),
-                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"]])
+                             *(lost.get(part) for part in CSV_LOSS_PARTS), r["gained_gpu_hours"], r["cost"],
+                             r["wasted_cost"], report.book.config.cost.currency if r["cost"] is not None else None,
+                             r["energy_joules"], r["joules_per_useful_pflop"], r["emissions_grams"],
+                             r["stalled_gpu_hours"]])

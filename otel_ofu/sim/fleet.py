@@ -16,7 +16,13 @@ What it models, per GPU, in ticks of 0.25 s of simulated time:
 
 What it reports, per window, is what DCGM would: TPA = sum(a f) / sum(f) (cycle-weighted),
 GR, SM and DRAM activity the same way (with a little sampling noise), the SM clock as point
-samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock event reasons.
+samples at the sampling rate (it moves in 15 MHz steps), max clock, power, clock event reasons;
+and the ledger's counters: the energy counter (power integrated over the ticks, mJ, as DCGM 156),
+the time the clock was held down per reason (ns, as DCGM 1420-1424: a tick with a reason's bit
+set adds its length to that reason's counter, so the counters agree with the bitmask), and PCIe
+and NVLink bytes per second over the window (:func:`traffic`: a multi-GPU job's collectives on
+NVLink, an input-bound job's input over PCIe, a checkpoint's writes). None of these draw from
+the random streams above, so every other number is what it was without them.
 The ``ofu`` processor never sees the truth (true MFU, and the true loss account of
 :class:`WindowTruth`); tests compare against it.
 """
@@ -31,7 +37,7 @@ from otel_ofu.core.model import NO_JOB, GpuSample
 from otel_ofu.core.values import DCGM_FP64_BLANK
 
 SCENARIOS = ("steady", "moe_inflated", "regression", "mixed_precision", "idle", "power_capped", "checkpoint",
-             "input_bound", "memory_bound", "ragged_vocab")
+             "input_bound", "memory_bound", "ragged_vocab", "hung")
 
 REASON_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
@@ -39,11 +45,22 @@ REASON_SW_POWER_CAP = 0x4
 THROTTLE_REASONS: dict[str, int] = {name: bit for bit, name in loss.CLOCK_REASONS
                                     if name not in ("idle", "display_clocks")}
 TENSOR_DRAM = 0.3  # DRAM activity while tensor pipes run (GEMMs stream their operands)
+# A hung job (an NCCL collective that never completes): its ranks' kernels stay resident and spin on a
+# few SMs (a collective's channels), touching little memory; the tensor pipes do nothing.
+HUNG_SM = 0.10
+HUNG_DRAM = 0.01
 COUNTER_NOISE = 0.002  # sd of the sampling noise on the reported GR, SM and DRAM ratios
 CLOCK_STEP_MHZ = 15.0
 TICK_S = 0.25  # the simulation's time step; clock sampling intervals are multiples of it
 CLOCK_WALK_AR = 0.97  # per sub-tick: the wander decorrelates over ~8 s
 CLOCK_WALK_SD = 1.5  # MHz innovation per sub-tick: stationary sd ~6 MHz
+# Interconnect bandwidth per direction, bytes per second (an HGX H100-class node: NVLink 4 at 450 GB/s each
+# way, PCIe Gen5 x16 at ~64 GB/s): the scale of the simulated traffic, not a spec-table figure.
+NVLINK_BYTES_PER_S = 450e9
+PCIE_BYTES_PER_S = 64e9
+# Each clock event reason's bit -> the cause whose held-down time DCGM counts (1420-1424).
+TIMED_REASONS: tuple[tuple[int, str], ...] = tuple((bit, name) for bit, name in loss.CLOCK_REASONS
+                                                   if name in loss.CLOCK_TIME_CAUSES)
 
 
 @dataclass
@@ -75,6 +92,7 @@ class JobSpec:
     # (seconds into the job): DCGM publishes blanks for profiling fields, so that GPU has no OFU.
     profiler_at: float | None = None
     profiler_length: float = 600.0
+    hang_at: float = 1200.0  # hung: when its collectives stop completing (seconds into the job); it never recovers
 
 
 SCENARIO_DEFAULTS: dict[str, dict] = {
@@ -93,6 +111,8 @@ SCENARIO_DEFAULTS: dict[str, dict] = {
     "memory_bound": {"mfu": 0.12, "precision": "bf16", "profile": (0.15, 0.80, 0.05), "non_tensor_dram": 0.95},
     # ... or its GEMMs fill tiles badly (RAGGED_VOCAB_GEMMS): a well-tuned job whose largest loss is padding
     "ragged_vocab": {"mfu": 0.70, "precision": "bf16", "profile": (0.90, 0.06, 0.04)},
+    # Runs steady, then hangs at hang_at: engine busy, tensor pipes idle (jobs.stall's stalled finding).
+    "hung": {"mfu": 0.45, "precision": "bf16"},
 }
 
 # The ragged_vocab job's GEMMs (M tokens x N out x K in): a 2,048-wide model with GPT-2's vocabulary
@@ -136,6 +156,11 @@ class _Gpu:
     reasons: int = 0
     clock_samples: list[tuple[int, float]] = field(default_factory=list)
     precision_cycles: dict[str, float] = field(default_factory=dict)
+    # the ledger's counters: cumulative since the fleet started (energy in mJ, held-down ns per cause), and
+    # this window's interconnect bytes (pcie tx, pcie rx, nvlink tx, nvlink rx)
+    energy_mj: float = 0.0
+    event_ns: dict[str, int] = field(default_factory=lambda: {cause: 0 for cause in loss.CLOCK_TIME_CAUSES})
+    traffic_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
 
 def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
@@ -148,6 +173,8 @@ def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
     if job.scenario == "regression":
         regressed = elapsed >= job.regress_at and (job.recover_at is None or elapsed < job.recover_at)
         return (job.mfu / job.regress_factor if regressed else job.mfu), job.precision, True
+    if job.scenario == "hung" and hung(job, t):
+        return 0.0, job.precision, True
     if job.scenario == "checkpoint":
         in_checkpoint = elapsed % job.checkpoint_every >= job.checkpoint_every - job.checkpoint_length
         return (0.01 if in_checkpoint else job.mfu), job.precision, True
@@ -159,6 +186,11 @@ def job_state(job: JobSpec | None, t: float) -> tuple[float, str | None, bool]:
                 return mfu, precision, True
             position -= seconds
     return job.mfu, job.precision, True
+
+
+def hung(job: JobSpec | None, t: float) -> bool:
+    """Whether a hung job's collectives have stopped completing at simulated time t."""
+    return job is not None and job.scenario == "hung" and t - job.start >= job.hang_at
 
 
 def job_efficiency(job: JobSpec, spec: specs.GpuSpec, rng: random.Random) -> float:
@@ -258,6 +290,8 @@ class Fleet:
         else:
             activity = 0.0
         engine, sm_busy, dram = _kernel_time(gpu.job, activity) if running else (0.0, 0.0, 0.0)
+        if running and hung(gpu.job, t):  # spinning in a collective: busy, nothing moves
+            engine, sm_busy, dram = 1.0, HUNG_SM, HUNG_DRAM
         # Clock: idle GPUs park low; busy ones run near max, pulled down by tensor power draw,
         # wandering a few 15 MHz steps (stationary sd ~6 MHz; a power cap dithers twice as much).
         gpu.clock_walk = CLOCK_WALK_AR * gpu.clock_walk + self.rng.gauss(0.0, CLOCK_WALK_SD)
@@ -286,6 +320,13 @@ class Fleet:
             gpu.precision_cycles[precision] = gpu.precision_cycles.get(precision, 0.0) + activity * clock
         power = spec.board_power_w * (0.12 + (0.25 if running else 0.0) + 0.6 * activity)
         gpu.sum_power += min(power, spec.board_power_w)
+        gpu.energy_mj += min(power, spec.board_power_w) * self.dt * 1000.0
+        tick_ns = round(self.dt * 1e9)
+        for bit, cause in TIMED_REASONS:
+            if reasons & bit:
+                gpu.event_ns[cause] += tick_ns
+        for k, rate in enumerate(traffic(gpu.job, t, running, activity, engine)):
+            gpu.traffic_bytes[k] += rate * self.dt
         gpu.reasons |= reasons
         gpu.ticks += 1
         gpu.last_clock = clock
@@ -299,6 +340,7 @@ class Fleet:
             gpu.ticks = gpu.reasons = 0
             gpu.clock_samples = []
             gpu.precision_cycles = {}
+            gpu.traffic_bytes = [0.0, 0.0, 0.0, 0.0]
         for k in range(1, window_ticks + 1):
             t = start_t + k * self.dt
             take_sample = k % self.ticks_per_sample == 0
@@ -348,6 +390,9 @@ class Fleet:
             max_sm_clock_mhz=spec.max_sm_clock_mhz, power_w=round(gpu.sum_power / max(gpu.ticks, 1), 1),
             clock_event_reasons=gpu.reasons, sm_active=sm_read, gr_active=gr_read, dram_active=dram_read,
             source="sim", job_id=job.id if job else NO_JOB, precision=precision,
+            energy_mj=int(gpu.energy_mj), clock_event_ns=dict(gpu.event_ns),
+            **{name: int(total / seconds) for name, total in zip(TRAFFIC_FIELDS, gpu.traffic_bytes)
+               for seconds in (max(self.t - start_t, self.dt),)},
         )
         truth = WindowTruth(true_mfu, reported, gpu.sum_f / gpu.ticks if gpu.ticks else None, parts,
                             loss.clock_cause(gpu.reasons), dram >= loss.MEMORY_BOUND_DRAM)
@@ -361,6 +406,33 @@ class Fleet:
 
     def running_jobs(self) -> list[JobSpec]:
         return [j for j in self.jobs if job_state(j, self.t)[2]]
+
+
+TRAFFIC_FIELDS = ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
+
+
+def traffic(job: JobSpec | None, t: float, running: bool, activity: float, engine: float
+            ) -> tuple[float, float, float, float]:
+    """A GPU's interconnect traffic in one tick, bytes per second: (PCIe tx, PCIe rx, NVLink tx, NVLink rx).
+
+    A job on several GPUs runs collectives over NVLink while its kernels run (a share of the engine-busy
+    time; more for an MoE job's all-to-all); an input-bound job pulls its input over PCIe (host to device:
+    rx) while it waits; a checkpoint writes over PCIe (device to host: tx); every running job copies a
+    little (its batches, its logging). Idle GPUs move nothing. Deterministic: no random draw.
+    """
+    if job is None or not running or job.scenario == "idle":
+        return 0.0, 0.0, 0.0, 0.0
+    if hung(job, t):  # its collectives never complete: nothing moves but a little housekeeping over PCIe
+        return 0.0002 * PCIE_BYTES_PER_S, 0.0002 * PCIE_BYTES_PER_S, 0.0, 0.0
+    pcie_tx, pcie_rx = 0.002 * PCIE_BYTES_PER_S, (0.01 + 0.02 * engine) * PCIE_BYTES_PER_S
+    nvlink = 0.0
+    if job.gpus > 1:
+        nvlink = (0.35 if job.scenario == "moe_inflated" else 0.2) * engine * NVLINK_BYTES_PER_S
+    if job.scenario == "input_bound":
+        pcie_rx = 0.45 * PCIE_BYTES_PER_S  # the input pipeline feeds it as fast as it can
+    elif job.scenario == "checkpoint" and activity < 0.05:
+        pcie_tx = 0.4 * PCIE_BYTES_PER_S  # the checkpoint's weights and optimizer state to the host
+    return pcie_tx, pcie_rx, nvlink, nvlink
 
 
 def _kernel_time(job: JobSpec | None, activity: float) -> tuple[float, float, float]:

@@ -112,11 +112,16 @@ def _make_structs() -> types.ModuleType:
 # --- the engine ------------------------------------------------------------------------------
 
 FE_GPU, FE_GPU_I, FE_GPU_CI = 1, 4, 5
+# Profiling fields: DCGM_FI_PROF_FIRST_ID (1001) to DCGM_FI_PROF_LAST_ID (1096, FP16_CYCLES_ACTIVE_TOTAL) and the
+# per-link NVLink bytes (1532-1533) (NVIDIA/DCGM dcgmlib/dcgm_fields_internal.hpp DCGM_FIELD_ID_IS_PROF_FIELD at
+# v4.6.0); 1420-1424 (clock event time) and 1600-1612 (base-unit fields) are device fields.
 PROFILING_MIN_FIELD = 1001
-PROFILING_END_FIELD = 1600  # 1600-1799 are base-unit device fields, not profiling ones (dcgm_fields.h)
+PROFILING_END_FIELD = 1097
 BASE_UNIT_FIELDS = {1600, 1601, 1602, 1603, 1604, 1605, 1606, 1607, 1608, 1609, 1610, 1611, 1612}
 COUNTERS = (1084, 1086)
-INT_FIELDS = {100, 112, 113, 1084, 1086}
+LEDGER = (156, 1420, 1421, 1422, 1423, 1424)  # energy (mJ), ns per clock event reason: DCGM_FT_INT64
+TRAFFIC = (1009, 1010, 1011, 1012)  # PCIe/NVLink bytes per second: profiling fields, DCGM_FT_INT64
+INT_FIELDS = {100, 112, 113, 1084, 1086, *LEDGER, *TRAFFIC}
 _PROFILING_CODES = {"not_supported": "DCGM_ST_PROFILING_NOT_SUPPORTED", "no_permission": "DCGM_ST_REQUIRES_ROOT",
                     "in_use": "DCGM_ST_IN_USE", "multi_pass": "DCGM_ST_PROFILING_MULTI_PASS"}
 
@@ -154,6 +159,7 @@ class FakeDcgmEngine:
         self.paused = False  # profiling paused: DCGM stores blanks
         self.counters_known = True  # DCGM >= 4.6 knows fields 1084/1086
         self.base_units_known = False  # the bindings are DCGM >= 4.6.1's: they know fields 1600-1612
+        self.ledger_known = True  # the bindings know 156, 1009-1012 and 1420-1424 (DCGM >= 3.3)
         self.refused_fields: set[int] = set()  # watching any of these fails (an older remote host engine)
         self.generation = 0
         self.store: dict[tuple[int, int, int], list[tuple[int, object]]] = {}
@@ -406,12 +412,13 @@ def _fields(engine: FakeDcgmEngine) -> types.ModuleType:
     mod.DCGM_FT_BINARY, mod.DCGM_FT_DOUBLE, mod.DCGM_FT_INT64, mod.DCGM_FT_STRING = "b", "d", "i", "s"
     mod.DCGM_FE_NONE, mod.DCGM_FE_GPU, mod.DCGM_FE_VGPU, mod.DCGM_FE_SWITCH = 0, FE_GPU, 2, 3
     mod.DCGM_FE_GPU_I, mod.DCGM_FE_GPU_CI = FE_GPU_I, FE_GPU_CI
-    known = {100, 110, 112, 113, 155, 1001, 1002, 1004, 1005, 1014, *COUNTERS}
+    known = {100, 110, 112, 113, 155, 1001, 1002, 1004, 1005, 1014, *COUNTERS, *LEDGER, *TRAFFIC}
 
     def DcgmFieldGetById(fieldId):
         if fieldId in BASE_UNIT_FIELDS and engine.base_units_known:
             return types.SimpleNamespace(fieldId=fieldId, tag=f"field_{fieldId}")
-        if fieldId not in known or (fieldId in COUNTERS and not engine.counters_known):
+        if fieldId not in known or (fieldId in COUNTERS and not engine.counters_known) or (
+                fieldId in (*LEDGER, *TRAFFIC) and not engine.ledger_known):
             return None
         return types.SimpleNamespace(fieldId=fieldId, tag=f"field_{fieldId}")
 

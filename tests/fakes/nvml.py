@@ -53,6 +53,14 @@ class FakeNvmlGpu:
     # process with non-zero utilization per sampling period (nvmlDeviceGetProcessUtilization)
     process_utilization: list[tuple[int, int, int]] = field(default_factory=list)
     mig: list[FakeNvmlMig] = field(default_factory=list)
+    # Interconnect traffic now, MiB/s as GPM reports it (PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_TX/RX_PER_SEC)
+    pcie_tx_mib_s: float = 0.0
+    pcie_rx_mib_s: float = 0.0
+    nvlink_tx_mib_s: float = 0.0
+    nvlink_rx_mib_s: float = 0.0
+    energy_mj: float = 0.0  # the energy counter (power integrated over the fake clock), mJ
+    event_ns: dict[int, float] = field(default_factory=dict)  # reason bit -> ns held down by it (integrated)
+    ledger: bool = True  # the driver has the energy counter and the clock event time fields
     lost: bool = False
     gpm_permission: bool = True
     index: int = -1
@@ -65,6 +73,15 @@ class FakeNvmlGpu:
 class FakeHandle:
     index: int
     gpu_instance_id: int | None = None  # set on MIG device handles
+
+
+# The clock event time fields (nvml.h NVML_FI_DEV_CLOCKS_EVENT_REASON_*) -> the reason bit whose time each counts.
+_EVENT_FIELDS = {
+    _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: 0x4, _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: 0x10,
+    _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: 0x20,
+    _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: 0x40,
+    _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: 0x80,
+}
 
 
 class FakeNvml:
@@ -109,7 +126,12 @@ class FakeNvml:
     def _integrate(self, gpu: FakeNvmlGpu) -> None:
         now = self.clock.monotonic()
         dt = now - gpu._acc_t
-        levels = (gpu.sm_util, gpu.gr_util, gpu.dram_util)
+        gpu.energy_mj += gpu.power_mw * dt
+        for bit in _EVENT_FIELDS.values():
+            if gpu.reasons & bit:
+                gpu.event_ns[bit] = gpu.event_ns.get(bit, 0.0) + dt * 1e9
+        levels = (gpu.sm_util, gpu.gr_util, gpu.dram_util, gpu.pcie_tx_mib_s, gpu.pcie_rx_mib_s, gpu.nvlink_tx_mib_s,
+                  gpu.nvlink_rx_mib_s)
         parts = [(None, gpu.tpa, *levels)] + [(m.gpu_instance_id, m.tpa, *levels) for m in gpu.mig]
         for key, *activity in parts:
             acc = gpu._acc.setdefault(key, [0.0] * len(activity))
@@ -224,6 +246,31 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle):
         return self._gpu(handle).power_mw
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        """As pynvml: the energy counter since the driver loaded, in mJ (an int, c_uint64)."""
+        gpu = self._gpu(handle)
+        if not gpu.ledger:
+            raise self._error(_real.NVML_ERROR_NOT_SUPPORTED)
+        self._integrate(gpu)
+        return int(gpu.energy_mj)
+
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        """As pynvml: an array of c_nvmlFieldValue_t, each with its own nvmlReturn (NOT_SUPPORTED for a field
+        this fake has not: only the clock event time per reason, cumulative ns, unsigned long long)."""
+        gpu = self._gpu(handle)
+        self._integrate(gpu)
+        values = (_real.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, field_id in enumerate(fieldIds):
+            values[i].fieldId = field_id
+            bit = _EVENT_FIELDS.get(field_id)
+            if bit is None or not gpu.ledger:
+                values[i].nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+                continue
+            values[i].nvmlReturn = _real.NVML_SUCCESS
+            values[i].valueType = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            values[i].value.ullVal = int(gpu.event_ns.get(bit, 0.0))
+        return values
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         gpu = self._gpu(handle)
         out = []
@@ -323,7 +370,7 @@ class FakeNvml:
         if address not in self._samples:
             raise self._error(_real.NVML_ERROR_INVALID_ARGUMENT)
         self._integrate(gpu)
-        integrated = tuple(gpu._acc.get(gpu_instance_id, [0.0] * 4))
+        integrated = tuple(gpu._acc.get(gpu_instance_id, [0.0] * 8))
         self._samples[address] = (gpu.index, gpu_instance_id, self.clock.monotonic(), gpu.gpm_permission, *integrated)
         return sample
 
@@ -337,11 +384,16 @@ class FakeNvml:
         dt = second[2] - first[2]
         positions = {_real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 4, _real.NVML_GPM_METRIC_SM_UTIL: 5,
                      _real.NVML_GPM_METRIC_GRAPHICS_UTIL: 6, _real.NVML_GPM_METRIC_DRAM_BW_UTIL: 7}
+        rates = {_real.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 8, _real.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 9,
+                 _real.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 10, _real.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 11}
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]
             at = positions.get(metric.metricId)
+            rate_at = rates.get(metric.metricId)
             if not second[3]:
                 metric.nvmlReturn = _real.NVML_ERROR_NO_PERMISSION
+            elif rate_at is not None and dt > 0:  # MiB/s over the window, as GPM gives them
+                metric.value, metric.nvmlReturn = (second[rate_at] - first[rate_at]) / dt, _real.NVML_SUCCESS
             elif at is not None and dt > 0:
                 metric.value, metric.nvmlReturn = 100.0 * (second[at] - first[at]) / dt, _real.NVML_SUCCESS
             else:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,13 @@ class Source:
         """This source's name when it knows the device exists and nobody holds it; else None."""
         return None
 
+    def version(self) -> Hashable | None:
+        """A value that changes whenever anything this source answers from changes (its snapshot, a
+        watch's objects, the hosts it noted), so an answer made while it was equal holds; None: it cannot
+        say (its answers may differ from one call to the next), and then no answer is kept
+        (AttributionProcessor's memo)."""
+        return None
+
     def close(self) -> None:
         """Release connections (the processor's shutdown)."""
 
@@ -132,11 +139,13 @@ class Polled:
         self.value: Any = empty()
         self.at: float | None = None
         self.failing = False
+        self.generation = 0  # counts the changes of value (an equal answer is none)
 
     def poll(self, fetch: Callable[[], Any]) -> None:
         now = self._clock()
         try:
-            self.value, self.at = fetch(), now
+            self._set(fetch())
+            self.at = now
             if self.failing:
                 self.log.info("attribution source %s answers again", self.source)
             self.failing = False
@@ -147,7 +156,14 @@ class Polled:
                                  exc, self.ttl)
             self.failing = True
             if self.at is None or now - self.at > self.ttl:
-                self.value = self._empty()  # no stale attributes past the TTL
+                self._set(self._empty())  # no stale attributes past the TTL
+
+    def _set(self, value: Any) -> None:
+        """The new answer, then its generation (a reader that sees the old generation may see either)."""
+        changed = value != self.value
+        self.value = value
+        if changed:
+            self.generation += 1
 
 
 def pod_claims(holders: list[PodContainer], source: str = "kubelet") -> list[Claim]:

@@ -37,6 +37,7 @@ class DraSource(Source):
         # Held MIG devices no UUID names on a sample (created on demand, or one of several of a profile):
         # (parent uuid, profile) -> each such device's holders.
         self._by_profile: dict[tuple[str, str], dict[DeviceRef, list[PodContainer]]] = {}
+        self._generation = 0  # counts the refreshes that changed those
         self._unmapped_logged = False
 
     # --- background ---------------------------------------------------------------------------------
@@ -82,7 +83,15 @@ class DraSource(Source):
                     if gpu is not None:
                         for holder in containers:
                             add(gpu, holder, ref)
+        changed = (holders, known, by_profile) != (self._holders, self._known, self._by_profile)
         self._holders, self._known, self._by_profile = holders, frozenset(known), by_profile
+        if changed:
+            self._generation += 1
+
+    def version(self) -> tuple[int, int]:
+        """Changes when a refresh changes the holders or GPUs it answers from, or a claim it reads
+        (consumers) is read anew with another answer."""
+        return self._generation, self.watcher.claims.generation
 
     def _node_claims(self) -> dict[tuple[str, str], frozenset[str]]:
         """The ResourceClaims this node's pods use -> the pods using each."""

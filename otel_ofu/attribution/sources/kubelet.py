@@ -51,6 +51,9 @@ class KubeletSource(Source):
                              "resourceslices) to read the DRA driver's ResourceSlices (docs/kubernetes-attribution.md"
                              "#dra)", ", ".join(f"{d} pool {p} device {n}" for d, p, n in list(dra)[:3]))
 
+    def version(self) -> int:
+        return self._answer.generation
+
     def holders(self, device: Device) -> list[PodContainer] | None:
         """The containers holding the device: a GPU by its UUID, a MIG instance by its own UUID (else
         its parent's, which a MIG-mode GPU never has)."""

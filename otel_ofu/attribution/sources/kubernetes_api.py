@@ -21,6 +21,9 @@ class PodSource(Source):
     def __init__(self, watcher: PodWatcher):
         self.watcher = watcher
 
+    def version(self) -> int:
+        return self.watcher.generation
+
     def complete(self, claim: Claim) -> Claim:
         """A pod's claim completed from the API: its job, declared precision, uid, labels.
 

@@ -34,6 +34,7 @@ class SampleLabelSource(Source):
         # Hosts whose samples have carried pod labels (dcgm-exporter in Kubernetes mode maps every
         # GPU a pod holds): there a GPU sample without them is idle. Least recently seen first.
         self._pod_label_hosts: OrderedDict[str, None] = OrderedDict()
+        self._generation = 0  # counts the hosts noted and forgotten (what idle() answers from)
 
     def note(self, samples: list[GpuSample]) -> None:
         """Hosts whose page labels GPUs with pods, before any GPU of the batch is named."""
@@ -48,6 +49,12 @@ class SampleLabelSource(Source):
             hosts[host] = None
             while len(hosts) > MAX_POD_LABEL_HOSTS:
                 hosts.popitem(last=False)
+            self._generation += 1
+
+    def version(self) -> int:
+        """Changes when a host is noted or forgotten; the pods and jobs it names are the sample's own
+        (the DRA source answers for the claims it completes them with)."""
+        return self._generation
 
     def claims(self, device: Device) -> list[Claim]:
         """The pod (or HPC job) each copy of the device names, with its pod's use when the copy gives it:

@@ -76,6 +76,11 @@ class ProcessSource(Source):
         if self._nvml is not None:
             self._nvml.close()
 
+    def version(self) -> int | None:
+        """None while enabled: a device's pids are the window's (and remembered pid_ttl on the clock), and
+        a pid's /proc is read on first sight. Off, it answers nothing: always the same."""
+        return None if self.config.enabled else 0
+
     # --- hot path -------------------------------------------------------------------------------------
 
     def take_pids(self, device: Device) -> None:

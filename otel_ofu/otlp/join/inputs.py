@@ -1,5 +1,6 @@
 """Which OTLP metrics the join reads, what each feeds (TPA, SM clock, max SM clock, the loss account's
-ratios), and in which unit; and the metrics by which it knows a GPU source that gives no OFU.
+ratios, the ledger's counters: energy, PCIe/NVLink traffic, clock event time per reason), and in which
+unit; and the metrics by which it knows a GPU source that gives no OFU.
 
 Only these metrics are read point by point; every other metric passes through. Two shapes
 of DCGM data arrive (REFERENCE.md sections 6 and 7): a Collector's Prometheus receiver
@@ -21,6 +22,7 @@ DCGMRECEIVER_CLOCK = "gpu.dcgm.clock.frequency"  # 100, in Hz
 DCGMRECEIVER_GR = "gpu.dcgm.utilization"  # 1001 (without profiling: 203 GPU_UTIL / 100, and then no TPA either)
 DCGMRECEIVER_SM = "gpu.dcgm.sm.utilization"  # 1002
 DCGMRECEIVER_DRAM = "gpu.dcgm.memory.bandwidth_utilization"  # 1005 (without profiling: 204 MEM_COPY_UTIL / 100)
+DCGMRECEIVER_ENERGY = "gpu.dcgm.energy_consumption"  # 156, in J (a cumulative sum): the ledger's energy, as mJ
 DCGMRECEIVER_PIPE_ATTR = "gpu.pipe"
 DCGMRECEIVER_RESOURCE = ("gpu.model", "gpu.number", "gpu.uuid")
 
@@ -49,8 +51,31 @@ KEPT_INPUTS: dict[str, str] = {
     **{name: SM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.SM_ACTIVE]},
     **{name: DRAM for name in dcgm_fields.FIELD_NAMES[dcgm_fields.DRAM_ACTIVE]},
 }
+
+# The ledger's counters (issue 34): read into the samples like the ratios and kept in the pass-through
+# as they came; each kind is the name of its Entity list. Energy in J (1611) is its own kind, preferred
+# to the mJ field (156) when a GPU has both, as the clocks' base-unit fields are.
+ENERGY, ENERGY_BASE_UNIT = "energy", "energy_base_unit"
+TRAFFIC_KINDS: dict[str, str] = {  # kind -> the GpuSample attribute it fills
+    "pcie_tx": "pcie_tx_bytes_per_s", "pcie_rx": "pcie_rx_bytes_per_s",
+    "nvlink_tx": "nvlink_tx_bytes_per_s", "nvlink_rx": "nvlink_rx_bytes_per_s",
+}
+EVENT_NS_KINDS: dict[str, str] = {  # kind -> the clock event reason's cause (GpuSample.clock_event_ns key)
+    f"event_ns_{cause}": cause for cause in dcgm_fields.CLOCK_EVENT_NS_FIELDS.values()}
+COUNTER_KINDS: tuple[str, ...] = (ENERGY, ENERGY_BASE_UNIT, *TRAFFIC_KINDS, *EVENT_NS_KINDS)
+_TRAFFIC_FIELD_KINDS = {fid: kind for kind, attribute in TRAFFIC_KINDS.items()
+                        for fid, name in dcgm_fields.TRAFFIC_FIELDS.items() if name == attribute}
+_EVENT_FIELD_KINDS = {fid: f"event_ns_{cause}" for fid, cause in dcgm_fields.CLOCK_EVENT_NS_FIELDS.items()}
+KEPT_INPUTS.update({
+    **{name: ENERGY for name in dcgm_fields.FIELD_NAMES[dcgm_fields.TOTAL_ENERGY_CONSUMPTION]},
+    **{name: ENERGY_BASE_UNIT for name in dcgm_fields.FIELD_NAMES[dcgm_fields.GPU_ENERGY_JOULES_TOTAL]},
+    **{name: kind for fid, kind in {**_TRAFFIC_FIELD_KINDS, **_EVENT_FIELD_KINDS}.items()
+       for name in dcgm_fields.FIELD_NAMES[fid]},
+})
+
 # The same ratios as dcgmreceiver sends them: its GPU is its resource's, as for its TPA and clock.
-DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM}
+DCGMRECEIVER_KEPT: dict[str, str] = {DCGMRECEIVER_GR: GR, DCGMRECEIVER_SM: SM, DCGMRECEIVER_DRAM: DRAM,
+                                     DCGMRECEIVER_ENERGY: ENERGY_BASE_UNIT}
 DCGMRECEIVER_READ: frozenset[str] = frozenset(DCGMRECEIVER_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
 
 # GPU sources whose metrics make no OFU, each known by the metrics it always sends (what a source
@@ -75,6 +100,8 @@ NOTICED_METRICS: dict[str, str] = {
 READ_METRICS: frozenset[str] = INPUT_METRICS | frozenset(KEPT_INPUTS) | frozenset(DCGMRECEIVER_KEPT)
 NOT_BY_SHAPE: frozenset[str] = READ_METRICS | frozenset(NOTICED_METRICS)
 
+_COUNTER_KINDS = frozenset(COUNTER_KINDS)
+
 FLAG_NO_RECORDED_VALUE = 1  # DataPointFlags: a Prometheus staleness marker, not a reading
 
 
@@ -86,6 +113,8 @@ def point_value(dp: Any) -> object:
 
 def scales(unit: str, kind: str) -> bool:
     """Whether :func:`scale` changes readings of this unit and kind (False: they are taken as they are)."""
+    if kind in _COUNTER_KINDS:
+        return kind == ENERGY_BASE_UNIT
     return kind in _FIELD_OF_KIND or (unit == "%" if kind in RATIO_KINDS else unit in ("Hz", "kHz", "GHz"))
 
 
@@ -93,6 +122,9 @@ def scale(value: object, unit: str, kind: str) -> object:
     """Bring a reading to the sample's units: TPA and the other activity ratios as 0..1, clocks in MHz."""
     if not isinstance(value, (int, float)):
         return value
+    if kind in _COUNTER_KINDS:  # counters and rates, raw as DCGM gives them; energy in J as mJ
+        return dcgm_fields.legacy_value(dcgm_fields.GPU_ENERGY_JOULES_TOTAL, value) if kind == ENERGY_BASE_UNIT \
+            else value
     if kind in _FIELD_OF_KIND:  # a DCGM base-unit field: its unit is its name's (dcgm_fields' table)
         return dcgm_fields.legacy_value(_FIELD_OF_KIND[kind], value)
     if kind in RATIO_KINDS:  # a blank in percent stays a blank, not 1/100 of one (then "out of range")

@@ -62,6 +62,7 @@ from otel_ofu.otlp.codec import varint, varint_at
 from otel_ofu.otlp.join.inputs import (
     CLOCK,
     CLOCK_BASE_UNIT,
+    COUNTER_KINDS,
     DCGMRECEIVER_READ,
     DRAM,
     GR,
@@ -76,7 +77,7 @@ from otel_ofu.otlp.join.inputs import (
 from otel_ofu.otlp.join.point_bytes import ATTRIBUTES_TAG, VALUE_TAGS
 from otel_ofu.otlp.join.points import Joiner, point_series
 from otel_ofu.otlp.join.series import Entity, ResourceView, resource_of
-from otel_ofu.otlp.join.windows import scrape_sample
+from otel_ofu.otlp.join.windows import put_counters, scrape_sample
 from otel_ofu.otlp.wire import WireError, fields
 from otel_ofu.pipeline.caches import Cache
 
@@ -495,9 +496,9 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
     clock's units) of the same GPUs, each once, no GPU is in two of them, and each GPU's two
     readings lie within the tolerance: then each GPU has exactly one window, made by the join
     rule's scrape case (:func:`otel_ofu.otlp.join.windows.scrape_sample`), in the order the
-    joiner would make them (its first reading's). The loss account's ratios, when the node sends
-    them (at most one metric each, of the same GPUs), go with each GPU's window as the join rule
-    puts them. None otherwise: the joiner makes them.
+    joiner would make them (its first reading's). The loss account's ratios and the ledger's
+    counters, when the node sends them (at most one metric each, of the same GPUs), go with each
+    GPU's window as the join rule puts them. None otherwise: the joiner makes them.
     """
     seen: set[tuple] = set()
     total = 0
@@ -508,6 +509,7 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
             continue
         tpa = clock = None
         ratios: list[tuple[MetricShape, int]] = []
+        counters: dict[str, tuple[MetricShape, int]] = {}
         for item in inputs:
             kind = item[0].kind
             if kind == TPA and tpa is None:
@@ -516,20 +518,23 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
                 clock = item
             elif kind in _RATIOS and len(ratios) < 3 and all(r[0].kind != kind for r in ratios):
                 ratios.append(item)
+            elif kind in _COUNTERS and kind not in counters:
+                counters[kind] = item  # type: ignore[index]
             else:
                 return None
         if tpa is None or clock is None:
             return None
         first = inputs[0][0]  # the joiner makes the windows in the order of the first reading it gets
-        if first.keys is None or any(_order(first, other[0]) is _APART for other in (tpa, clock, *ratios)):
+        if first.keys is None or any(_order(first, other[0]) is _APART
+                                     for other in (tpa, clock, *ratios, *counters.values())):
             return None
         seen.update(first.keys)
         total += len(first.keys)
-        pairs.append((first, tpa, clock, ratios))
+        pairs.append((first, tpa, clock, ratios, counters))
     if len(seen) != total:
         return None
     out = []
-    for first, (tpa, tpa_at), (clock, clock_at), ratios in pairs:
+    for first, (tpa, tpa_at), (clock, clock_at), ratios, counters in pairs:
         # each GPU's readings in the first metric's order
         tpa_times, tpa_values = _readings(first, tpa, tpa_at, wire)
         clock_times, clock_values = _readings(first, clock, clock_at, wire)
@@ -543,8 +548,9 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
             else:
                 dram = _readings(first, shape, at, wire)
         forwarded = bool(ratios)
-        for (_, gpu), t, tpa_value, clock_t, clock_value, gr_t, gr_value, sm_t, sm_value, dram_t, dram_value in zip(
-                first.series, tpa_times, tpa_values, clock_times, clock_values, *gr, *sm, *dram):
+        counter_readings = {kind: _readings(first, shape, at, wire) for kind, (shape, at) in counters.items()}
+        for k, ((_, gpu), t, tpa_value, clock_t, clock_value, gr_t, gr_value, sm_t, sm_value, dram_t, dram_value) in \
+                enumerate(zip(first.series, tpa_times, tpa_values, clock_times, clock_values, *gr, *sm, *dram)):
             # A ratio goes with the window when it lies within the tolerance of its TPA reading (the join rule).
             sample = scrape_sample(gpu, t, tpa_value, clock_t, clock_value, None, window_s, tolerance_ns,
                                    dict(gpu.resource), gr_value if abs(gr_t - t) <= tolerance_ns else None,
@@ -552,11 +558,16 @@ def scrape_samples(reads: list[Read], wire: bytes, window_s: float, tolerance_ns
                                    dram_value if abs(dram_t - t) <= tolerance_ns else None, forwarded)
             if sample is None:
                 return None
+            if counter_readings:
+                put_counters(sample, {kind: value if abs(times[k] - t) <= tolerance_ns else None
+                                      for kind, (times, values) in counter_readings.items()
+                                      for value in (values[k],)})
             out.append(sample)
     return out
 
 
 _RATIOS = frozenset({GR, SM, DRAM})
+_COUNTERS = frozenset(COUNTER_KINDS)
 
 
 _NONE = (repeat(0), repeat(None))  # a ratio the node does not send: no reading for any GPU (None at any time)

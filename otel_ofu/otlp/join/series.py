@@ -15,6 +15,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otel_ofu.core import dcgm_fields
 from otel_ofu.core.model import HOST_NAME
 from otel_ofu.otlp.codec import from_any_value
+from otel_ofu.otlp.join.inputs import COUNTER_KINDS
 from otel_ofu.otlp.join.point_bytes import label_text
 from otel_ofu.pipeline.caches import Cache, on_release
 
@@ -46,6 +47,25 @@ class Entity:
     gr: list[tuple[int, object]] = field(default_factory=list)
     sm: list[tuple[int, object]] = field(default_factory=list)
     dram: list[tuple[int, object]] = field(default_factory=list)
+    # The ledger's counters (inputs.COUNTER_KINDS), each a list like the above, made when a reading
+    # comes (most requests have none): kind -> readings, reached as attributes by their kind.
+    counters: dict[str, list[tuple[int, object]]] | None = None
+
+
+def _counter_readings(kind: str) -> property:
+    def readings(self: Entity) -> list[tuple[int, object]]:
+        counters = self.counters
+        if counters is None:
+            counters = self.counters = {}
+        found = counters.get(kind)
+        if found is None:
+            found = counters[kind] = []
+        return found
+    return property(readings, doc=f"The entity's {kind} readings (made on first use).")
+
+
+for _kind in COUNTER_KINDS:
+    setattr(Entity, _kind, _counter_readings(_kind))
 
 
 def int_or_str(index: object) -> int | str:

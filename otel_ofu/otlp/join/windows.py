@@ -19,6 +19,7 @@ import bisect
 
 from otel_ofu.core.model import GpuSample
 from otel_ofu.core.values import clean_clock
+from otel_ofu.otlp.join.inputs import ENERGY, ENERGY_BASE_UNIT, EVENT_NS_KINDS, TRAFFIC_KINDS
 from otel_ofu.otlp.join.series import Entity
 
 SOURCE = "otlp"  # GpuSample.source of every window the join makes
@@ -48,6 +49,30 @@ def with_ratios(sample: GpuSample, entity: Entity, tolerance_ns: int) -> GpuSamp
     return sample
 
 
+def with_counters(sample: GpuSample, entity: Entity, tolerance_ns: int) -> GpuSample:
+    """The ledger's counters of the sample's window: each kind's reading nearest its time, as the ratios."""
+    counters = entity.counters
+    if counters:
+        t = sample.time_unix_nano
+        put_counters(sample, {kind: near(readings, t, tolerance_ns) for kind, readings in counters.items()})
+    return sample
+
+
+def put_counters(sample: GpuSample, found: dict[str, object]) -> None:
+    """The ledger's counters into a sample from ``{counter kind: reading or None}`` (the kinds a GPU's
+    request holds): energy in J (1611) wins over mJ (156) when both are held, never mixed by time."""
+    energy = found[ENERGY_BASE_UNIT] if ENERGY_BASE_UNIT in found else found.get(ENERGY)
+    if energy is not None:
+        sample.energy_mj = energy
+    for kind, attribute in TRAFFIC_KINDS.items():
+        value = found.get(kind)
+        if value is not None:
+            setattr(sample, attribute, value)
+    reasons = {cause: value for kind, cause in EVENT_NS_KINDS.items() if (value := found.get(kind)) is not None}
+    if reasons:
+        sample.clock_event_ns = reasons
+
+
 def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSample]:
     """The entity's windows: one per TPA reading, and one per clock reading near no TPA reading.
 
@@ -63,7 +88,7 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
         (t, tpa_value), (clock_t, raw) = entity.tpa[0], clocks[0]
         sample = scrape_sample(entity, t, tpa_value, clock_t, raw, max_clock, window_s, tolerance_ns, entity.resource)
         if sample is not None:
-            return [with_ratios(sample, entity, tolerance_ns)]
+            return [with_counters(with_ratios(sample, entity, tolerance_ns), entity, tolerance_ns)]
     tpa = sorted(dict(entity.tpa).items())  # by time; a later duplicate replaces an earlier one
     times = [t for t, _ in tpa]
     windows: list[tuple[int, object, list[object]]] = [(t, value, []) for t, value in tpa]
@@ -93,7 +118,7 @@ def samples_of(entity: Entity, window_s: float, tolerance_ns: int) -> list[GpuSa
         resource = entity.resource if len(windows) == 1 else dict(entity.resource)
         sample = GpuSample(t, window_s, entity.host, entity.gpu_index, entity.uuid, entity.model, tpa_value, clock,
                            count, max_clock, source=SOURCE, job_id=entity.job_id, resource=resource)
-        out.append(with_ratios(sample, entity, tolerance_ns))
+        out.append(with_counters(with_ratios(sample, entity, tolerance_ns), entity, tolerance_ns))
     return out
 
 

@@ -314,7 +314,7 @@ service:
 {{/* What the jobs processor reads: the jobs tier's otlp receiver decodes these, the gateway forwards only
 these (collector-config/fleet-jobs.yaml and otelcol-gateway.yaml name the same). */}}
 {{- define "otel-ofu.jobsInputs" -}}
-[gpu.ofu, gpu.flops.achieved, gpu.ofu.loss, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
+[gpu.ofu, gpu.flops.achieved, gpu.ofu.loss, gpu.link.throughput, gpu.job.share, gpu.energy, training.mfu, training.tflops_per_gpu, megatron.training.throughput_tflops]
 {{- end }}
 
 {{/* The gateway's filter condition: a metric the jobs tier does not read (dropped). */}}
