@@ -257,3 +257,60 @@ def test_the_counter_queries_read_what_each_part_lost_and_the_gain_apart(tmp_pat
     path.write_text(yaml.safe_dump(test))
     done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _ledger_panel(title: str) -> dict:
+    return next(p for p in panels(load(ROOT / "deploy" / "grafana" / "otel-ofu-fleet.json")) if p["title"] == title)
+
+
+def _promtool_test(tmp_path, series: list[dict], cases: list[dict]) -> None:
+    from tests.e2e_util import prometheus_binary, unavailable
+    from tools.demo_prometheus import promtool_binary
+
+    promtool = promtool_binary(prometheus_binary())
+    if not promtool:
+        unavailable("promtool not installed: run collector/install-prometheus.sh (Debian's prometheus package)")
+    test = {"rule_files": [], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}]}
+    path = tmp_path / "ledger.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _all_variables(expr: str) -> str:
+    """A query as Grafana sends it with every variable at "All" (.*) and a one-hour range."""
+    return re.sub(r"\$(cluster|namespace|gpu_model|precision)\b", ".*", expr).replace("$__range", "1h")
+
+
+def test_the_stalled_queries_count_a_stalled_jobs_gpus_once(tmp_path):
+    """Issue 34 item 5: the Ledger row's Stalled GPUs and Stalled GPU hours, evaluated by promtool (the demo has no
+    hung job). Job h (4 GPUs, reported by two jobs-tier instances) is stalled from minute 3, job w (2 GPUs) works:
+    4 stalled GPUs, not 8 nor 6, and h's stalled GPU hours once; before any stall the all-jobs line and the stat
+    read 0 (the jobs processor reports jobs), and with no job series at all they read no value, never 0."""
+    all_jobs, by_job = (_all_variables(t["expr"]) for t in _ledger_panel("Stalled GPUs")["targets"])
+    hours = _all_variables(_ledger_panel("Stalled GPU hours")["targets"][0]["expr"])
+    series = [{"series": 'job_gpus{instance="b", ofu_job_id="w"}', "values": "2x70"}]
+    for instance in ("a", "b"):  # the same job from two instances: read once (max), not added
+        series += [
+            {"series": f'job_gpus{{instance="{instance}", ofu_job_id="h"}}', "values": "4x70"},
+            {"series": f'job_finding{{instance="{instance}", ofu_job_id="h", ofu_finding_kind="stalled"}}',
+             "values": "_x2 1x68"},
+            # 0.0625 GPU-hours a minute from minute 3 (a round number; the jobs processor counts them)
+            {"series": f'job_stalled_gpu_hours_total{{instance="{instance}", ofu_job_id="h"}}',
+             "values": "_x2 0+0.0625x68"},
+            {"series": f'job_finding{{instance="{instance}", ofu_job_id="w", ofu_finding_kind="mfu_gap"}}',
+             "values": "1x70"}]
+    _promtool_test(tmp_path, series, [
+        {"expr": all_jobs, "eval_time": "1m", "exp_samples": [{"labels": "{}", "value": 0}]},
+        {"expr": all_jobs, "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 4}]},
+        {"expr": by_job, "eval_time": "10m", "exp_samples": [{"labels": '{ofu_job_id="h"}', "value": 4}]},
+        {"expr": by_job, "eval_time": "1m", "exp_samples": []},
+        {"expr": hours, "eval_time": "1m", "exp_samples": [{"labels": "{}", "value": 0}]},
+        # an hour of stall (60 x 0.0625) read once; the window's edges between samples, as on Prometheus 2 and 3
+        {"expr": hours, "eval_time": "63m30s", "exp_samples": [{"labels": "{}", "value": 3.75}]},
+    ])
+    _promtool_test(tmp_path, [{"series": 'gpu_ofu{hw_id="a"}', "values": "0.5x10"}], [
+        {"expr": all_jobs, "eval_time": "5m", "exp_samples": []},
+        {"expr": hours, "eval_time": "5m", "exp_samples": []},
+    ])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,10 @@ HERTZ = "hertz"
 WATTS = "watt"
 PER_SECOND = "suffix: /s"
 COUNT = "none"
+# Money has no fixed currency (the jobs processor's cost.currency, in the ofu_cost_currency label the legends show),
+# so a suffix unit rather than Grafana's currencyUSD / currencyEUR.
+MONEY_PER_HOUR = "suffix: /h"
+JOULES_PER_PFLOP = "suffix: J/PFLOP"
 
 # Recording rules (deploy/prometheus/otel-ofu.rules.yml).
 FLEET_SUM = "cluster_namespace_model_precision:gpu_ofu:sum5m"
@@ -96,9 +101,11 @@ def lost_and_gained_counters(selector: str, *, sort: bool = False, **kwargs: Any
                    **kwargs)]
 
 
-def part_colors() -> list[dict[str, Any]]:
-    """Overrides that give each part of the loss account its colour."""
-    return [{"matcher": {"id": "byName", "options": name},
+def part_colors(*, then_more: bool = False) -> list[dict[str, Any]]:
+    """Overrides that give each part of the loss account its colour; ``then_more``: also where the series' name goes
+    on after the part (a legend "{{ofu_loss_part}} {{ofu_cost_currency}}")."""
+    return [{"matcher": {"id": "byRegexp", "options": f"^{re.escape(name)}( .*)?$"} if then_more
+             else {"id": "byName", "options": name},
              "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
             for name, color in PART_COLORS.items()]
 
@@ -249,6 +256,100 @@ FLEET_NO_PRECISION = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace", hw_
 JOBS_SEL = 'cluster=~"$cluster", k8s_namespace_name=~"$namespace"'
 
 
+# The jobs processor's ledger (docs/jobs.md): a job's money by part, its energy and FLOPs, its stalled GPU time; each
+# counter as the prometheus exporter names it. Several jobs-tier instances may report the same job, so a job's
+# counter is read once (max by job) before jobs are added up.
+JOB_COST_COUNTER = "job_cost_total"
+JOB_ENERGY_COUNTER = "job_energy_joules_total"
+JOB_FLOPS_COUNTER = "job_flops_total"
+JOB_STALLED_COUNTER = "job_stalled_gpu_hours_total"
+ONE_JOB = "cluster, ofu_job_id"  # the labels that tell a job apart across instances
+STALLED = 'ofu_finding_kind="stalled"'
+# The jobs processor sends a job's counters once a bin (a minute): a rate or increase at each step reads 5 minutes,
+# as the recording rules do, so a window always holds several of its samples.
+LEDGER_STEP_WINDOW = "5m"
+
+
+def once_per_job(function: str, counter: str, selector: str, window: str, by: str = "") -> str:
+    """``function(counter[window])`` read once per job (and ``by``) however many instances report it."""
+    return f"max by ({ONE_JOB}{', ' + by if by else ''}) ({function}({counter}{{{selector}}}[{window}]))"
+
+
+def or_zero_with_jobs(expr: str, selector: str) -> str:
+    """``expr``, or 0 where it has no series but the jobs processor reports jobs: a series such as a job's stalled
+    GPU-hours exists only once it has something to count, and no jobs processor stays "no value", never 0."""
+    return f"({expr}) or on() (0 * group(job_gpus{{{selector}}}))"
+
+
+def ledger(selector: str) -> list[Panel]:
+    """The fleet's Ledger row: money lost by part and by job, energy per useful PFLOP, stalled GPUs."""
+    lost = f'{selector}, ofu_loss_part!="useful"'
+    lost_per_part = once_per_job("rate", JOB_COST_COUNTER, lost, LEDGER_STEP_WINDOW,
+                                 "ofu_loss_part, ofu_cost_currency")
+    lost_per_job = once_per_job("rate", JOB_COST_COUNTER, lost, "$__range", "k8s_namespace_name, ofu_loss_part, "
+                                "ofu_cost_currency")
+    # Only jobs with both energy and useful FLOPs: a job of unknown precision has energy but no FLOPs.
+    energy = f"{once_per_job('increase', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
+             f"{once_per_job('increase', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} > 0"
+    flops = f"{once_per_job('increase', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
+            f"{once_per_job('increase', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)}"
+    stalled_jobs = f"max by ({ONE_JOB}) (job_finding{{{selector}, {STALLED}}}) == 1"
+    stalled_gpus = f"max by ({ONE_JOB}) (job_gpus{{{selector}}}) and on ({ONE_JOB}) ({stalled_jobs})"
+    currency = "the currency is the jobs processor's cost.currency, in the legend (ofu_cost_currency)"
+    return [
+        timeseries("Money lost per hour, by part",
+                   "What the selected jobs' GPU time lost per hour, by part of their loss account, stacked: the "
+                   f"jobs processor's cost by part ({JOB_COST_COUNTER}: price per GPU-hour x the GPU-hours each part "
+                   "lost, useful left out), its rate over the last 5 minutes at each point x 3600, each job read "
+                   "once. Only GPUs with a price count; "
+                   f"{currency}. A clock boost's gain is job_cost_gained_total, not netted out here "
+                   "(docs/jobs.md#cost). " + PART_HELP, MONEY_PER_HOUR,
+                   [target(f"sum by (ofu_loss_part, ofu_cost_currency) ({lost_per_part}) * 3600",
+                           "{{ofu_loss_part}} {{ofu_cost_currency}}")],
+                   width=16, height=9, fill=70, stack=True, overrides=part_colors(then_more=True)),
+        Panel("bargauge", "Top jobs by money lost per hour",
+              "The 10 jobs that lost the most money per hour over the dashboard's range, the biggest first: the "
+              f"increase of their cost over every part but useful ({JOB_COST_COUNTER}) per hour of the range. "
+              f"{currency}. Open a job's view for where its loss went.", MONEY_PER_HOUR,
+              [target(f"sort_desc(topk(10, sum by (cluster, k8s_namespace_name, ofu_job_id, ofu_cost_currency) "
+                      f"({lost_per_job}) * 3600))", "{{ofu_job_id}} {{ofu_cost_currency}}", instant=True)],
+              8, 9, thresholds=[{"color": "orange", "value": None}],
+              options={"orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+                       "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                       "maxVizHeight": 300, "minVizWidth": 8,
+                       "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+              defaults={"decimals": 2, "min": 0}),
+        timeseries("Energy per useful PFLOP",
+                   "Joules the GPUs used per PFLOP of useful work (10^15 FLOPs at OFU), all the selected jobs "
+                   "together (fleet) and per job: increase(job_energy_joules_total) / (increase(job_flops_total) "
+                   "/ 1e15) over the last 5 minutes at each point, each job read once. Lower is better: a job that "
+                   "holds its GPUs and does little burns power for nothing. Only a job's windows whose energy (a "
+                   "counter or power x time) and precision are known count, and the fleet line adds up only jobs "
+                   "with both; a point with no useful FLOP shows no value.", JOULES_PER_PFLOP,
+                   [target(f"sum({energy}) / (sum({flops}) / 1e15 > 0)", "fleet"),
+                    target(f"sum by (ofu_job_id) ({energy}) / (sum by (ofu_job_id) ({flops}) / 1e15 > 0)",
+                           "{{ofu_job_id}}")],
+                   width=12, height=8,
+                   overrides=[{"matcher": {"id": "byName", "options": "fleet"},
+                               "properties": [{"id": "custom.lineWidth", "value": 3},
+                                              {"id": "color", "value": {"mode": "fixed", "fixedColor": "text"}}]}]),
+        timeseries("Stalled GPUs",
+                   "GPUs of jobs whose stalled finding is open (job_finding{ofu_finding_kind=\"stalled\"} == 1: the "
+                   "engine busy, tensor pipes, memory and links idle for stall.after, docs/jobs.md#stalled-jobs), "
+                   "all together and by job: a hung job holds every one of its GPUs until its NCCL timeout or a "
+                   "person ends it. 0 where the jobs processor reports jobs and none is stalled. Alert: "
+                   "OfuJobStalled.", GPUS,
+                   [target(or_zero_with_jobs(f"sum({stalled_gpus})", selector), "all jobs"),
+                    target(f"sum by (ofu_job_id) ({stalled_gpus})", "{{ofu_job_id}}")],
+                   width=8, height=8, thresholds=ZERO_IS_GOOD),
+        stat("Stalled GPU hours", "GPU time the selected jobs' GPUs spent stalled over the dashboard's range: the "
+             f"increase of {JOB_STALLED_COUNTER} (the stalled windows of each stalled finding), each job read once. "
+             "0 where the jobs processor reports jobs and none stalled.", GPU_HOURS,
+             or_zero_with_jobs(f"sum({once_per_job('increase', JOB_STALLED_COUNTER, selector, '$__range')})",
+                               selector), steps=ZERO_IS_GOOD, width=4, height=8, decimals=2),
+    ]
+
+
 def fleet() -> dict[str, Any]:
     variables = [
         datasource_variable(),
@@ -393,11 +494,13 @@ sum(sum_over_time({FLEET_SUM}{{{FLEET_SEL}}}[$__range]))
                            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
                   defaults={"decimals": 1, "min": 0}, overrides=part_colors()),
         ]),
+        ("Ledger", ledger(JOBS_SEL)),
         ("Jobs", [table]),
     ]
     return dashboard("otel-ofu-fleet", "otel-ofu / Fleet",
                      "GPU fleet efficiency from otel-ofu: OFU over time by GPU model and precision, its distribution, "
-                     "GPU hours and waste, GPUs without OFU, and the jobs that waste the most.", variables, rows)
+                     "GPU hours and waste, GPUs without OFU, money lost, energy per useful PFLOP, stalled GPUs, and "
+                     "the jobs that waste the most.", variables, rows)
 
 
 # --- Job ------------------------------------------------------------------------------------------
