@@ -27,8 +27,8 @@ PREFER = {"job": "moe-236b", "namespace": "pretraining"}
 NO_DEMO_DATA = {
     "otel_ofu_pipeline_dropped_total": "no processor or exporter fails in the demo",
     "otel_ofu_scrape_up": "the demo's sim receiver scrapes no endpoint",
-    'ofu_finding_kind="stalled"': "the demo has no hung job (the simulator's hung scenario is in tests/test_stalled.py; "
-                                  "the Stalled GPUs panel's all-jobs line reads 0 here, and "
+    'ofu_finding_kind="stalled"': "the demo has no hung job (the simulator's hung scenario is in "
+                                  "tests/test_stalled.py; the Stalled GPUs panel's all-jobs line reads 0 here, and "
                                   "tests/test_dashboards.py::test_the_stalled_queries_count_a_stalled_jobs_gpus_once "
                                   "runs its queries on a stalled job)",
     '"clock boost (gained)"': "no model's GPUs of the demo boost above f_ref as a whole (some jobs' do, a little: "
