@@ -54,6 +54,7 @@ JOB_WASTED = "cluster_namespace_job:gpus_wasted:avg5m"
 JOB_GPUS = "cluster_namespace_job:gpus:avg5m"
 FLEET_PARTS = "cluster_namespace_model_part:gpus:avg5m"
 JOB_PARTS = "cluster_namespace_job_part:gpu_ofu_loss:avg5m"
+COST_LOST = "cluster_namespace_part_currency:job_cost_lost_per_hour:rate5m"
 
 # The loss account's parts (docs/method.md#where-the-flops-go-the-loss-account), coloured as in
 # `otel-ofu report`'s breakdown plot (otel_ofu/report/plots.py), so a part looks alike everywhere.
@@ -284,8 +285,6 @@ def or_zero_with_jobs(expr: str, selector: str) -> str:
 def ledger(selector: str) -> list[Panel]:
     """The fleet's Ledger row: money lost by part and by job, energy per useful PFLOP, stalled GPUs."""
     lost = f'{selector}, ofu_loss_part!="useful"'
-    lost_per_part = once_per_job("rate", JOB_COST_COUNTER, lost, LEDGER_STEP_WINDOW,
-                                 "ofu_loss_part, ofu_cost_currency")
     lost_per_job = once_per_job("rate", JOB_COST_COUNTER, lost, "$__range", "k8s_namespace_name, ofu_loss_part, "
                                 "ofu_cost_currency")
     # Only jobs with both energy and useful FLOPs: a job of unknown precision has energy but no FLOPs.
@@ -301,10 +300,10 @@ def ledger(selector: str) -> list[Panel]:
                    "What the selected jobs' GPU time lost per hour, by part of their loss account, stacked: the "
                    f"jobs processor's cost by part ({JOB_COST_COUNTER}: price per GPU-hour x the GPU-hours each part "
                    "lost, useful left out), its rate over the last 5 minutes at each point x 3600, each job read "
-                   "once. Only GPUs with a price count; "
+                   f"once (recording rule {COST_LOST}). Only GPUs with a price count; "
                    f"{currency}. A clock boost's gain is job_cost_gained_total, not netted out here "
                    "(docs/jobs.md#cost). " + PART_HELP, MONEY_PER_HOUR,
-                   [target(f"sum by (ofu_loss_part, ofu_cost_currency) ({lost_per_part}) * 3600",
+                   [target(f"sum by (ofu_loss_part, ofu_cost_currency) ({COST_LOST}{{{selector}}})",
                            "{{ofu_loss_part}} {{ofu_cost_currency}}")],
                    width=16, height=9, fill=70, stack=True, overrides=part_colors(then_more=True)),
         Panel("bargauge", "Top jobs by money lost per hour",
