@@ -287,11 +287,12 @@ def ledger(selector: str) -> list[Panel]:
     lost = f'{selector}, ofu_loss_part!="useful"'
     lost_per_job = once_per_job("rate", JOB_COST_COUNTER, lost, "$__range", "k8s_namespace_name, ofu_loss_part, "
                                 "ofu_cost_currency")
+    # Joules per FLOP over a window: the ratio of the two counters' rates (their increases over the same window).
     # Only jobs with both energy and useful FLOPs: a job of unknown precision has energy but no FLOPs.
-    energy = f"{once_per_job('increase', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
-             f"{once_per_job('increase', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} > 0"
-    flops = f"{once_per_job('increase', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
-            f"{once_per_job('increase', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)}"
+    energy = f"{once_per_job('rate', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
+             f"{once_per_job('rate', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} > 0"
+    flops = f"{once_per_job('rate', JOB_FLOPS_COUNTER, selector, LEDGER_STEP_WINDOW)} and on ({ONE_JOB}) " \
+            f"{once_per_job('rate', JOB_ENERGY_COUNTER, selector, LEDGER_STEP_WINDOW)}"
     stalled_jobs = f"max by ({ONE_JOB}) (job_finding{{{selector}, {STALLED}}}) == 1"
     stalled_gpus = f"max by ({ONE_JOB}) (job_gpus{{{selector}}}) and on ({ONE_JOB}) ({stalled_jobs})"
     currency = "the currency is the jobs processor's cost.currency, in the legend (ofu_cost_currency)"
@@ -321,10 +322,11 @@ def ledger(selector: str) -> list[Panel]:
         timeseries("Energy per useful PFLOP",
                    "Joules the GPUs used per PFLOP of useful work (10^15 FLOPs at OFU), all the selected jobs "
                    "together (fleet) and per job: increase(job_energy_joules_total) / (increase(job_flops_total) "
-                   "/ 1e15) over the last 5 minutes at each point, each job read once. Lower is better: a job that "
-                   "holds its GPUs and does little burns power for nothing. Only a job's windows whose energy (a "
-                   "counter or power x time) and precision are known count, and the fleet line adds up only jobs "
-                   "with both; a point with no useful FLOP shows no value.", JOULES_PER_PFLOP,
+                   "/ 1e15) over the last 5 minutes at each point (as the ratio of their rates), each job read "
+                   "once. Lower is better: a job that holds its GPUs and does little burns power for nothing. Only "
+                   "a job's windows whose energy (a counter or power x time) and precision are known count, and the "
+                   "fleet line adds up only jobs with both; a point with no useful FLOP shows no value.",
+                   JOULES_PER_PFLOP,
                    [target(f"sum({energy}) / (sum({flops}) / 1e15 > 0)", "fleet"),
                     target(f"sum by (ofu_job_id) ({energy}) / (sum by (ofu_job_id) ({flops}) / 1e15 > 0)",
                            "{{ofu_job_id}}")],
