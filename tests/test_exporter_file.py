@@ -691,3 +691,35 @@ def test_json_lines_are_byte_for_byte_what_json_format_wrote(tmp_path):
         made.export(batch)
     made.shutdown()
     assert path.read_bytes() == _json_format_lines(written)
+
+
+@pytest.mark.parametrize("compression", ["", "zstd"])
+def test_what_format_proto_writes_the_report_and_replay_read_as_they_read_the_json_lines(tmp_path, compression):
+    """The writer and the readers agree: a recording the file exporter wrote as proto records (any name)
+    gives the report its JSON lines give, and the replay receiver the same points."""
+    from otel_ofu.receivers.replay import read_frames
+    from otel_ofu.report.build import build_report, report_json
+
+    written = list(batches(6, gpus=4))
+    lines, records = tmp_path / "m.jsonl", tmp_path / "m.recording"
+    for path, config in ((lines, {}), (records, {"format": "proto", "compression": compression})):
+        made = exporter(path, **config)
+        for batch in written:
+            made.export(batch)
+        made.shutdown()
+
+    def report_of(path: Path) -> dict:
+        out = report_json(build_report(path))
+        out.pop("source")
+        inputs = out.pop("inputs")
+        assert [source["format"] for source in inputs] == ["otlp_proto" if path == records else "otlp_json"]
+        return out
+
+    assert report_of(records) == report_of(lines)
+    assert report_of(lines)["fleet"]["gpu_hours"] > 0
+
+    def points_of(path: Path) -> list:
+        return sorted((p.resource, p.name, p.time_unix_nano, p.attributes, p.value)
+                      for frame in read_frames(path, "auto", start_unix_nano=0) for p in frame.batch.points)
+
+    assert points_of(records) == points_of(lines) and points_of(lines)
