@@ -40,7 +40,15 @@ from otel_ofu.core.loss import USEFUL
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.pipeline import registry
 from otel_ofu.report import backend as rb
-from otel_ofu.report.build import REPORT_FIELDS, ReportError, build_report, json_field_paths, report_json
+from otel_ofu.report.build import (
+    REPORT_FIELDS,
+    ReportError,
+    build_report,
+    cost_record,
+    json_field_paths,
+    render_table,
+    report_json,
+)
 from tests import certs
 from tests.e2e_util import prometheus3_binary, prometheus_binary, victoriametrics_binary, wait_for
 from tools.ports import free_ports
@@ -98,7 +106,8 @@ def test_each_naming_queries_the_names_its_road_gives(naming):
                 assert f"({other.metric(otel_name)}[" not in plan[key] and f'"{other.metric(otel_name)}"' \
                     not in plan[key]
     job_label = naming.quoted(naming.label("ofu.job.id"))
-    assert all(f"by ({job_label}" in expr for key, expr in plan.items() if key not in ("unallocated", "fleet_gpus"))
+    assert all(f"by ({job_label}" in expr for key, expr in plan.items()
+               if key not in ("unallocated", "cost_unallocated", "opencost_price", "fleet_gpus"))
 
 
 def test_a_month_of_a_fleet_is_the_same_handful_of_instant_queries():
@@ -152,6 +161,15 @@ def test_captured_answers_make_the_report(path):
     assert any(f"naming: {naming.key}" in note for note in data["inputs"][0]["notes"])
     kinds = {(j["job_id"], f["kind"]) for j in data["jobs"] for f in j["findings"]}
     assert kinds == {("moe-236b", "mfu_gap"), ("sft-debug-flag", "regression")}  # the demo's two (its config says)
+    # The demo prices its GPUs (job.cost): each job's money per part is its captured increase.
+    part_label, currency_label = naming.label("ofu.loss.part"), naming.label("ofu.cost.currency")
+    money: dict[str, dict[str, float]] = {}
+    for sample in results["cost"]:
+        assert sample["metric"][currency_label] == "USD"
+        money.setdefault(sample["metric"][job_label], {})[sample["metric"][part_label]] = float(sample["value"][1])
+    assert money and data["fleet"]["currency"] == "USD"
+    for job in data["jobs"]:
+        assert job["cost_by_part"] == pytest.approx(money[job["job_id"]], rel=1e-9)
     fleet = data["fleet"]
     assert fleet["gpus"] > 0 and fleet["unattributed_gpu_hours"] > 0
     assert math.fsum(fleet["loss_gpu_hours"].values()) - math.fsum(fleet["gain_gpu_hours"].values()) == \
@@ -175,6 +193,21 @@ def test_without_the_fleet_series_the_fleet_is_the_jobs_and_says_so():
     assert data["fleet"]["unattributed_gpu_hours"] == 0
     assert data["fleet"]["gpu_hours"] == pytest.approx(data["fleet"]["job_gpu_hours"])
     assert any("fleet_gpu_hours_total" in note for note in data["inputs"][0]["notes"])
+
+
+def test_job_cost_in_two_currencies_shows_the_one_with_most_money_and_notes_the_other():
+    doc = captured(CAPTURES / "prometheus3-otlp.json")
+    results = captured_results(doc)
+    other = min(s["metric"]["ofu_job_id"] for s in results["cost"])
+    for key in ("cost", "cost_gained"):
+        results[key] = [{**s, "metric": {**s["metric"], "ofu_cost_currency": "EUR"}}
+                        if s["metric"]["ofu_job_id"] == other else s for s in results[key]]
+    report = rb.report_from_results(results, PROMETHEUS_NAMING, "http://backend", doc["start"], doc["end"],
+                                    JobsConfig())
+    data = report_json(report)
+    assert data["fleet"]["currency"] == "USD"
+    assert {j["job_id"] for j in data["jobs"] if j["cost"] is None} == {other}
+    assert any(note.startswith("job.cost in EUR") for note in data["inputs"][0]["notes"])
 
 
 def test_no_job_time_in_the_range_is_an_error_naming_the_counter():
@@ -316,6 +349,21 @@ def test_the_backend_report_agrees_with_the_file_report(demo, file_report, road,
           f"wasted {worst['wasted_gpu_hours']:.4%}")
 
 
+
+def test_the_jobs_processors_cost_is_read_from_the_backend(demo, capsys):
+    """The demo prices its GPUs (collector-config/demo.yaml's cost): each job's cost from its job.cost series is
+    what the file report with the same settings gives the recording, within the last partial bin (1 %)."""
+    config = str(Path(__file__).parent.parent / "collector-config" / "demo.yaml")
+    assert main(["report", str(demo.recording), "--config", config, "--json"]) == 0
+    files = {j["job_id"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+    assert main(["report", "--prometheus", demo.urls["victoriametrics_otlp"], *_range(demo), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fleet"]["currency"] == "USD" and data["fleet"]["cost"] > 0
+    for job in data["jobs"]:
+        want = files[job["job_id"]]
+        assert job["cost"] == pytest.approx(want["cost"], rel=0.01), job["job_id"]
+        assert job["wasted_cost"] == pytest.approx(want["wasted_cost"], rel=0.02), job["job_id"]
+
 def test_the_table_and_csv_come_from_the_backend(demo, tmp_path, capsys):
     out_csv = tmp_path / "jobs.csv"
     assert main(["report", "--prometheus", demo.urls["victoriametrics_otlp"], *_range(demo), "--csv",
@@ -433,43 +481,60 @@ def _counter_fleet(t0: float) -> dict[str, list[tuple[float, float]]]:
             "before": [(t0 + 60 * k, 60.0 * k) for k in minutes]}
 
 
-@pytest.mark.parametrize("server", ["victoriametrics", "prometheus3"])
-def test_a_counters_increase_is_its_value_at_the_end_less_at_the_start(server, tmp_path):
-    """No extrapolation at the range's edges (Prometheus' increase() would add up to half a sample interval at
-    each); a job that ran before the start counts from its value then; a reset is the TSDB's increase()."""
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]]  # (name, labels) -> samples
+
+
+@contextlib.contextmanager
+def serving(server: str, tmp_path: Path, series: Series, families: dict[str, str]) -> Iterator[str]:
+    """A real VictoriaMetrics (its /api/v1/import) or Prometheus 3 (promtool's OpenMetrics backfill) holding
+    ``series``; ``families``: each series name's OpenMetrics family and type (``job_cost_total`` -> ``job_cost
+    counter``). Yields the query API's URL."""
     from tools.backends import VictoriaMetrics
     from tools.demo_prometheus import PrometheusServer, _promtool
 
-    t0 = math.floor(time.time() / 60.0) * 60.0 - 7200.0
-    series = _counter_fleet(t0)
     if server == "victoriametrics":
         running = VictoriaMetrics(victoriametrics_binary(), tmp_path / "vm", flags=()).start()
         url = running.url
-        body = "".join(json.dumps({"metric": {"__name__": "job_gpu_seconds_total", "ofu_job_id": job},
-                                   "values": [v for _, v in samples],
+        body = "".join(json.dumps({"metric": {"__name__": name, **dict(labels)}, "values": [v for _, v in samples],
                                    "timestamps": [int(t * 1000) for t, _ in samples]}) + "\n"
-                       for job, samples in series.items())
+                       for (name, labels), samples in series.items())
         urllib.request.urlopen(urllib.request.Request(f"{url}/api/v1/import", data=body.encode(), method="POST"),
                                timeout=30).close()
         running.flush()
     else:
         binary = prometheus3_binary()
         running = PrometheusServer(binary, tmp_path / "prometheus")
-        samples = [f'job_gpu_seconds_total{{ofu_job_id="{job}"}} {v} {t:.3f}' for job, points in series.items()
-                   for t, v in points]
-        exposition = tmp_path / "counters.om"
-        exposition.write_text("# TYPE job_gpu_seconds counter\n" + "\n".join(samples) + "\n# EOF\n")
+        lines = []
+        for family in dict.fromkeys(families[name] for name, _ in series):
+            lines.append(f"# TYPE {family}")
+            for (name, labels), samples in series.items():
+                if families[name] == family:
+                    text = ",".join(f'{k}="{v}"' for k, v in labels)
+                    lines += [f"{name}{{{text}}} {v!r} {t:.3f}" for t, v in samples]
+        exposition = tmp_path / "series.om"
+        exposition.write_text("\n".join(lines) + "\n# EOF\n")
         _promtool(str(Path(binary).with_name("promtool")), "tsdb", "create-blocks-from", "openmetrics",
                   str(exposition), str(running.data))
         running.start()
         url = running.api.url
     try:
+        yield url
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("server", ["victoriametrics", "prometheus3"])
+def test_a_counters_increase_is_its_value_at_the_end_less_at_the_start(server, tmp_path):
+    """No extrapolation at the range's edges (Prometheus' increase() would add up to half a sample interval at
+    each); a job that ran before the start counts from its value then; a reset is the TSDB's increase()."""
+    t0 = math.floor(time.time() / 60.0) * 60.0 - 7200.0
+    series = {("job_gpu_seconds_total", (("ofu_job_id", job),)): samples
+              for job, samples in _counter_fleet(t0).items()}
+    with serving(server, tmp_path, series, {"job_gpu_seconds_total": "job_gpu_seconds counter"}) as url:
         config = JobsConfig()
         end = t0 + 3600 + 600
         whole = rb.build_backend_report(Backend(url), t0 - 600, end, config)
         half = rb.build_backend_report(Backend(url), t0 + 1800.5, end, config)
-    finally:
-        running.stop()
     hours = {j.summary.job_id: j.summary.totals.gpu_seconds for j in whole.jobs}
     assert hours["whole"] == pytest.approx(3600.0, rel=1e-12) and hours["before"] == pytest.approx(3600.0, rel=1e-12)
     # Across the reset: what both counters counted, as the TSDB's increase() makes it (Prometheus extrapolates).
@@ -477,6 +542,96 @@ def test_a_counters_increase_is_its_value_at_the_end_less_at_the_start(server, t
     assert {j.summary.job_id: j.summary.totals.gpu_seconds for j in half.jobs}["before"] == \
         pytest.approx(3600.0 - 1800.0, rel=1e-12)
 
+
+
+COST_FAMILIES = {"job_gpu_seconds_total": "job_gpu_seconds counter",
+                 "job_ofu_loss_gpu_hours_total": "job_ofu_loss_gpu_hours counter",
+                 "job_cost_total": "job_cost counter", "job_cost_gained_total": "job_cost_gained counter",
+                 "fleet_gpu_hours_total": "fleet_gpu_hours counter", "fleet_cost_total": "fleet_cost counter",
+                 "node_gpu_hourly_cost": "node_gpu_hourly_cost gauge"}
+# What the jobs processor writes with cost: {currency: EUR, default: 2.37}: a job's money by part is its GPU-hours
+# by part x 2.37 (docs/jobs.md#cost); labels as its series carry them (Prometheus naming).
+PRICE_EUR = 2.37
+# OpenCost's node_gpu_hourly_cost of two nodes (labels as OpenCost writes them: node, instance_type, ...).
+OPENCOST_NODES = {("gpu-node-1", "p5.48xlarge"): 3.1, ("gpu-node-2", "p4d.24xlarge"): 1.7}
+
+
+def _cost_fleet(t0: float) -> tuple[Series, dict[str, dict[str, float]]]:
+    """Hour 1 after ``t0``: jobs ``train`` (2 GPUs) and ``serve`` (1 GPU) with the jobs processor's job.cost
+    (and the clock's gain, and the no-job part's fleet.cost); hour 3: job ``eval`` with no cost series. OpenCost's
+    price of both nodes over all three hours. Returns the series and each job's money by part at its end."""
+    minutes = range(1, 61)
+    series: Series = {}
+    expected: dict[str, dict[str, float]] = {}
+    for job, gpus, idle, start in (("train", 2, 0.25, t0), ("serve", 1, 0.6, t0), ("eval", 1, 0.4, t0 + 7200)):
+        job_label = (("ofu_job_id", job),)
+        series[("job_gpu_seconds_total", job_label)] = [(start + 60 * k, 60.0 * gpus * k) for k in minutes]
+        series[("job_ofu_loss_gpu_hours_total", (*job_label, ("ofu_loss_part", "engine_idle")))] = \
+            [(start + 60 * k, idle * gpus * k / 60.0) for k in minutes]
+        if job == "eval":
+            continue
+        for part, share in (("useful", 1.0 - idle), ("engine_idle", idle)):
+            labels = (("ofu_cost_currency", "EUR"), *job_label, ("ofu_loss_part", part))
+            series[("job_cost_total", labels)] = [(start + 60 * k, PRICE_EUR * share * gpus * k / 60.0)
+                                                  for k in minutes]
+        series[("job_cost_gained_total", (("ofu_cost_currency", "EUR"), *job_label, ("ofu_loss_part", "clock")))] = \
+            [(start + 60 * k, 0.01 * k) for k in minutes]
+        expected[job] = {"useful": PRICE_EUR * (1.0 - idle) * gpus, "engine_idle": PRICE_EUR * idle * gpus,
+                         "gained": 0.6}
+    series[("fleet_gpu_hours_total", (("ofu_loss_part", "unallocated"),))] = \
+        [(t0 + 60 * k, k / 60.0) for k in range(1, 181)]
+    series[("fleet_cost_total", (("ofu_cost_currency", "EUR"), ("ofu_loss_part", "unallocated")))] = \
+        [(t0 + 60 * k, PRICE_EUR * k / 60.0) for k in range(1, 181)]
+    for (node, instance_type), price in OPENCOST_NODES.items():
+        series[("node_gpu_hourly_cost", (("instance", "opencost:9003"), ("instance_type", instance_type),
+                                         ("job", "opencost"), ("node", node)))] = \
+            [(t0 + 60 * k, price) for k in range(0, 200)]
+    return series, expected
+
+
+@pytest.mark.parametrize("server", ["victoriametrics", "prometheus3"])
+def test_the_backend_report_costs_jobs_by_job_cost_else_by_opencost(server, tmp_path):
+    """Where the jobs processor's job.cost is in the backend, each job's money by part is its increase (the
+    clock's gain from job.cost.gained, the no-job part from fleet.cost, the currency from the label), ahead of
+    OpenCost; where it is not, OpenCost's node_gpu_hourly_cost (its mean over the nodes and the range) prices
+    each job's GPU-hours part by part, and the inputs say so."""
+    t0 = math.floor(time.time() / 60.0) * 60.0 - 4 * 3600.0
+    series, expected = _cost_fleet(t0)
+    with serving(server, tmp_path, series, COST_FAMILIES) as url:
+        priced = report_json(rb.build_backend_report(Backend(url), t0, t0 + 3600 + 600, JobsConfig()))
+        opencost = rb.build_backend_report(Backend(url), t0 + 7200, t0 + 7200 + 3600 + 600, JobsConfig())
+
+    assert priced["fleet"]["currency"] == "EUR"
+    jobs = {j["job_id"]: j for j in priced["jobs"]}
+    assert set(jobs) == {"train", "serve"}
+    for job, money in expected.items():
+        record = jobs[job]
+        assert record["cost_by_part"] == pytest.approx({"useful": money["useful"],
+                                                        "engine_idle": money["engine_idle"]}, rel=1e-6)
+        assert record["gained_cost"] == pytest.approx(money["gained"], rel=1e-6)
+        assert record["cost"] == pytest.approx(money["useful"] + money["engine_idle"] - money["gained"], rel=1e-6)
+        assert record["wasted_cost"] == pytest.approx(money["engine_idle"], rel=1e-6)
+    fleet = priced["fleet"]
+    idle_money = PRICE_EUR * 70 / 60  # fleet.cost's no-job part from t0 (no sample: from 0) to the range's end
+    assert fleet["cost_by_part"]["unallocated"] == pytest.approx(idle_money, rel=1e-6)
+    assert fleet["cost"] == pytest.approx(sum(j["cost"] for j in jobs.values()) + idle_money, rel=1e-9)
+    assert any("job_cost_total increases, in EUR" in note for note in priced["inputs"][0]["notes"])
+
+    mean_price = sum(OPENCOST_NODES.values()) / len(OPENCOST_NODES)
+    (job,) = opencost.jobs
+    assert job.summary.job_id == "eval"
+    money = cost_record(job.summary.cost)
+    assert money["cost_by_part"] == pytest.approx({"useful": 0.6 * mean_price, "engine_idle": 0.4 * mean_price},
+                                                  rel=1e-6)
+    assert money["cost"] == pytest.approx(job.summary.totals.gpu_hours * mean_price, rel=1e-9)
+    data = report_json(opencost)
+    assert data["fleet"]["currency"] == "USD"  # the jobs settings' cost.currency: OpenCost's series carry none
+    assert data["fleet"]["cost_by_part"]["unallocated"] == pytest.approx(mean_price, rel=1e-6)
+    notes = " ".join(data["inputs"][0]["notes"])
+    assert "node_gpu_hourly_cost" in notes and "mean over its nodes" in notes
+    assert "no fleet_gpu_hours_total" not in notes  # the no-job GPU time is known
+    table = render_table(opencost)
+    assert "cost USD" in table and "Cost " in table
 
 @pytest.mark.skipif(not certs.available(), reason="needs the cryptography package or openssl")
 def test_tls_options_reach_a_prometheus_that_requires_a_client_certificate(tmp_path, capsys):

@@ -9,7 +9,9 @@ answer is one instant query at the range's end over the whole range (a counter's
 so a month of a large fleet costs a handful of queries whose work is the TSDB's, not a pull of per-step
 series. The answers are
 built into the file report's :class:`~otel_ofu.report.build.Report`, so the table, the loss split,
-"what to fix first", the findings, ``--json`` and ``--csv`` are rendered by the same code.
+"what to fix first", the findings, ``--json`` and ``--csv`` are rendered by the same code. Cost comes from
+the jobs processor's ``job.cost`` where the range holds it, else from OpenCost's ``node_gpu_hourly_cost``
+(its mean over the nodes and the range: the job series carry no node to join on).
 
 Which names the series carry depends on the road they took (docs/backends.md): one label-values
 query finds which of :data:`otel_ofu.cli.backend_check.NAMINGS` is present, and the report says which.
@@ -23,14 +25,14 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from otel_ofu.cli.backend_check import NAMINGS, Backend, BackendError, Naming
 from otel_ofu.core.exact import exact
 from otel_ofu.core.loss import UNALLOCATED, UNKNOWN, USEFUL, LossTotals
-from otel_ofu.core.model import GPU_MIG_INSTANCE, HOST_NAME, HW_ID, JOB_ID, LOSS_CAUSE, LOSS_PART
+from otel_ofu.core.model import COST_CURRENCY, GPU_MIG_INSTANCE, HOST_NAME, HW_ID, JOB_ID, LOSS_CAUSE, LOSS_PART
 from otel_ofu.jobs.aggregate import JobTotals, window_label
 from otel_ofu.jobs.book import JobBook
 from otel_ofu.jobs.config import JobsConfig
@@ -48,6 +50,9 @@ PRESENCE_METRIC = "job.gpu_seconds"
 # Subqueries (first and last times) step at least this, and at most this many steps over the range.
 MIN_STEP_S = 60.0
 MAX_STEPS = 1000
+# OpenCost's price of a GPU-hour on a node (labels node, instance_type, ...; its name on every road): what the
+# report prices the jobs' GPU-hours by where the backend has no job.cost series (docs/report.md#cost-from-the-backend).
+OPENCOST_GPU_PRICE = "node_gpu_hourly_cost"
 # GPUs reporting gpu.ofu in the last this of the range count as the fleet's GPUs.
 FLEET_GPUS_LOOKBACK_S = 3600.0
 _RELATIVE = re.compile(r"^(?:now)?\s*-\s*(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -117,6 +122,7 @@ def queries(naming: Naming, range_s: float, config: JobsConfig) -> list[Query]:
     kind, finding_cause = (naming.quoted(naming.label(key)) for key in (FINDING_KIND, FINDING_CAUSE))
     gpu = ", ".join(naming.quoted(naming.label(key)) for key in (HOST_NAME, HW_ID, GPU_MIG_INSTANCE))
     s = naming.selector
+    currency = naming.quoted(naming.label(COST_CURRENCY))
     finding = f"{job}, {kind}, {finding_cause}"
     lookback = _duration(min(range_s, FLEET_GPUS_LOOKBACK_S))
     out = [
@@ -150,6 +156,15 @@ def queries(naming: Naming, range_s: float, config: JobsConfig) -> list[Query]:
               "each finding's last value: 0 once it closed"),
         Query("unallocated", f"sum({counted(s('fleet.gpu_hours', {LOSS_PART: UNALLOCATED}), r)})",
               "the GPU hours of no job (the fleet's account is the jobs' accounts and these)"),
+        Query("cost", f"sum by ({job}, {part}, {currency}) ({counted(s('job.cost'), r)})",
+              "each job's money per part (useful and each loss part) and currency (job.cost, the jobs processor's "
+              "prices)"),
+        Query("cost_gained", f"sum by ({job}, {part}, {currency}) ({counted(s('job.cost.gained'), r)})",
+              "each job's money gained per part (the SM clock above f_ref)"),
+        Query("cost_unallocated", f"sum by ({currency}) ({counted(s('fleet.cost', {LOSS_PART: UNALLOCATED}), r)})",
+              "the money of the GPU hours of no job"),
+        Query("opencost_price", f"avg(avg_over_time({OPENCOST_GPU_PRICE}[{r}]))",
+              "OpenCost's price of a GPU-hour, the mean over its nodes and the range (used without job.cost)"),
         Query("fleet_gpus", f"count(count by ({gpu}) (last_over_time({s('gpu.ofu')}[{lookback}])))",
               f"the GPUs that reported OFU in the range's last {lookback}"),
     ]
@@ -222,6 +237,33 @@ def _loss_totals(gpu_s: float, lost_h: dict[str, float], gained_h: dict[str, flo
     return totals
 
 
+def _cost_accounts(results: dict[str, list[dict[str, Any]]], job: str, part: str, currency: str
+                   ) -> tuple[str | None, dict[str, LossTotals], list[str]]:
+    """Each job's cost account (jobs.cost: money x 3600 per part, as :class:`LossTotals` "seconds") from its
+    ``job.cost`` and ``job.cost.gained`` increases, in the currency with the most money; the others noted."""
+    spent = _values(results.get("cost", []), job, part, currency)
+    gained = _values(results.get("cost_gained", []), job, part, currency)
+    by_currency: dict[str, float] = {}
+    for (_, _, c), v in spent.items():
+        by_currency[c] = by_currency.get(c, 0.0) + v
+    if not by_currency:
+        return None, {}, []
+    chosen = max(sorted(by_currency), key=lambda c: by_currency[c])
+    notes = [f"job.cost in {c} ({v:.2f}) left out: the report shows one currency, {chosen}"
+             for c, v in sorted(by_currency.items()) if c != chosen]
+    accounts: dict[str, LossTotals] = {}
+    for (j, p, c), v in spent.items():
+        if c == chosen and v >= 0:  # a part that lost nothing is 0, as the jobs processor writes it
+            account = accounts.setdefault(j, LossTotals())
+            account.exact_parts[p] = account.exact_parts.get(p, 0) + exact(v * 3600.0)
+    for (j, p, c), v in gained.items():
+        if c == chosen and v > 0 and j in accounts:
+            accounts[j].exact_gains[p] = accounts[j].exact_gains.get(p, 0) + exact(v * 3600.0)
+    for account in accounts.values():
+        account.exact_seconds = sum(account.exact_parts.values()) - sum(account.exact_gains.values())
+    return chosen or None, accounts, notes
+
+
 def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming, url: str, start: float,
                         end: float, config: JobsConfig, config_source: str = "default settings") -> Report:
     """The :class:`Report` the answers make (pure: the unit tests feed it captured answers)."""
@@ -270,6 +312,19 @@ def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming
         findings.setdefault(j, []).append(record)
 
     notes = []
+    currency, costs, cost_notes = _cost_accounts(results, job, part, naming.label(COST_CURRENCY))
+    notes += cost_notes
+    opencost = next(iter(_values(results.get("opencost_price", [])).values()), None)
+    price = opencost if not costs and opencost is not None and opencost > 0 else None
+    if costs:
+        notes.append(f"cost: the jobs processor's {naming.metric('job.cost')} increases, in {currency}")
+    elif price is not None:
+        currency = config.cost.currency
+        notes.append(f"cost: no {naming.metric('job.cost')} in the range: each job's GPU hours x OpenCost's "
+                     f"{OPENCOST_GPU_PRICE}, the mean over its nodes and the range ({price:.4f} {currency} per "
+                     "GPU-hour; the job series carry no node to join on), in the jobs settings' cost.currency")
+    if currency is not None and currency != config.cost.currency:
+        config = replace(config, cost=replace(config.cost, currency=currency))
     jobs = []
     for j, seconds in gpu_s.items():
         loss = _loss_totals(seconds, lost.get(j, {}), gained.get(j, {}), causes.get(j, {}), wasted.get(j))
@@ -285,9 +340,13 @@ def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming
             totals.exact_flop, totals.exact_flop_gpu_seconds = exact(flops[j]), loss.exact_seconds
         peak = int(gpus.get(j, 0))
         job_start = max(start, first.get(j, start) - resolution)
+        cost = costs.get(j)
+        if price is not None:  # OpenCost's price: the job's account in money, part by part
+            cost = LossTotals()
+            cost.merge(loss, factor=price)
         summary = JobSummary(j, job_start, min(end, last.get(j, end)), "end_of_range", peak, peak, totals,
                              quantiles[10].get(j), quantiles[50].get(j), quantiles[90].get(j), mfu.get(j), {}, [],
-                             ((JOB_ID, j),), loss=loss)
+                             ((JOB_ID, j),), loss=loss, cost=cost)
         jobs.append(JobReport(summary, findings=sorted(findings.get(j, []), key=lambda f: f["time_unix_nano"])))
     jobs.sort(key=lambda r: (-r.summary.totals.wasted_gpu_hours, r.summary.job_id))
 
@@ -295,14 +354,22 @@ def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming
     book = JobBook(config)
     for r in jobs:
         book.fleet_loss.merge(r.summary.loss)
+        if r.summary.cost is not None:
+            book.fleet_cost.merge(r.summary.cost)
     unallocated = _values(results["unallocated"])
     if unallocated:
         seconds = max(0.0, next(iter(unallocated.values()))) * 3600.0
         book.fleet_loss.add_unallocated(seconds)
         book.unattributed.exact_gpu_seconds = book.unattributed.exact_wasted_gpu_seconds = exact(seconds)
+        if price is not None:
+            book.fleet_cost.add_unallocated(seconds * price)
     else:
         notes.append(f"no {naming.metric('fleet.gpu_hours')} in the range: the GPU time of no job is not known, "
                      "the fleet's figures are the jobs'")
+    if costs:  # the money of no job: fleet.cost's unallocated part, in the report's currency
+        idle_money = _values(results.get("cost_unallocated", []), naming.label(COST_CURRENCY)).get((currency or "",))
+        if idle_money is not None:
+            book.fleet_cost.add_unallocated(max(0.0, idle_money) * 3600.0)
     fleet_gpus = _values(results["fleet_gpus"])
     source = InputFile(url, format=BACKEND_FORMAT, lines=len(results), first=start, last=end,  # type: ignore[arg-type]
                        notes=[f"naming: {naming.key}: {naming.description}", *notes])

@@ -649,7 +649,7 @@ def report_json(report: Report) -> dict[str, Any]:
                   "gained_gpu_hours": sum(j.summary.totals.gained_gpu_hours for j in report.jobs),
                   "loss_gpu_hours": book.fleet_loss.gpu_hours(),
                   "gain_gpu_hours": book.fleet_loss.gained_gpu_hours(),
-                  "currency": book.config.cost.currency if book.config.cost.enabled else None,
+                  "currency": book.config.cost.currency if _priced(report) or book.config.cost.enabled else None,
                   **cost_record(_fleet_cost(report)),
                   "unpriced_gpu_hours": {key: to_float(count) / 3600.0 for key, count in book.unpriced.items()},
                   "stalled_gpu_hours": sum(stalled_gpu_hours(j.findings) or 0.0 for j in report.jobs),
@@ -1000,7 +1000,7 @@ def cost_lines(report: Report) -> list[str]:
     """The fleet's cost in one line, and the GPU-hours with no price (by what they would be priced by)."""
     fleet_cost = _fleet_cost(report)
     config = report.book.config.cost
-    if not config.enabled:
+    if not config.enabled and fleet_cost is None:  # the backend report's costs come from series, not prices
         return []
     out = []
     if fleet_cost is not None:
