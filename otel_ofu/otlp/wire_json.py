@@ -26,6 +26,7 @@ import base64
 import json
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import descriptor, json_format, message_factory
@@ -35,6 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from otel_ofu.otlp.codec import varint_at as _varint
 from otel_ofu.pipeline.caches import Cache
 
 _quoted = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # json.dumps' own (C) string writer
@@ -186,20 +188,6 @@ def _skip(raw: bytes, i: int, wire: int) -> int:
     raise _Irregular("group")
 
 
-def _varint(raw: bytes, i: int) -> tuple[int, int]:
-    byte = raw[i]
-    if byte < 0x80:
-        return byte, i + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        i += 1
-        byte = raw[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-
-
 def _packed(field: _Field, raw: bytes, i: int, end: int) -> list[str]:
     """A packed repeated scalar's elements."""
     kind = field.kind
@@ -250,20 +238,9 @@ def _message(schema: _Schema, raw: bytes, i: int, end: int) -> str:
 
 
 def _message_text(schema: _Schema, raw: bytes, i: int, end: int) -> str:
-    if schema is _RESOURCE_METRICS:
-        fast = _resource_metrics(raw, i, end)
-        if fast is not None:
-            return fast
-    elif schema is _SCOPE_METRICS:
-        fast = _scope_metrics(raw, i, end)
-        if fast is not None:
-            return fast
-    elif schema is _METRIC:
-        fast = _metric(raw, i, end)
-        if fast is not None:
-            return fast
-    elif schema is _NUMBER_POINT:
-        fast = _number_point(raw, i, end)
+    fast_path = _FAST_PATHS.get(schema)
+    if fast_path is not None:
+        fast = fast_path(raw, i, end)
         if fast is not None:
             return fast
     return _fields_text(schema, raw, i, end)
@@ -701,3 +678,9 @@ def hex_ids(value: Any) -> Any:
     if isinstance(value, list):
         return [hex_ids(v) for v in value]
     return value
+
+
+# The messages with a fast path of their own (None from it: their bytes are irregular, the general loop writes them).
+_FAST_PATHS: dict[_Schema, Callable[[bytes, int, int], str | None]] = {
+    _RESOURCE_METRICS: _resource_metrics, _SCOPE_METRICS: _scope_metrics, _METRIC: _metric,
+    _NUMBER_POINT: _number_point}
