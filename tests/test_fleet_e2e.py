@@ -152,17 +152,21 @@ def settle(sinks: list[Sink], quiet_s: float = 1.0) -> None:
 
 
 def job_view(sinks: list[Sink]) -> dict:
-    """Per job: its windowed OFU per bin, last totals, findings and end summary, from what the backends got."""
+    """Per job: its windowed OFU per bin, last totals of its bins, its final totals (once it ended), findings and
+    end summary, from what the backends got."""
     ofu: dict = {}
     totals: dict = {}
+    finals: dict = {}
     for sink in sinks:
         for p in sink.collect():
             if p.name == "job.ofu":
                 ofu[(dict(p.resource)[JOB_ID], dict(p.attributes)["ofu.window"], p.time_unix_nano)] = p.value
             elif p.name in ("job.gpu_seconds", "job.wasted_gpu_hours", "job.flops"):
                 key = (dict(p.resource)[JOB_ID], p.name)
-                if p.time_unix_nano >= totals.get(key, (0, 0))[0]:
-                    totals[key] = (p.time_unix_nano, p.value)
+                # a bin's snapshot is stamped at the bin's end; the job's final values at its end, never there
+                which = totals if p.time_unix_nano % BIN_NS == 0 else finals
+                if p.time_unix_nano >= which.get(key, (0, 0))[0]:
+                    which[key] = (p.time_unix_nano, p.value)
     findings, ends = set(), {}
     for sink in sinks:
         for e in sink.events():
@@ -173,7 +177,11 @@ def job_view(sinks: list[Sink]) -> dict:
             elif e.name == "ofu.job.end":
                 ends[a[JOB_ID]] = (e.time_unix_nano, a["ofu.job.gpu_hours"], a["ofu.job.ofu.mean"],
                                    a["ofu.job.wasted_gpu_hours"], a["ofu.job.findings"])
-    return {"ofu": ofu, "totals": totals, "findings": findings, "ends": ends}
+    # Each job that ended has its final totals, its end event's (ofu.job.gpu_hours), and only those.
+    assert {job for job, _ in finals} == set(ends)
+    for job, (_, gpu_hours, *_) in ends.items():
+        assert math.isclose(finals[(job, "job.gpu_seconds")][1] / 3600, gpu_hours, rel_tol=1e-12), job
+    return {"ofu": ofu, "totals": totals, "finals": finals, "findings": findings, "ends": ends}
 
 
 def assert_close(a: dict, b: dict, what: str) -> None:
@@ -223,6 +231,8 @@ def test_three_instances_behind_the_gateway_give_the_jobs_of_one(otelcol, reques
         both = one["ends"].keys() & three["ends"].keys()
         assert three["ends"].keys() <= one["ends"].keys()
         assert_close({j: three["ends"][j] for j in both}, {j: one["ends"][j] for j in both}, "job end")
+        assert_close({k: v for k, v in three["finals"].items() if k[0] in both},
+                     {k: v for k, v in one["finals"].items() if k[0] in both}, "final totals")
     finally:
         for sink in [*sharded, single]:
             sink.stop()
@@ -249,6 +259,7 @@ def test_a_jobs_instance_killed_and_restarted_resumes_its_jobs(requests, tmp_pat
         assert_close(again["totals"], one["totals"], "totals")
         assert again["findings"] == one["findings"]
         assert_close(again["ends"], one["ends"], "job end")
+        assert_close(again["finals"], one["finals"], "final totals")
         # job.gpu_seconds is one cumulative series across the restart: same start time, no reset.
         starts = {(dict(p.resource)[JOB_ID], p.start_time_unix_nano) for p in killed_sink.collect()
                   if p.name == "job.gpu_seconds"}

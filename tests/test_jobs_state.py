@@ -125,6 +125,30 @@ def test_a_bin_made_before_a_crash_is_sent_again_as_it_was_never_made_from_other
     assert job_results([lost])[0] == job_results(after[:1])[0]  # sent again, as it was
 
 
+def test_a_jobs_final_counters_made_before_a_crash_are_sent_again_as_they_were(windows, uninterrupted, tmp_path):
+    """The batch that ends short-d (its ofu.job.end and its counters' final values, the last partial bin counted)
+    reaches the exporters, then kill -9: the restart sends them again with the values they had, once per
+    timestamp, and the job does not end twice."""
+    plain = processor()
+    ends_at = next(i for i, points in enumerate(windows)
+                   if any(e.name == "ofu.job.end" for e in plain.process(Batch(points=list(points))).events))
+    first = processor(tmp_path)
+    before = outputs(first, windows[:ends_at])
+    lost = first.process(Batch(points=list(windows[ends_at])))
+    final = [p for p in lost.points if p.name == "job.gpu_seconds" and dict(p.resource)[JOB_ID] == "short-d"]
+    (end,) = [dict(e.attributes) for e in lost.events if e.name == "ofu.job.end"]
+    assert end[JOB_ID] == "short-d" and [p.value / 3600 for p in final] == [end["ofu.job.gpu_hours"]]
+    first.state.close()
+    after = outputs(processor(tmp_path), windows[ends_at + 1:])
+    sent = before + [lost] + after
+    assert {key: values for key, values in series_values(sent).items() if len(values) > 1} == {}
+    assert set(job_results(sent)[0]) == set(uninterrupted[0])
+    again = job_results(after[:1])  # sent again, as it was: the end event too
+    assert set(job_results([lost])[0]) <= set(again[0]) and set(job_results([lost])[1]) <= set(again[1])
+    assert [dict(e.attributes)[JOB_ID] for b in after for e in b.events if e.name == "ofu.job.end"].count(
+        "short-d") == 1
+
+
 def test_outputs_to_send_again_survive_another_crash_and_go_out_at_shutdown(windows, tmp_path):
     """Killed again before the restart got a batch: the next start still has them; a clean stop sends them."""
     first = processor(tmp_path)

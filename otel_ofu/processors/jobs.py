@@ -36,10 +36,10 @@ from otel_ofu.core.model import (
     MetricPoint,
     attrs,
 )
-from otel_ofu.jobs.aggregate import window_label
+from otel_ofu.jobs.aggregate import JobTotals, window_label
 from otel_ofu.jobs.book import ENERGY_METRIC, FLOPS_METRIC, OFU_METRIC, SHARE_METRIC, JobBook, Update
 from otel_ofu.jobs.clocks import HostClock
-from otel_ofu.jobs.config import JobsConfig
+from otel_ofu.jobs.config import CarbonConfig, JobsConfig
 from otel_ofu.jobs.cost import Pricer, money, money_gained, total
 from otel_ofu.jobs.findings import (  # noqa: F401 - the names are also read as processors.jobs.X
     CLOSE,
@@ -431,6 +431,7 @@ class JobsProcessor(Processor):
             text = self._end_text(summary, self.config.cost.currency)
             events.append(Event(EVENT_JOB_END, _ns(summary.end), summary.resource,
                                 summary_attributes(summary, self.config.cost.currency), text))
+            points += self._final_points(summary)
             self.log.info("%s", text)
         points += self._fleet_points()
         return points, events
@@ -557,7 +558,6 @@ class JobsProcessor(Processor):
 
     @staticmethod
     def _snapshot_points(s: Snapshot, tracker: JobTracker, currency: str = "") -> list[MetricPoint]:
-        carbon = tracker.config.carbon
         resource, start = tracker.resource, _ns(tracker.first_start)
         t = _ns(s.time)
         out = [MetricPoint("job.ofu", v, t, resource, attrs({WINDOW: w}), RATIO) for w, v in s.ofu.items()]
@@ -566,16 +566,8 @@ class JobsProcessor(Processor):
         out += [MetricPoint("job.flops.achieved", v, t, resource, attrs({WINDOW: w}), "{flop}/s")
                 for w, v in s.flops_rate.items()]
         out.append(MetricPoint("job.gpus", float(s.gpus), t, resource, (), "{gpu}"))
-        out.append(MetricPoint("job.gpu_seconds", s.totals.gpu_seconds, t, resource, (), "s", True, start))
-        out.append(MetricPoint("job.wasted_gpu_hours", s.totals.wasted_gpu_hours, t, resource, (), "h", True, start))
-        if s.totals.flops_known:
-            out.append(MetricPoint("job.flops", s.totals.flop, t, resource, (), "{flop}", True, start))
-        if (energy := s.totals.energy) is not None:
-            out.append(MetricPoint("job.energy", energy, t, resource, (), "J", True, start))
-            if (per_pflop := s.totals.energy_per_useful_pflop) is not None:
-                out.append(MetricPoint("job.energy.per_useful_pflop", per_pflop, t, resource, (), "J/{pflop}"))
-            if (grams := carbon.grams(energy)) is not None:
-                out.append(MetricPoint("job.emissions", grams, t, resource, (), "g", True, start))
+        if s.totals.energy is not None and (per_pflop := s.totals.energy_per_useful_pflop) is not None:
+            out.append(MetricPoint("job.energy.per_useful_pflop", per_pflop, t, resource, (), "J/{pflop}"))
         for window, loss in s.loss.items():
             for part, share in loss.shares().items():
                 if part == USEFUL:
@@ -589,25 +581,64 @@ class JobsProcessor(Processor):
                 cause = loss.dominant_cause(part)
                 out.append(MetricPoint("job.ofu.loss", share, t, resource,
                                        attrs({WINDOW: window, LOSS_PART: part, LOSS_CAUSE: cause}), RATIO))
-        life = s.loss.get(LIFE)
-        if life is not None:  # what each part lost and gained: two counters, neither falls
-            out += [MetricPoint("job.ofu.loss.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
-                                start) for part, hours in life.gpu_hours().items() if part != USEFUL]
-            out += [MetricPoint("job.ofu.gain.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True,
-                                start) for part, hours in life.gained_gpu_hours().items()]
-        if s.cost is not None:  # its money by part and what the clock gained: two counters, as the GPU-hours
-            out += [MetricPoint(name, value, t, resource, attrs({LOSS_PART: part, COST_CURRENCY: currency}),
-                                COST_UNIT, True, start)
-                    for name, by_part in (("job.cost", money(s.cost)), ("job.cost.gained", money_gained(s.cost)))
-                    for part, value in by_part.items()]
+        out += _counter_points(t, resource, start, s.totals, s.loss.get(LIFE), s.cost, s.stalled_seconds,
+                               tracker.config.carbon, currency)
         if s.baseline is not None:
             out.append(MetricPoint("job.ofu.baseline", s.baseline, t, resource, (), RATIO))
-        if s.stalled_seconds > 0:
-            out.append(MetricPoint("job.stalled_gpu_hours", s.stalled_seconds / 3600.0, t, resource, (), "h", True,
-                                   start))
         out += [MetricPoint("job.finding", 1.0, t, resource, attrs({FINDING_KIND: f.kind, FINDING_CAUSE: f.cause}),
                             "{finding}") for f in s.open_findings]
         return out
+
+    def _final_points(self, summary: JobSummary) -> list[MetricPoint]:
+        """An ended job's cumulative counters at its end: its life totals, the windows of its last, partial bin
+        too, which no snapshot counted (without these a backend's counters stop up to one bin short)."""
+        if not math.isfinite(summary.start):
+            return []
+        # The trackers' configuration (the book's), as the snapshots used: a resumed book keeps the one it was
+        # saved with, and emissions from another carbon intensity could fall below the last snapshot's.
+        carbon = self.book.config.carbon
+        return _counter_points(_final_ns(summary.end, float(self.config.resolution)), summary.resource,
+                               _ns(summary.start), summary.totals, summary.loss, summary.cost,
+                               summary.stalled_seconds, carbon, self.config.cost.currency)
+
+
+def _final_ns(end: float, resolution: float) -> int:
+    """When an ended job's final counter values are stamped: at its end (data time), except within 1 ms after
+    the end of a bin, where its last snapshot may be stamped (1 ms: Prometheus' resolution) with other values
+    (a window late for a bin already closed counts in the next bin's, the end's here): then 1 ms after that
+    bin's end, since one series must not hold two values at one timestamp (as :func:`_close_marker_ns`)."""
+    t, after_bin = _ns(end), _ns(math.floor((end + 1e-9) / resolution) * resolution) + 1_000_000
+    return after_bin if t < after_bin else t
+
+
+def _counter_points(t: int, resource: Attributes, start: int, totals: JobTotals, life: LossTotals | None,
+                    cost: LossTotals | None, stalled_seconds: float, carbon: CarbonConfig,
+                    currency: str) -> list[MetricPoint]:
+    """A job's cumulative counters at ``t`` (ns), counted since ``start`` (its first window's start): from a bin's
+    snapshot (its life values up to the bin's end) and, once more, from its summary at its end (all of its life).
+    A series comes only once it has something to count (FLOPs of a known precision, energy, a gain, a price, a
+    stall), as each counter's description says."""
+    out = [MetricPoint("job.gpu_seconds", totals.gpu_seconds, t, resource, (), "s", True, start),
+           MetricPoint("job.wasted_gpu_hours", totals.wasted_gpu_hours, t, resource, (), "h", True, start)]
+    if totals.flops_known:
+        out.append(MetricPoint("job.flops", totals.flop, t, resource, (), "{flop}", True, start))
+    if (energy := totals.energy) is not None:
+        out.append(MetricPoint("job.energy", energy, t, resource, (), "J", True, start))
+        if (grams := carbon.grams(energy)) is not None:
+            out.append(MetricPoint("job.emissions", grams, t, resource, (), "g", True, start))
+    if life is not None:  # what each part lost and gained: two counters, neither falls
+        out += [MetricPoint("job.ofu.loss.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True, start)
+                for part, hours in life.gpu_hours().items() if part != USEFUL]
+        out += [MetricPoint("job.ofu.gain.gpu_hours", hours, t, resource, attrs({LOSS_PART: part}), "h", True, start)
+                for part, hours in life.gained_gpu_hours().items()]
+    if cost is not None:  # its money by part and what the clock gained: two counters, as the GPU-hours
+        out += [MetricPoint(name, value, t, resource, attrs({LOSS_PART: part, COST_CURRENCY: currency}), COST_UNIT,
+                            True, start)
+                for name, by_part in (("job.cost", money(cost)), ("job.cost.gained", money_gained(cost)))
+                for part, value in by_part.items()]
+    if stalled_seconds > 0:
+        out.append(MetricPoint("job.stalled_gpu_hours", stalled_seconds / 3600.0, t, resource, (), "h", True, start))
+    return out
 
 
 FACTORY = Factory("jobs", JobsConfig, JobsProcessor,
