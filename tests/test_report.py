@@ -237,7 +237,8 @@ def test_empty_or_missing_input(tmp_path, capsys):
 
 
 def test_build_report_keeps_timelines_for_the_plots(recording):
-    report = build_report(recording)
+    assert not build_report(recording).jobs[0].timeline  # the jobs processor's series hold no per-bin OFU
+    report = build_report(recording, timelines=True)
     moe = next(j for j in report.jobs if j.summary.job_id == "moe-236b")
     assert len(moe.timeline) >= MINUTES - 2 and moe.truth
     assert all(mfu is not None and mfu > ofu for _, ofu, mfu, _ in moe.timeline)
@@ -275,21 +276,29 @@ def test_each_finding_says_what_its_cause_means_and_what_to_do(recording, capsys
 
 
 def test_recorded_findings_that_a_recomputation_would_not_give_are_explained(recording, tmp_path, capsys):
-    agree = report_json(capsys, recording)
-    assert (agree["findings_source"], agree["findings_count"], agree["findings_recomputed_count"]) == ("recorded", 2, 2)
-    assert agree["findings_note"] is None
+    """From the jobs processor's series the findings are what it logged, whatever --config says; a replay (the
+    plots need one) recomputes them too, and explains a difference."""
     doc = yaml.safe_load(DEMO.read_text())
     doc["processors"]["jobs"]["audit"]["min_gap_pp"] = 50  # the MoE job's gap is under 50 pp
     strict = tmp_path / "strict.yaml"
     strict.write_text(yaml.safe_dump(doc))
-    differ = report_json(capsys, recording, "--config", strict)
+    for config in (None, strict):
+        series = report_json(capsys, recording, *(("--config", config) if config else ()))
+        assert (series["jobs_source"], series["findings_source"], series["findings_count"],
+                series["findings_recomputed_count"], series["findings_note"]) == ("series", "recorded", 2, None, None)
+    agree = report_json(capsys, recording, "--plots", tmp_path / "plots")
+    assert (agree["jobs_source"], agree["findings_source"], agree["findings_count"],
+            agree["findings_recomputed_count"]) == ("recomputed", "recorded", 2, 2)
+    assert agree["findings_note"] is None
+    differ = report_json(capsys, recording, "--config", strict, "--plots", tmp_path / "plots")
     assert (differ["findings_source"], differ["findings_count"], differ["findings_recomputed_count"]) == (
         "recorded", 2, 1)
     assert "there are 1 finding(s), not the 2 recorded" in differ["findings_note"]
-    assert main(["report", str(recording), "--config", str(strict)]) == 0
+    assert main(["report", str(recording), "--config", str(strict), "--plots", str(tmp_path / "plots")]) == 0
     assert differ["findings_note"] in capsys.readouterr().out
     recomputed = report_json(capsys, recording, "--recompute")
     assert recomputed["findings_recomputed_count"] is None and recomputed["findings_note"] is None
+    assert recomputed["jobs_source"] == "recomputed"
 
 
 def test_flops_unknown_says_to_declare_the_precision(tmp_path, capsys):

@@ -374,7 +374,7 @@ def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming
     source = InputFile(url, format=BACKEND_FORMAT, lines=len(results), first=start, last=end,  # type: ignore[arg-type]
                        notes=[f"naming: {naming.key}: {naming.description}", *notes])
     return Report(url, len(results), start, end, "backend", jobs, book, [source], [], 0, config_source, [], False,
-                  gpus_seen=int(next(iter(fleet_gpus.values()), 0)), lines_word="queries")
+                  gpus_seen=int(next(iter(fleet_gpus.values()), 0)), lines_word="queries", jobs_source="backend")
 
 
 def build_backend_report(backend: Backend, start: float | None = None, end: float | None = None,

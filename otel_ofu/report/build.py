@@ -61,9 +61,10 @@ from otel_ofu.jobs.stall import LINK_METRIC
 from otel_ofu.jobs.tracker import JobSummary
 from otel_ofu.otlp import codec as otlp
 from otel_ofu.otlp import files as recorded
+from otel_ofu.report import series
 from otel_ofu.report.inputs import InputError, InputFile, data_time_order, expand_paths
 from otel_ofu.report.loss import breakdown_lines, largest_record, lost_gpu_hours, recommendations
-from otel_ofu.report.points import PointStore, json_attributes
+from otel_ofu.report.points import PointFilter, PointStore, json_attributes
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -231,13 +232,14 @@ def _read_replayable(source: InputFile, lines: Iterator[str], store: PointStore,
         raise ReportError(f"{exc} (--skip-malformed reads on)") from None
 
 
-def read_file(path: Path, names: set[str], options: ReadOptions, progress: Any = None
-              ) -> tuple[InputFile, PointStore, list[Event]]:
-    """One recording into a store of its own: its format told by its first bytes and lines."""
+def read_file(path: Path, names: set[str], options: ReadOptions, progress: Any = None,
+              point_filter: PointFilter | None = None) -> tuple[InputFile, PointStore, list[Event]]:
+    """One recording into a store of its own: its format told by its first bytes and lines (``point_filter``:
+    :class:`PointStore`'s)."""
     from otel_ofu.receivers.replay import FORMATS_BY_SUFFIX, sniff_format
 
     source = InputFile(path)
-    store = PointStore(sorted(names))
+    store = PointStore(sorted(names), point_filter)
     events: list[Event] = []
     try:
         items = recorded.read_items(source, progress=progress)
@@ -276,7 +278,7 @@ def default_processes() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def read_inputs(paths: list[str], names: set[str], options: ReadOptions
+def read_inputs(paths: list[str], names: set[str], options: ReadOptions, point_filter: PointFilter | None = None
                 ) -> tuple[list[InputFile], list[str], PointStore, list[Event]]:
     """Every file the paths name, read into one store (in the order named: the replay sorts by data
     time); the files in data-time order. Several files of PARALLEL_MIN_BYTES or more in all are read
@@ -295,9 +297,9 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
                disable=None if total >= PROGRESS_MIN_BYTES else True)
     processes = min(len(files), options.processes or default_processes())
     if processes > 1 and total >= PARALLEL_MIN_BYTES:
-        read = _read_in_processes(files, names, options, processes, bar)
+        read = _read_in_processes(files, names, options, processes, bar, point_filter)
     else:
-        read = (_read_here(path, names, options, bar) for path in files)
+        read = (_read_here(path, names, options, bar, point_filter) for path in files)
     for source, file_store, file_events in read:
         sources.append(source)
         if store is None:
@@ -307,17 +309,17 @@ def read_inputs(paths: list[str], names: set[str], options: ReadOptions
         events += file_events
     bar.close()
     sources.sort(key=data_time_order)
-    return sources, notes, store if store is not None else PointStore(sorted(names)), events
+    return sources, notes, store if store is not None else PointStore(sorted(names), point_filter), events
 
 
-def _read_here(path: Path, names: set[str], options: ReadOptions, bar: Any
+def _read_here(path: Path, names: set[str], options: ReadOptions, bar: Any, point_filter: PointFilter | None
                ) -> tuple[InputFile, PointStore, list[Event]]:
     bar.set_description(f"reading {path.name}")
-    return read_file(path, names, options, bar.update)
+    return read_file(path, names, options, bar.update, point_filter)
 
 
-def _read_in_processes(files: list[Path], names: set[str], options: ReadOptions, processes: int, bar: Any
-                       ) -> Iterator[tuple[InputFile, PointStore, list[Event]]]:
+def _read_in_processes(files: list[Path], names: set[str], options: ReadOptions, processes: int, bar: Any,
+                       point_filter: PointFilter | None) -> Iterator[tuple[InputFile, PointStore, list[Event]]]:
     """Each file read in a worker process, the results in the order of ``files``; what a worker
     logged is logged here, in that order."""
     import multiprocessing
@@ -325,7 +327,7 @@ def _read_in_processes(files: list[Path], names: set[str], options: ReadOptions,
 
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
-        running = [pool.submit(_read_in_worker, path, names, options) for path in files]
+        running = [pool.submit(_read_in_worker, path, names, options, point_filter) for path in files]
         for path, future in zip(files, running, strict=True):
             result, records = future.result()
             for record in records:
@@ -334,7 +336,7 @@ def _read_in_processes(files: list[Path], names: set[str], options: ReadOptions,
             yield result
 
 
-def _read_in_worker(path: Path, names: set[str], options: ReadOptions
+def _read_in_worker(path: Path, names: set[str], options: ReadOptions, point_filter: PointFilter | None
                     ) -> tuple[tuple[InputFile, PointStore, list[Event]], list[logging.LogRecord]]:
     records: list[logging.LogRecord] = []
 
@@ -346,7 +348,7 @@ def _read_in_worker(path: Path, names: set[str], options: ReadOptions
     otel_ofu_log = logging.getLogger("otel_ofu")
     otel_ofu_log.handlers[:] = [Keep()]  # this process is the worker's own: what it says is the parent's to say
     otel_ofu_log.propagate = False
-    return read_file(path, names, options), records
+    return read_file(path, names, options, point_filter=point_filter), records
 
 
 # --- building the report ----------------------------------------------------------------------
@@ -399,6 +401,7 @@ class Report:
     recorded_events: bool = False  # the recording holds the jobs processor's finding/job events
     gpus_seen: int | None = None  # GPUs counted without a per-GPU table (the backend report); None: len(gpus)
     lines_word: str = "lines"  # what ``lines`` counts (the backend report: queries)
+    jobs_source: str = "recomputed"  # series (the jobs processor's, report/series.py) | recomputed | backend
 
     @property
     def gpu_count(self) -> int:
@@ -467,9 +470,11 @@ def _recorded_findings(events: list[Event]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsConfig) -> None:
-    """Per-GPU totals, with the jobs' window rule (duplicates and pod copies of a GPU count once)."""
-    key = gpu_key(point.resource)
+def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsConfig,
+                key: GpuKey | None = None) -> float | None:
+    """Per-GPU totals, with the jobs' window rule (duplicates and pod copies of a GPU count once); the start of
+    the window the point closes (None: not counted). ``key``: the point's GPU, when known."""
+    key = gpu_key(point.resource) if key is None else key
     gpu = gpus.get(key)
     if gpu is None:
         resource = dict(point.resource)
@@ -482,31 +487,102 @@ def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsC
     start = segment_start(t, gpu.last[0] if gpu.last else None, gpu.last[1] if gpu.last else first,
                           float(config.default_interval), float(config.max_gap))
     if start is None or not math.isfinite(point.value):
-        return
+        return None
     gpu.last = (t, t - start)
     gpu.totals.add(t - start, point.value)
     gpu.histogram.add(point.value, t - start)
     job = job_id_of(point)
     if job is not None and job not in config.ignore_jobs:
         gpu.jobs.add(job)
+    return start
 
 
 def build_report(paths: str | Path | list[str], config: JobsConfig | None = None, recompute: bool = False,
-                 options: ReadOptions | None = None, config_source: str = "default settings") -> Report:
-    """Read every input, replay the points in time order through a JobBook; collect jobs, GPUs, findings."""
+                 options: ReadOptions | None = None, config_source: str = "default settings",
+                 timelines: bool = False) -> Report:
+    """Read every input; the jobs from the jobs processor's series and events where the recording holds them
+    (:mod:`.series`), else (or with ``recompute``, or ``timelines`` for plots) by replaying the points in time
+    order through a JobBook; collect jobs, GPUs, findings."""
     if isinstance(paths, (str, Path)):
         paths = [str(paths)]
     config = config or JobsConfig()
     options = options or ReadOptions()
-    book = JobBook(config, history=True)
+    if not recompute and not timelines:
+        read = read_inputs(list(paths), series.names(), options,
+                           series.point_filter(config))
+        _check_not_empty(paths, *read)
+        if series.has_job_series(read[2]):
+            return _series_report(*read, config, config_source)
+        log.info("the recording holds no job series (%s): replaying its GPU points through the jobs logic",
+                 series.PRESENCE)
     names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
              config.mfu_metric,
              *config.tflops_metrics, TRUTH_METRIC}
-    sources, notes, store, events = read_inputs(list(paths), names, options)
-    label = str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
-    lines = sum(s.lines for s in sources)
-    if lines == 0 and not events:
+    return _replay_report(*read_inputs(list(paths), names, options), paths, config, recompute, options,
+                          config_source)
+
+
+def _check_not_empty(paths: list[str], sources: list[InputFile], notes: list[str], store: PointStore,
+                     events: list[Event]) -> None:
+    if sum(s.lines for s in sources) == 0 and not events:
         raise ReportError(f"{', '.join(map(str, paths))}: empty: no OTLP JSON lines or recorded frames")
+
+
+def _label(sources: list[InputFile]) -> str:
+    return str(sources[0].path) if len(sources) == 1 else f"{len(sources)} files"
+
+
+def _no_gpus_error(label: str, sources: list[InputFile], options: ReadOptions | None) -> ReportError:
+    replayed = [s for s in sources if s.format in ("dmon", "csv")]
+    if replayed and options is not None and not options.model:
+        return ReportError(f"{label}: no {OFU_METRIC} from the {replayed[0].format} recording: it names no GPU "
+                           "model, and OFU needs the model's reference clock. Give it: --model 'NVIDIA H100 "
+                           "80GB HBM3' (docs/gpus.md lists the models)")
+    return ReportError(f"{label}: no {OFU_METRIC} points: record the output of the ofu processor (the file "
+                       "exporter after ofu), or give a dmon/CSV recording, which is computed here")
+
+
+def _job_findings(summary: JobSummary, recorded_findings: dict[str, list[dict[str, Any]]], resolution: float,
+                  config: JobsConfig) -> list[dict[str, Any]]:
+    """A job's recorded findings: those of its id opened within its life."""
+    return [_finding_record(r["kind"], r["cause"], r["id"], r["opened"], r["since"], r["closed"], r["numbers"],
+                            r["close_numbers"], summary.start)
+            for r in recorded_findings.get(summary.job_id, [])
+            if summary.start - resolution <= r["opened"] <= summary.end + float(config.job_timeout)]
+
+
+def _series_report(sources: list[InputFile], notes: list[str], store: PointStore, events: list[Event],
+                   config: JobsConfig, config_source: str) -> Report:
+    """The report from the jobs processor's series and events in the recording (:mod:`.series`); the GPU points
+    for the per-GPU table and the GPU time of no job."""
+    label = _label(sources)
+    gpus: dict[GpuKey, GpuReport] = {}
+    passed = series.gpu_pass(store, config, lambda point, key: _gpu_window(gpus, point, config, key))
+    if not gpus:
+        raise _no_gpus_error(label, sources, None)
+    resolution = float(config.resolution)
+    made = (series.summary_of(j, passed, config, resolution) for j in series.read_series(store, events))
+    summaries = [s for s in made if s is not None]
+    recorded_findings = _recorded_findings(events)
+    jobs = [JobReport(s, findings=sorted(_job_findings(s, recorded_findings, resolution, config),
+                                         key=lambda f: f["time_unix_nano"]), carbon=config.carbon)
+            for s in summaries]
+    jobs.sort(key=lambda j: (-j.summary.totals.wasted_gpu_hours, j.summary.job_id))
+    book = series.fleet_book(store, summaries, passed, config)
+    first, last = store.time_span()
+    gpu_list = sorted(gpus.values(), key=lambda g: (g.key[0], _index_order(g.key[1]), g.key[2]))
+    return Report(label, sum(s.lines for s in sources), first, last, "recorded", jobs, book, sources, gpu_list, 0,
+                  config_source, notes, True, jobs_source="series")
+
+
+def _replay_report(sources: list[InputFile], notes: list[str], store: PointStore, events: list[Event],
+                   paths: list[str], config: JobsConfig, recompute: bool, options: ReadOptions,
+                   config_source: str) -> Report:
+    """The report from the GPU points replayed in time order through a JobBook with the report's settings."""
+    _check_not_empty(paths, sources, notes, store, events)
+    book = JobBook(config, history=True)
+    label = _label(sources)
+    lines = sum(s.lines for s in sources)
 
     timelines: dict[str, list[tuple[float, float, float | None, float | None]]] = {}
     truth: dict[str, dict[float, list[float]]] = {}
@@ -532,13 +608,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         collect(book.observe(batch))
     collect(book.close_all("end_of_recording"))
     if not gpus:
-        replayed = [s for s in sources if s.format in ("dmon", "csv")]
-        if replayed and not options.model:
-            raise ReportError(f"{label}: no {OFU_METRIC} from the {replayed[0].format} recording: it names no GPU "
-                              "model, and OFU needs the model's reference clock. Give it: --model 'NVIDIA H100 "
-                              "80GB HBM3' (docs/gpus.md lists the models)")
-        raise ReportError(f"{label}: no {OFU_METRIC} points: record the output of the ofu processor (the file "
-                          "exporter after ofu), or give a dmon/CSV recording, which is computed here")
+        raise _no_gpus_error(label, sources, options)
 
     recorded = any(e.name.startswith(("ofu.finding.", "ofu.job.")) for e in events)
     source = "recorded" if recorded and not recompute else "recomputed"
@@ -546,10 +616,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
     jobs = []
     for summary in book.ended:
         if source == "recorded":
-            findings = [_finding_record(r["kind"], r["cause"], r["id"], r["opened"], r["since"], r["closed"],
-                                        r["numbers"], r["close_numbers"], summary.start)
-                        for r in recorded_findings.get(summary.job_id, [])
-                        if summary.start - resolution <= r["opened"] <= summary.end + float(config.job_timeout)]
+            findings = _job_findings(summary, recorded_findings, resolution, config)
         else:
             findings = _recomputed_findings(summary)
         life = (summary.start, summary.end + resolution)
@@ -634,9 +701,11 @@ def report_json(report: Report) -> dict[str, Any]:
     return _clean({
         "source": report.source, "lines": report.lines, "start": _iso(report.start), "end": _iso(report.end),
         "inputs": [input_record(s) for s in report.inputs],
+        "jobs_source": report.jobs_source,
         "findings_source": report.findings_source,
         "findings_count": shown,
-        "findings_recomputed_count": report.recomputed_findings if recorded_ else None,
+        "findings_recomputed_count": report.recomputed_findings if recorded_ and report.jobs_source != "series"
+        else None,
         "findings_note": findings_note(report) or None,
         "fleet": {"gpus": report.gpu_count, "jobs": len(report.jobs),
                   "gpu_hours": (attributed + book.unattributed.gpu_seconds) / 3600.0,
@@ -726,6 +795,10 @@ REPORT_FIELDS: dict[str, str] = {
     "inputs[].end": "its last data time",
     "inputs[].partial_tail_skipped": "true when a crash's partly written last line was skipped",
     "inputs[].notes": "what else was skipped or assumed, as sentences",
+    "jobs_source": "where the job table comes from: `series` (the jobs processor's `job.*` series and `ofu.job.end` "
+                   "events in the recording: what it computed while it ran, with its settings), `recomputed` (the GPU "
+                   "points replayed through the jobs logic with this report's settings: --recompute, --plots, or a "
+                   "recording without job series) or `backend` (--prometheus)",
     "findings_source": "where the findings come from: `recorded` (the `ofu.finding.*` events the jobs processor "
                        "logged while it ran), `recomputed` (from the points here, with --recompute or when the "
                        "recording holds no finding events) or `backend` (with --prometheus: the `job_finding` series)",
@@ -1061,7 +1134,7 @@ def _inputs_lines(report: Report) -> list[str]:
 def findings_note(report: Report) -> str:
     """Why the recorded findings shown differ from what the points give here ("" when they agree)."""
     shown = sum(len(j.findings) for j in report.jobs)
-    if report.findings_source != "recorded" or report.recomputed_findings == shown:
+    if report.findings_source != "recorded" or report.jobs_source == "series" or report.recomputed_findings == shown:
         return ""
     return (f"Recomputed from these points with {report.config_source}, there are {report.recomputed_findings} "
             f"finding(s), not the {shown} recorded. The jobs processor decided with its own settings and the data "
@@ -1130,6 +1203,9 @@ def render_table(report: Report, show_gpus: bool = False) -> str:
                  if report.jobs else "")
     out.append(f"Fleet OFU {_pct(fleet['ofu_mean'])} over all {fleet['gpu_hours']:.2f} GPU h, idle GPUs "
                f"included{jobs_part}.")
+    if report.jobs_source == "series":
+        out.append("Jobs: as the jobs processor counted them while it ran, with its settings (its job series and "
+                   f"events in the recording); --recompute replays the GPU points with {report.config_source}.")
     out += cost_lines(report)
     stalled_jobs = [j for j in data["jobs"] if j["stalled_gpu_hours"] is not None]
     if stalled_jobs:

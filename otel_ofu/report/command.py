@@ -79,7 +79,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                                   start_time=args.start_time, interval=args.interval,
                                   skip_malformed=args.skip_malformed, processes=args.processes)
             report = build_report(args.paths, config, recompute=args.recompute, options=options,
-                                  config_source=config_source)
+                                  config_source=config_source, timelines=bool(args.plots))
         if args.csv:
             write_csv(report, args.csv)
         if args.plots:
@@ -129,7 +129,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     parser.add_argument("--plots", metavar="DIR", help="also write PNG plots (per-job timelines, fleet distribution)")
     parser.add_argument("--recompute", action="store_true",
-                        help="recompute findings from the points even when the recording holds finding events")
+                        help="recompute the jobs and their findings from the GPU points with the report's settings "
+                             "(--config) even when the recording holds the jobs processor's series and events "
+                             "(docs/report.md#two-ways-to-read-a-recording)")
     parser.add_argument("--config", metavar="FILE",
                         help="take the jobs settings (windows, thresholds) from this pipeline config's jobs processor")
     backend = parser.add_argument_group("from a Prometheus-compatible backend (docs/report.md#from-the-backend)")

@@ -15,14 +15,30 @@ import json
 import math
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from otel_ofu.core.model import Attributes, MetricPoint
+from otel_ofu.core.model import JOB_ID, JOB_SHARED, Attributes, MetricPoint
 from otel_ofu.jobs.book import OFU_METRIC
 from otel_ofu.otlp import codec as otlp
 
 _MAX_NS = 1 << 63
 _REPLAY_CHUNK = 1 << 20  # points turned into Python values at once by the replay
+
+
+@dataclass(frozen=True)
+class PointFilter:
+    """Points of the wanted metrics left out as they are read (the series report's, report/series.py).
+
+    ``no_job_metrics`` are kept only on resources with no job of their own (no ofu.job.id, one of
+    ``ignored_jobs``, or a shared GPU's): a GPU's energy and share, which a job's series count already.
+    ``with_attribute`` metric -> (key, string value): of those metrics, only points with that attribute
+    (a job's gauges over its life, not over each rolling window).
+    """
+
+    no_job_metrics: frozenset[str] = frozenset()
+    ignored_jobs: frozenset[str] = frozenset()
+    with_attribute: tuple[tuple[str, str, str], ...] = ()
 
 
 class PointStore:
@@ -32,8 +48,11 @@ class PointStore:
     typed arrays: time (8 bytes), metric (1), resource (4), attributes (4), value (8).
     """
 
-    def __init__(self, names: list[str]):
+    def __init__(self, names: list[str], point_filter: PointFilter | None = None):
         self.names = names
+        self.point_filter = point_filter or PointFilter()
+        self._with_attribute = {metric: (key, value) for metric, key, value in self.point_filter.with_attribute}
+        self._has_job: dict[int, bool] = {}
         self._codes = {n: i for i, n in enumerate(names)}
         self._tables: dict[Attributes, int] = {}
         self.attributes: list[Attributes] = []
@@ -55,6 +74,15 @@ class PointStore:
         return code
 
     _intern = intern
+
+    def has_job(self, resource: int) -> bool:
+        """Whether the interned resource names a job of its own (an ofu.job.id, not a shared GPU's)."""
+        found = self._has_job.get(resource)
+        if found is None:
+            values = dict(self.attributes[resource])
+            found = self._has_job[resource] = (JOB_ID in values and str(values[JOB_ID]) not in
+                                               self.point_filter.ignored_jobs and not values.get(JOB_SHARED))
+        return found
 
     def add(self, point: MetricPoint) -> None:
         self.times.append(point.time_unix_nano)
@@ -104,6 +132,7 @@ class PointStore:
         first, last = _MAX_NS, -1
         no_attributes = self.intern(())
         isfinite = math.isfinite
+        no_job_only, with_attribute = self.point_filter.no_job_metrics, self._with_attribute
         for rm in doc.get("resourceMetrics") or ():
             resource = -1
             for sm in rm.get("scopeMetrics") or ():
@@ -119,8 +148,13 @@ class PointStore:
                         continue
                     if resource < 0:
                         resource = self._json_attributes((rm.get("resource") or {}).get("attributes"))
+                    if name in no_job_only and self.has_job(resource):
+                        continue
                     code = codes[name]
+                    required = with_attribute.get(name)
                     for dp in data.get("dataPoints") or ():
+                        if required is not None and not _json_has(dp.get("attributes"), required):
+                            continue
                         value = float(dp["asDouble"]) if "asDouble" in dp else float(int(dp.get("asInt", 0)))
                         t, start = int(dp.get("timeUnixNano", 0)), int(dp.get("startTimeUnixNano", 0))
                         if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
@@ -152,6 +186,7 @@ class PointStore:
         first, last = _MAX_NS, -1
         no_attributes = self.intern(())
         isfinite = math.isfinite
+        no_job_only, with_attribute = self.point_filter.no_job_metrics, self._with_attribute
         for rm in request.resource_metrics:
             resource = -1
             for sm in rm.scope_metrics:
@@ -171,8 +206,13 @@ class PointStore:
                         resource = encoded.get(wire, -1)
                         if resource < 0:
                             resource = encoded[wire] = self.intern(otlp.attributes_of(rm.resource.attributes))
+                    if name in no_job_only and self.has_job(resource):
+                        continue
                     code = codes[name]
+                    required = with_attribute.get(name)
                     for dp in data.data_points:
+                        if required is not None and not _proto_has(dp.attributes, required):
+                            continue
                         value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
                         t, start = dp.time_unix_nano, dp.start_time_unix_nano
                         if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
@@ -200,8 +240,17 @@ class PointStore:
                             last = t
         return (first, last) if last >= 0 else None
 
-    def in_time_order(self, first_window_max_s: float) -> Iterator[list[MetricPoint]]:
-        """The points as batches of one timestamp each, oldest first.
+    def time_span(self) -> tuple[float | None, float | None]:
+        """The first and last point's time, seconds (None without points)."""
+        if not self.times:
+            return None, None
+        import numpy
+
+        times = numpy.frombuffer(self.times, dtype=numpy.int64)
+        return int(times.min()) / 1e9, int(times.max()) / 1e9
+
+    def in_time_order(self, first_window_max_s: float, rows: Any = None) -> Iterator[list[MetricPoint]]:
+        """The points (``rows``: those a numpy bool mask selects) as batches of one timestamp each, oldest first.
 
         A series' first gpu.ofu point gets ``start_time_unix_nano`` one interval before it (the
         spacing to the series' next point, when within ``first_window_max_s``), so its first
@@ -216,7 +265,11 @@ class PointStore:
         all_resources = numpy.frombuffer(self.resource, dtype=numpy.int32)
         all_attrs = numpy.frombuffer(self.attrs, dtype=numpy.int32)
         all_values = numpy.frombuffer(self.values, dtype=numpy.float64)
-        order = numpy.argsort(all_times, kind="stable")
+        if rows is None:
+            order = numpy.argsort(all_times, kind="stable")
+        else:
+            selected = numpy.flatnonzero(rows)
+            order = selected[numpy.argsort(all_times[selected], kind="stable")]
         ofu = self._codes[OFU_METRIC]
         # Each gpu.ofu series' first time, and the first time after it (times in order, ties kept).
         ofu_order = order[all_metrics[order] == ofu]
@@ -249,6 +302,19 @@ class PointStore:
                                          start_time_unix_nano=start))
         if batch:
             yield batch
+
+
+def _json_has(key_values: Any, required: tuple[str, str]) -> bool:
+    """Whether an OTLP/JSON attribute list holds the string attribute ``required`` (key, value)."""
+    key, value = required
+    return any(kv.get("key") == key and (kv.get("value") or {}).get("stringValue") == value
+               for kv in key_values or ())
+
+
+def _proto_has(key_values: Any, required: tuple[str, str]) -> bool:
+    """Whether protobuf KeyValues hold the string attribute ``required`` (key, value)."""
+    key, value = required
+    return any(kv.key == key and kv.value.string_value == value for kv in key_values)
 
 
 def any_value(value: dict[str, Any]) -> Any:
