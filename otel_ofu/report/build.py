@@ -15,9 +15,10 @@ Findings come from the recording's own ``ofu.finding.*`` events when the jobs pr
 ran (what operators were told at the time, with the thresholds in force then), and are
 recomputed from the points otherwise, or always with ``--recompute``.
 
-Metric lines are decoded from OTLP/JSON with ``json`` directly, keeping only the metrics the
-report needs: an order of magnitude faster than the protobuf JSON parser on large files.
-Log lines (few) go through :mod:`otel_ofu.otlp`.
+Metric lines are decoded from OTLP/JSON by simdjson's lazy proxies (``json`` where it declines a
+line, :mod:`.points`), keeping only the metrics the report needs: several times faster than
+``json``, itself an order of magnitude faster than the protobuf JSON parser on large files. Log
+lines (few) go through :mod:`otel_ofu.otlp`.
 """
 
 from __future__ import annotations
@@ -183,17 +184,21 @@ def _read_otlp(source: InputFile, items: Iterable[tuple[int, str | bytes]], name
             except ValueError as exc:
                 raise ReportError(f"{where}: malformed OTLP metrics: {exc!r}") from None
         else:
-            doc = parse_line(source, number, item, options.skip_malformed)
-            if doc is None:
-                continue
-            source.lines += 1
-            if "resourceLogs" in doc:
-                events += _events(source.path, number, doc)
-                continue
-            try:
-                span = store.add_json_metrics(doc, names)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise ReportError(f"{source.path}:{number}: malformed OTLP metrics: {exc!r}") from None
+            read, span = store.add_json_line(item, names)  # simdjson: metric lines it reads as the dict walk would
+            if read:
+                source.lines += 1
+            else:  # logs, and whatever the simdjson walk leaves: json.loads, the dict walk and their errors
+                doc = parse_line(source, number, item, options.skip_malformed)
+                if doc is None:
+                    continue
+                source.lines += 1
+                if "resourceLogs" in doc:
+                    events += _events(source.path, number, doc)
+                    continue
+                try:
+                    span = store.add_json_metrics(doc, names)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise ReportError(f"{source.path}:{number}: malformed OTLP metrics: {exc!r}") from None
         if span is not None:
             source.seen(span[0] / 1e9)
             source.seen(span[1] / 1e9)

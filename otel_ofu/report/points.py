@@ -1,5 +1,6 @@
-"""The report's points, read straight into columns: OTLP JSON requests (``json.loads`` and a walk
-of the dicts) and OTLP protobuf records (upb's decode and a walk of the messages).
+"""The report's points, read straight into columns: OTLP JSON requests (simdjson's lazy proxies
+walked where it reads the line, else ``json.loads`` and a walk of the dicts) and OTLP protobuf
+records (upb's decode and a walk of the messages).
 
 Only the metrics the report reads are touched; a point becomes five array entries (time,
 metric, resource, attributes, value), never an object: resources and attribute sets are
@@ -7,12 +8,20 @@ interned once per distinct encoding (a GPU's resource repeats every window, a lo
 attribute on every GPU). What it reads equals :func:`otel_ofu.report.build.metric_points`
 (the dict walk that builds :class:`MetricPoint`\\ s), point for point and in order
 (tests/test_report_speed.py).
+
+simdjson (pysimdjson) parses a line and the walk touches only the metrics asked for: json.loads
+builds every small object of a line (30 times upb's decode of the same points). The simdjson walk
+reads a line only where the dict walk would read it to the same points without an error; anything
+else (a logs line, a number simdjson refuses such as 1e400, a duplicate key, a value of an odd type,
+any error) goes to the json.loads path, so odd input is read, or refused, as by the dict walk.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +30,13 @@ from typing import Any
 from otel_ofu.core.model import JOB_ID, JOB_SHARED, Attributes, MetricPoint
 from otel_ofu.jobs.book import OFU_METRIC
 from otel_ofu.otlp import codec as otlp
+
+try:
+    import simdjson
+except ImportError:  # the json.loads path reads every line (one DEBUG log, at the first line)
+    simdjson = None
+
+log = logging.getLogger("otel_ofu.report")
 
 _MAX_NS = 1 << 63
 _REPLAY_CHUNK = 1 << 20  # points turned into Python values at once by the replay
@@ -65,6 +81,7 @@ class PointStore:
         # resources; protobuf's serialized point attributes (KeyValues) apart.
         self._encoded: dict[Any, int] = {}
         self._point_sets: dict[bytes, int] = {}
+        self._json_sets: dict[bytes, int] = {}  # simdjson: an attribute list's minified JSON
 
     def intern(self, value: Attributes) -> int:
         code = self._tables.get(value)
@@ -112,7 +129,10 @@ class PointStore:
     def _json_attributes(self, key_values: Any) -> int:
         """The code of a JSON attribute list, decoded once per distinct list."""
         key = _json_key(key_values) if key_values else ()
-        code = self._encoded.get(key, -1) if key is not None else -1
+        try:
+            code = self._encoded.get(key, -1) if key is not None else -1
+        except TypeError:  # a list or an object among the values (arrayValue, kvlistValue): not cached
+            key, code = None, -1
         if code < 0:
             code = self.intern(json_attributes(key_values))
             if key is not None:
@@ -164,6 +184,148 @@ class PointStore:
                             raise ValueError(f"{name} value {value} is not a number")
                         key_values = dp.get("attributes")
                         attributes = self._json_attributes(key_values) if key_values else no_attributes
+                        times.append(t)
+                        metric_col.append(code)
+                        resource_col.append(resource)
+                        attrs_col.append(attributes)
+                        values.append(value)
+                        if t < first:
+                            first = t
+                        if t > last:
+                            last = t
+        return (first, last) if last >= 0 else None
+
+    def add_json_line(self, line: str | bytes, names: set[str]) -> tuple[bool, tuple[int, int] | None]:
+        """One OTLP/JSON line's gauge and sum points of ``names``, parsed by simdjson: (True, the
+        request's first and last point time in ns, or None without points) where read, the points
+        :meth:`add_json_metrics` would store from ``json.loads(line)``; (False, None) for a line this
+        path leaves to json.loads (nothing stored): a logs line, a blank or malformed one, anything
+        simdjson or the walk refuses.
+        """
+        if simdjson is None:
+            global _told
+            if not _told:
+                _told = True
+                log.debug("pysimdjson is not importable: OTLP JSON lines are read with json.loads")
+            return False, None
+        if line.startswith(_BOM_TEXT if isinstance(line, str) else _BOM_BYTES):
+            return False, None  # simdjson skips a byte order mark; json.loads refuses it
+        size = len(self.times)
+        try:
+            return True, self._add_simdjson(line, names)
+        except Exception:  # noqa: BLE001 (json.loads reads the line again and says what is wrong)
+            for column in (self.times, self.metric, self.resource, self.attrs, self.values):
+                del column[size:]
+            return False, None
+
+    def _simd_attributes(self, key_values: Any, no_attributes: int) -> int:
+        """The code of an attribute list (a simdjson Array), decoded once per distinct minified JSON
+        (which keeps each value's type: ``1.0``, ``1`` and ``true`` differ)."""
+        if not key_values:
+            return no_attributes
+        if type(key_values) is not _Array:
+            raise _Declined
+        key = key_values.mini
+        code = self._json_sets.get(key, -1)
+        if code < 0:
+            code = self._json_sets[key] = self.intern(json_attributes(key_values.as_list()))
+        return code
+
+    def _add_simdjson(self, line: str | bytes, names: set[str]) -> tuple[int, int] | None:
+        """:meth:`add_json_metrics`' walk on simdjson's proxies; raises where the dict walk might read
+        otherwise: an object whose keys repeat (simdjson finds the first, json.loads keeps the last), a
+        container of another type than the walk's (its proxy would be iterated, or hashed, where a dict
+        or list raises)."""
+        codes = self._codes
+        times, metric_col, resource_col, attrs_col, values = (self.times, self.metric, self.resource, self.attrs,
+                                                              self.values)
+        first, last = _MAX_NS, -1
+        no_attributes = self.intern(())
+        isfinite = math.isfinite
+        Object, Array = _Object, _Array  # noqa: N806
+        json_sets = self._json_sets
+        no_job_only, with_attribute = self.point_filter.no_job_metrics, self._with_attribute
+        doc = _parser().parse(line)
+        if type(doc) is not Object:
+            raise _Declined
+        keys = list(doc)
+        if "resourceMetrics" not in keys or "resourceLogs" in keys or len(set(keys)) < len(keys):
+            raise _Declined
+        for rm in _array(doc[b"resourceMetrics"]):
+            if type(rm) is not Object:
+                raise _Declined
+            rm_keys = list(rm)
+            if len(set(rm_keys)) < len(rm_keys):
+                raise _Declined
+            resource = -1
+            for sm in _array(rm[b"scopeMetrics"] if "scopeMetrics" in rm_keys else None):
+                if type(sm) is not Object:
+                    raise _Declined
+                sm_keys = list(sm)
+                if len(set(sm_keys)) < len(sm_keys):
+                    raise _Declined
+                for metric in _array(sm[b"metrics"] if "metrics" in sm_keys else None):
+                    if type(metric) is not Object:
+                        raise _Declined
+                    keys = list(metric)
+                    if "name" not in keys:
+                        continue  # name None
+                    if keys.count("name") > 1:
+                        raise _Declined
+                    name = metric[b"name"]
+                    if name not in names:
+                        if type(name) is Object or type(name) is Array:
+                            raise _Declined  # unhashable as a dict or a list
+                        continue
+                    if len(set(keys)) < len(keys):
+                        raise _Declined
+                    if "gauge" in keys:
+                        data = metric[b"gauge"]
+                    elif "sum" in keys:
+                        data = metric[b"sum"]
+                    else:
+                        continue
+                    if resource < 0:
+                        found = rm[b"resource"] if "resource" in rm_keys else None
+                        attributes = None
+                        if found:
+                            if type(found) is not Object:
+                                raise _Declined
+                            keys = list(found)
+                            if len(set(keys)) < len(keys):
+                                raise _Declined
+                            attributes = found[b"attributes"] if "attributes" in keys else None
+                        resource = self._simd_attributes(attributes, no_attributes)
+                    if name in no_job_only and self.has_job(resource):
+                        continue
+                    code = codes[name]
+                    required = with_attribute.get(name)
+                    if type(data) is not Object:
+                        raise _Declined
+                    keys = list(data)
+                    if len(set(keys)) < len(keys):
+                        raise _Declined
+                    for dp in _array(data[b"dataPoints"] if "dataPoints" in keys else None):
+                        if type(dp) is not Object:
+                            raise _Declined
+                        keys = list(dp)
+                        if len(set(keys)) < len(keys):
+                            raise _Declined
+                        value = (float(dp[b"asDouble"]) if "asDouble" in keys
+                                 else float(int(dp[b"asInt"])) if "asInt" in keys else 0.0)
+                        t = int(dp[b"timeUnixNano"]) if "timeUnixNano" in keys else 0
+                        start = int(dp[b"startTimeUnixNano"]) if "startTimeUnixNano" in keys else 0
+                        if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS or not isfinite(value):
+                            raise _Declined
+                        attributes = no_attributes
+                        if "attributes" in keys:
+                            found = dp[b"attributes"]
+                            if found:
+                                attributes = json_sets.get(found.mini, -1) if type(found) is Array else -1
+                                if attributes < 0:
+                                    attributes = self._simd_attributes(found, no_attributes)
+                        if required is not None and required not in self.attributes[attributes]:
+                            continue
                         times.append(t)
                         metric_col.append(code)
                         resource_col.append(resource)
@@ -315,6 +477,43 @@ def _proto_has(key_values: Any, required: tuple[str, str]) -> bool:
     """Whether protobuf KeyValues hold the string attribute ``required`` (key, value)."""
     key, value = required
     return any(kv.key == key and kv.value.string_value == value for kv in key_values)
+
+
+class _Declined(Exception):
+    """A line the simdjson walk leaves to the json.loads path."""
+
+
+_BOM_TEXT, _BOM_BYTES = "\ufeff", b"\xef\xbb\xbf"
+_Object: Any = simdjson.Object if simdjson is not None else None
+_Array: Any = simdjson.Array if simdjson is not None else None
+_here = threading.local()  # a parser per thread: one parses a line at a time
+_told = False  # the DEBUG line about pysimdjson missing, once
+
+
+def _parser() -> Any:
+    """This thread's simdjson parser (it keeps its buffers from line to line); a new one where the
+    last line's proxies still live (a traceback holding them), which the old one refuses."""
+    parser = getattr(_here, "parser", None)
+    if parser is None or _in_use(parser):
+        parser = _here.parser = simdjson.Parser()
+    return parser
+
+
+def _in_use(parser: Any) -> bool:
+    try:
+        parser.parse(b"0")  # refused (RuntimeError) while proxies of the last document live
+    except RuntimeError:
+        return True
+    return False
+
+
+def _array(value: Any) -> Any:
+    """The dict walk's ``value or ()`` on a list: anything truthy but a list makes it raise."""
+    if not value:
+        return ()
+    if type(value) is not _Array:
+        raise _Declined
+    return value
 
 
 def any_value(value: dict[str, Any]) -> Any:

@@ -157,7 +157,8 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
         key = resource_keys[code] = _job_key(store.attributes[code])
         job_ends = ends.get(key)
         if job_ends:
-            cuts = numpy.array([e.time_unix_nano for e in job_ends], dtype=numpy.int64)
+            # Its final counters go at its end, or 1 ms after it (processors/jobs.py _final_ns).
+            cuts = numpy.array([e.time_unix_nano + 1_000_000 for e in job_ends], dtype=numpy.int64)
             incarnation[segment] = numpy.searchsorted(cuts, times[order[segment]], side="left")
     keys = numpy.stack([res_sorted, incarnation, metrics[order], attrs[order]])
     changed = numpy.any(keys[:, 1:] != keys[:, :-1], axis=0) if len(order) > 1 else numpy.zeros(0, dtype=bool)
