@@ -13,7 +13,9 @@ measures, in one run on this machine:
 - ``upb_decode_cpu_s``: ``FromString`` of every protobuf record (the decode of the same points),
   the median of three rounds (each in ``upb_decode_rounds_cpu_s``);
 - the report (``build_report``, one process, the table's whole computation) from each file:
-  its CPU, and the reading alone (``read_inputs``: the file into the report's columns);
+  its CPU, and the reading alone (``read_inputs``: the file into the report's columns), from the
+  jobs processor's series (the default, report/series.py), and recomputed (``--recompute``: the
+  GPU points replayed through the jobs logic) for comparison;
 - ``report_json_read_dict_walk_cpu_s``: the JSON file read as the report read it before
   (``json.loads``, then a MetricPoint per point), for the reading's "before";
 - the ratios to the decode, the GPU-windows per CPU-second, and from them a day of a 1,000-GPU
@@ -47,6 +49,7 @@ from otel_ofu.pipeline.component import Context  # noqa: E402
 from otel_ofu.processors.jobs import JobsProcessor  # noqa: E402
 from otel_ofu.processors.ofu import OfuProcessor, OfuProcessorConfig  # noqa: E402
 from otel_ofu.receivers.sim import SimReceiverConfig, build_fleet, window_batch  # noqa: E402
+from otel_ofu.report import series  # noqa: E402
 from otel_ofu.report.build import ReadOptions, build_report, read_inputs  # noqa: E402
 
 START = 1_800_000_000.0
@@ -109,17 +112,23 @@ def upb_decode(path: Path, rounds: int = 3) -> tuple[list[float], int, int]:
     return cpu, len(records), points
 
 
-def report_cpu(path: Path) -> tuple[float, float, int]:
-    """CPU of the whole report of one file, of its reading alone, and its GPU-windows (gpu.ofu points)."""
+def report_cpu(path: Path) -> tuple[float, float, int, float]:
+    """CPU of the whole report of one file (from the jobs processor's series, the default), of its reading
+    alone, its GPU-windows (gpu.ofu points), and the CPU of the report recomputed (``--recompute``: the replay)."""
     options = ReadOptions(processes=1)
+    config = JobsConfig()
     t0 = time.process_time()
-    report = build_report(str(path), options=options)
+    report = build_report(str(path), config, options=options)
     total = time.process_time() - t0
+    assert report.jobs_source == "series", report.jobs_source
     t0 = time.process_time()
-    read_inputs([str(path)], REPORT_NAMES, options)
+    read_inputs([str(path)], series.names(), options, series.point_filter(config))
     read = time.process_time() - t0
     windows = sum(round(g.totals.gpu_seconds / 10) for g in report.gpus)
-    return total, read, windows
+    t0 = time.process_time()
+    build_report(str(path), config, recompute=True, options=options)
+    replay = time.process_time() - t0
+    return total, read, windows, replay
 
 
 def dict_walk_read(path: Path) -> float:
@@ -152,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         rec = record(args.gpus, args.windows, Path(tmp))
         decode_rounds, records, points = upb_decode(rec["proto_path"])
         decode_s = sorted(decode_rounds)[len(decode_rounds) // 2]
-        proto_s, proto_read_s, gpu_windows = report_cpu(rec["proto_path"])
-        json_s, json_read_s, _ = report_cpu(rec["json_path"])
+        proto_s, proto_read_s, gpu_windows, proto_replay_s = report_cpu(rec["proto_path"])
+        json_s, json_read_s, _, json_replay_s = report_cpu(rec["json_path"])
         dict_walk_s = dict_walk_read(rec["json_path"])
     out = {
         "gpus": args.gpus, "windows": args.windows, "gpu_windows": gpu_windows, "records": records,
@@ -164,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_proto": proto_s / decode_s, "ratio_json": json_s / decode_s,
         "ratio_proto_read": proto_read_s / decode_s, "ratio_json_read": json_read_s / decode_s,
         "report_json_read_dict_walk_cpu_s": dict_walk_s, "ratio_json_read_dict_walk": dict_walk_s / decode_s,
-        "report_proto_replay_cpu_s": proto_s - proto_read_s,
+        "report_proto_after_reading_cpu_s": proto_s - proto_read_s,
+        "report_proto_recompute_cpu_s": proto_replay_s, "report_json_recompute_cpu_s": json_replay_s,
+        "ratio_proto_recompute": proto_replay_s / decode_s, "ratio_json_recompute": json_replay_s / decode_s,
         "target_ratio_proto": TARGET_PROTO_RATIO, "target_ratio_json": TARGET_JSON_RATIO,
         "gpu_windows_per_cpu_s_proto": gpu_windows / proto_s, "gpu_windows_per_cpu_s_json": gpu_windows / json_s,
         "day_1000_gpus_proto_s": DAY_GPU_WINDOWS * proto_s / gpu_windows,

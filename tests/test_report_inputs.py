@@ -174,8 +174,12 @@ def test_without_jobs_the_gpus_are_shown_and_the_message_says_why(capsys):
     assert "record the output of the ofu processor" not in out
 
 
-def test_recorded_findings_say_what_they_are_and_why_recomputing_differs(demo, capsys):
+def test_recorded_findings_say_what_they_are_and_why_recomputing_differs(demo, capsys, tmp_path):
     assert main(["report", str(demo["deaf"])]) == 0
+    out = capsys.readouterr().out
+    assert "Findings (recorded: the ofu.finding events the jobs processor logged while it ran): 1" in out
+    assert "Jobs: as the jobs processor counted them while it ran" in out and "Recomputed from" not in out
+    assert main(["report", str(demo["deaf"]), "--plots", str(tmp_path)]) == 0  # a replay: the findings compared
     out = capsys.readouterr().out
     assert "Findings (recorded: the ofu.finding events the jobs processor logged while it ran): 1" in out
     assert "Recomputed from these points with default jobs settings, there are 2 finding(s), not the 1 recorded" in out

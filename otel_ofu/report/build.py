@@ -512,19 +512,37 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         paths = [str(paths)]
     config = config or JobsConfig()
     options = options or ReadOptions()
-    if not recompute and not timelines:
-        read = read_inputs(list(paths), series.names(), options,
-                           series.point_filter(config))
+    if not recompute and not timelines and holds_job_series(list(paths)):
+        read = read_inputs(list(paths), series.names(), options, series.point_filter(config))
         _check_not_empty(paths, *read)
         if series.has_job_series(read[2]):
             return _series_report(*read, config, config_source)
-        log.info("the recording holds no job series (%s): replaying its GPU points through the jobs logic",
-                 series.PRESENCE)
+    log.info("replaying the recording's GPU points through the jobs logic (%s)",
+             "as asked" if recompute or timelines else f"it holds no {series.PRESENCE} series")
     names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
              config.mfu_metric,
              *config.tflops_metrics, TRUTH_METRIC}
     return _replay_report(*read_inputs(list(paths), names, options), paths, config, recompute, options,
                           config_source)
+
+
+def holds_job_series(paths: list[str]) -> bool:
+    """Whether any file the paths name holds the jobs processor's series: a look at the raw lines and records
+    (no parse), stopping at the first, so that a recording without them is not parsed twice."""
+    try:
+        files, _ = expand_paths(paths)
+    except InputError:
+        return False  # read_inputs says what is wrong
+    text, raw = series.PRESENCE, series.PRESENCE.encode()
+    for path in files:
+        source = recorded.RecordedFile(path, on_partial=lambda _: None)
+        try:
+            for _, item in recorded.read_items(source):
+                if (raw if isinstance(item, bytes) else text) in item:
+                    return True
+        except (recorded.RecordingError, OSError, ValueError):
+            continue  # read_inputs says what is wrong
+    return False
 
 
 def _check_not_empty(paths: list[str], sources: list[InputFile], notes: list[str], store: PointStore,
@@ -562,18 +580,26 @@ def _series_report(sources: list[InputFile], notes: list[str], store: PointStore
     for the per-GPU table and the GPU time of no job."""
     label = _label(sources)
     gpus: dict[GpuKey, GpuReport] = {}
-    passed = series.gpu_pass(store, config, lambda point, key: _gpu_window(gpus, point, config, key))
+    job_series = series.read_series(store, events)
+    passed = series.gpu_pass(store, config, lambda point, key: _gpu_window(gpus, point, config, key),
+                             series.job_ends(events))
     if not gpus:
         raise _no_gpus_error(label, sources, None)
     resolution = float(config.resolution)
-    made = (series.summary_of(j, passed, config, resolution) for j in series.read_series(store, events))
-    summaries = [s for s in made if s is not None]
+    made = [(j, series.summary_of(j, passed, config, resolution)) for j in job_series]
+    jobs_made = [(j, s) for j, s in made if s is not None]
+    summaries = [s for _, s in jobs_made]
+    short = [j for j in job_series if j.short]
+    if short:
+        notes.append(f"{len(short)} job(s) ended with counters short of their ofu.job.end totals (recorded by an "
+                     "otel-ofu whose jobs processor sent no final values at a job's end): their numbers miss up to "
+                     "their last minute; --recompute replays the GPU points instead")
     recorded_findings = _recorded_findings(events)
     jobs = [JobReport(s, findings=sorted(_job_findings(s, recorded_findings, resolution, config),
                                          key=lambda f: f["time_unix_nano"]), carbon=config.carbon)
             for s in summaries]
     jobs.sort(key=lambda j: (-j.summary.totals.wasted_gpu_hours, j.summary.job_id))
-    book = series.fleet_book(store, summaries, passed, config)
+    book = series.fleet_book(store, jobs_made, passed, config)
     first, last = store.time_span()
     gpu_list = sorted(gpus.values(), key=lambda g: (g.key[0], _index_order(g.key[1]), g.key[2]))
     return Report(label, sum(s.lines for s in sources), first, last, "recorded", jobs, book, sources, gpu_list, 0,

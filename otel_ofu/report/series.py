@@ -92,7 +92,16 @@ class JobSeries:
     mfu_life: float | None = None
     energy_per_pflop: float | None = None
     end: Event | None = None
+    incarnation: int = 0  # how many ends of its job id (and run) came before it
     started: float | None = None  # its ofu.job.start event's time
+    # Its counters stop short of its end event's totals: recorded by an otel-ofu whose jobs processor sent no
+    # final values at a job's end (before issue 33), so its last, partial bin is missing.
+    short: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Which job incarnation: its JobBook key and how many ends of it came before (GpuPass' keys)."""
+        return _job_key(self.resource), self.incarnation
 
     def counter(self, name: str) -> float | None:
         return self.counters.get((name, ()))
@@ -106,10 +115,11 @@ class GpuPass:
     """What the GPU points add: each job's GPUs, precisions and OFU distribution (by its book key), and which
     rows are GPU time of no job (replayed for the fleet's account)."""
 
-    gpus: dict[str, set[GpuKey]] = field(default_factory=dict)
-    precisions: dict[str, dict[str, float]] = field(default_factory=dict)
-    histograms: dict[str, WeightedHistogram] = field(default_factory=dict)
-    priced_by: dict[str, Attributes] = field(default_factory=dict)  # a job's first GPU's attributes (its price key)
+    # By job incarnation: (JobBook key, how many of its ends came before).
+    gpus: dict[tuple[str, int], set[GpuKey]] = field(default_factory=dict)
+    precisions: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    histograms: dict[tuple[str, int], WeightedHistogram] = field(default_factory=dict)
+    priced_by: dict[tuple[str, int], Any] = field(default_factory=dict)  # its first GPU's facts (what prices it)
     unattributed: Any = None  # numpy bool mask over the store's rows
 
 
@@ -119,6 +129,22 @@ def _job_key(resource: Attributes) -> str:
     run = values.get(JOB_RUN)
     job = str(values.get(JOB_ID, ""))
     return f"{job}{RUN_SEPARATOR}{run}" if run else job
+
+
+# A job's final counters go at its end, or 1 ms after it (processors/jobs.py _final_ns): they are its.
+FINAL_POINTS_AFTER_END_NS = 1_000_000
+
+
+def job_ends(events: list[Event]) -> dict[str, list[int]]:
+    """Each job's (JobBook key's) ends, ns in order, each moved to the last time its final points may have:
+    what cuts its points into incarnations (a point at or before the n-th is of incarnation n)."""
+    out: dict[str, list[int]] = {}
+    for event in events:
+        if event.name == EVENT_JOB_END:
+            out.setdefault(_job_key(event.resource), []).append(event.time_unix_nano + FINAL_POINTS_AFTER_END_NS)
+    for cuts in out.values():
+        cuts.sort()
+    return out
 
 
 def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
@@ -157,8 +183,7 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
         key = resource_keys[code] = _job_key(store.attributes[code])
         job_ends = ends.get(key)
         if job_ends:
-            # Its final counters go at its end, or 1 ms after it (processors/jobs.py _final_ns).
-            cuts = numpy.array([e.time_unix_nano + 1_000_000 for e in job_ends], dtype=numpy.int64)
+            cuts = numpy.array([e.time_unix_nano + FINAL_POINTS_AFTER_END_NS for e in job_ends], dtype=numpy.int64)
             incarnation[segment] = numpy.searchsorted(cuts, times[order[segment]], side="left")
     keys = numpy.stack([res_sorted, incarnation, metrics[order], attrs[order]])
     changed = numpy.any(keys[:, 1:] != keys[:, :-1], axis=0) if len(order) > 1 else numpy.zeros(0, dtype=bool)
@@ -182,6 +207,7 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
             peaks[key] = max(peaks.get(key, 0.0), float(values[order[position]]))
     names_by_code = {code: name for name, code in codes.items()}
     jobs: dict[tuple[int, int], JobSeries] = {}
+    causes_seen: dict[tuple[tuple[int, int], str], tuple[int, float, str]] = {}
     for row, inc in zip(last_rows.tolist(), last_inc.tolist(), strict=True):
         code = int(resources[row])
         key = (code, inc)
@@ -190,6 +216,7 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
             series = jobs[key] = JobSeries(store.attributes[code])
             series.first, series.last = spans.get(key, [math.inf])[0], -math.inf
             series.peak_gpus = int(peaks.get(key, 0))
+            series.incarnation = inc
             job_ends = ends.get(resource_keys[code], [])
             if inc < len(job_ends):
                 series.end = job_ends[inc]
@@ -203,12 +230,16 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
         window = dict(point_attrs).get(WINDOW)
         if name == "job.ofu.loss" and window == LIFE:
             part, cause = dict(point_attrs).get(LOSS_PART), dict(point_attrs).get(LOSS_CAUSE)
-            if part and cause:
-                series.causes[str(part)] = str(cause)  # the clock: one point per cause; any is its dominant's peer
+            if part and cause:  # the newest point's cause; the clock has one per cause: the largest is dominant
+                seen = (int(times[row]), value, str(cause))
+                if seen > causes_seen.setdefault((key, str(part)), seen):
+                    causes_seen[(key, str(part))] = seen
         elif name == "job.mfu.reported" and window == LIFE:
             series.mfu_life = value
         elif name == "job.energy.per_useful_pflop":
             series.energy_per_pflop = value
+    for (key, part), (_, _, cause) in causes_seen.items():
+        jobs[key].causes[part] = cause
     out = list(jobs.values())
     for series in out:
         job_starts = [t / 1e9 for t in starts.get(_job_key(series.resource), []) if t / 1e9 <= series.first + 1e-9]
@@ -221,12 +252,14 @@ def _without(attributes: Attributes, key: str) -> Attributes:
     return tuple(kv for kv in attributes if kv[0] != key)
 
 
-def gpu_pass(store: PointStore, config: JobsConfig,
-             gpu_window: Callable[[MetricPoint, GpuKey], float | None]) -> GpuPass:
+def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[[MetricPoint, GpuKey], float | None],
+             ends: dict[str, list[int]] | None = None) -> GpuPass:
     """One pass over the ``gpu.ofu`` points, GPU by GPU in time order: ``gpu_window`` takes each, with its
     GPU (the report's per-GPU table), and returns the start of the window it closes (None: not counted). Each
-    job gets its GPUs, precisions and OFU distribution from those windows; the rows of GPU time of no job are
-    marked for the fleet's account."""
+    job incarnation (split at ``ends``, :func:`job_ends`) gets its GPUs, precisions and OFU distribution from
+    those windows; the rows of GPU time of no job are marked for the fleet's account."""
+    import bisect
+
     import numpy
 
     out = GpuPass()
@@ -301,15 +334,17 @@ def gpu_pass(store: PointStore, config: JobsConfig,
         for name in facts.jobs:
             if key_job_id(name) in ignored:
                 continue
-            histogram = out.histograms.get(name)
+            cuts = ends.get(name) if ends else None
+            job = (name, bisect.bisect_left(cuts, t_ns) if cuts else 0)
+            histogram = out.histograms.get(job)
             if histogram is None:
-                histogram = out.histograms[name] = WeightedHistogram()
-                out.priced_by[name] = tuple(sorted(facts.attributes.items()))
-                out.gpus[name] = set()
-                out.precisions[name] = {}
+                histogram = out.histograms[job] = WeightedHistogram()
+                out.priced_by[job] = facts
+                out.gpus[job] = set()
+                out.precisions[job] = {}
             histogram.add(value, seconds)
-            out.gpus[name].add(facts.gpu)
-            by_precision = out.precisions[name]
+            out.gpus[job].add(facts.gpu)
+            by_precision = out.precisions[job]
             by_precision[precision] = by_precision.get(precision, 0.0) + seconds
     return out
 
@@ -353,7 +388,7 @@ def summary_of(series: JobSeries, gpus: GpuPass, config: JobsConfig, resolution:
     if seconds is None or seconds <= 0:
         return None
     end = dict(series.end.attributes) if series.end is not None else {}
-    key = _job_key(series.resource)
+    key = series.key
     lost, gained = series.by_part("job.ofu.loss.gpu_hours"), series.by_part("job.ofu.gain.gpu_hours")
     wasted = series.counter("job.wasted_gpu_hours")
     if not any(v > 0 for v in lost.values()) and wasted:
@@ -376,6 +411,8 @@ def summary_of(series: JobSeries, gpus: GpuPass, config: JobsConfig, resolution:
             totals.exact_flop_of_energy = exact(energy / float(per_pflop) * 1e15)
     histogram = gpus.histograms.get(key, WeightedHistogram())
     if series.end is not None:
+        recorded_hours = end.get("ofu.job.gpu_hours")
+        series.short = recorded_hours is not None and seconds < float(recorded_hours) * 3600.0 * (1 - 1e-9)
         job_end = series.end.time_unix_nano / 1e9
         start = job_end - float(end.get("ofu.job.duration_s", job_end - series.first))
         reason = str(end.get(JOB_END_REASON, "end_of_recording"))
@@ -389,14 +426,25 @@ def summary_of(series: JobSeries, gpus: GpuPass, config: JobsConfig, resolution:
         quantiles = [histogram.quantile(q) for q in (0.1, 0.5, 0.9)]
         mfu = series.mfu_life
     stalled = series.counter("job.stalled_gpu_hours")
+    cost = None
+    if config.cost.enabled:  # priced as the report's settings say: the recorded job.cost, else its GPUs' price
+        cost = _cost(series, config.cost.currency)
+        facts = gpus.priced_by.get(key)
+        if cost is None and facts is not None:
+            pricer = Pricer(config.cost)
+            price = pricer.price(pricer.key(facts.attributes))
+            if price is not None:
+                cost = LossTotals()
+                cost.merge(loss, factor=price * (facts.share if facts.share is not None else 1.0))
     return JobSummary(str(dict(series.resource).get(JOB_ID, "")), start, job_end, reason, distinct,
                       max(peak, 0), totals, *(None if q is None else float(q) for q in quantiles),
                       None if mfu is None else float(mfu), gpus.precisions.get(key, {}), [], series.resource,
-                      histogram, loss, _cost(series, config.cost.currency),
+                      histogram, loss, cost,
                       stalled * 3600.0 if stalled is not None else 0.0)
 
 
-def fleet_book(store: PointStore, summaries: list[JobSummary], gpus: GpuPass, config: JobsConfig) -> JobBook:
+def fleet_book(store: PointStore, jobs: list[tuple[JobSeries, JobSummary]], gpus: GpuPass, config: JobsConfig
+               ) -> JobBook:
     """The fleet's account: the jobs' (so that it adds up to them exactly) and the GPU time of no job, replayed
     through a JobBook as the jobs processor counts it (its energy, price, unpriced hours)."""
     book = JobBook(config)
@@ -404,12 +452,13 @@ def fleet_book(store: PointStore, summaries: list[JobSummary], gpus: GpuPass, co
         for batch in store.in_time_order(float(config.max_gap), rows=gpus.unattributed):
             book.observe(batch)
     pricer = Pricer(config.cost)
-    for summary in summaries:
+    for job, summary in jobs:
         book.fleet_loss.merge(summary.loss)
         if summary.cost is not None:
             book.fleet_cost.merge(summary.cost)
-        elif pricer.config.enabled:  # GPU time the jobs processor had no price for
-            key = pricer.key(dict(gpus.priced_by.get(_job_key(summary.resource), ())))
+        elif pricer.config.enabled:  # GPU time with no price
+            facts = gpus.priced_by.get(job.key)
+            key = pricer.key(facts.attributes if facts is not None else {})
             book.unpriced[key] = book.unpriced.get(key, 0) + exact(summary.totals.gpu_seconds)
         if summary.totals.energy is not None:
             per_pflop = summary.totals.energy_per_useful_pflop
