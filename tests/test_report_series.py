@@ -10,6 +10,7 @@ numbers must be what the replay with the same settings gives: the jobs processor
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -131,3 +132,31 @@ def test_a_recording_without_job_series_is_replayed(tmp_path):
     report = build_report(str(path), jobs_config())
     assert report.jobs_source == "recomputed" and report.jobs
     assert report_json(report)["jobs_source"] == "recomputed"
+
+
+def test_counters_that_stop_short_of_their_end_event_are_noted(tmp_path):
+    """A recording from before the jobs processor sent final values at a job's end: its counters stop at the
+    last whole bin. The report says so (and --recompute replays), rather than passing the shortfall off."""
+    path, _ = record(tmp_path, False)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    ends = {int(r["timeUnixNano"]) for doc in lines for rl in doc.get("resourceLogs", ()) for sl in rl["scopeLogs"]
+            for r in sl["logRecords"] if {"key": "event.name", "value": {"stringValue": "ofu.job.end"}}
+            in r.get("attributes", [])}
+    assert ends
+    for doc in lines:  # the final points: job.* points at (or 1 ms after) an end
+        for rm in doc.get("resourceMetrics", ()):
+            for sm in rm["scopeMetrics"]:
+                for metric in sm["metrics"]:
+                    data = metric.get("sum") or metric.get("gauge")
+                    data["dataPoints"] = [p for p in data["dataPoints"] if not metric["name"].startswith("job.")
+                                          or not any(0 <= int(p["timeUnixNano"]) - t <= 1_000_000 for t in ends)]
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    report = build_report(str(old), jobs_config())
+    assert report.jobs_source == "series"
+    assert any("short of their ofu.job.end totals" in note for note in report.notes)
+    timed_out = next(j for j in report.jobs if j.summary.reason == "timeout")
+    replayed = next(j for j in build_report(str(old), jobs_config(), recompute=True).jobs
+                    if j.summary.job_id == timed_out.summary.job_id and j.summary.reason == "timeout")
+    assert timed_out.summary.totals.gpu_seconds < replayed.summary.totals.gpu_seconds
+    assert not any("short of" in note for note in build_report(str(path), jobs_config()).notes)
