@@ -441,3 +441,42 @@ def test_without_pysimdjson_the_json_path_reads_every_line_and_says_so_once(tmp_
     assert said == ["DEBUG pysimdjson is not importable: OTLP JSON lines are read with json.loads"]
     by_simdjson = read_file(DATA / "sim-ofu.jsonl", NAMES, ReadOptions())
     assert done.stdout.split() == [str(len(by_simdjson[1])), str(by_simdjson[0].lines)]
+
+
+def _events_the_slow_way(doc: dict) -> list:
+    request = otlp.from_json_line(json.dumps(doc, separators=(",", ":")))
+    return list(otlp.events_from_request(request))
+
+
+def test_the_jobs_processors_events_are_read_from_the_dict_as_the_protobuf_parser_reads_them(recordings):
+    """Every logs line of a recording made behind the jobs processor (job starts and ends, findings): the dict
+    walk gives the events the protobuf JSON parser gives, value types included."""
+    docs = [json.loads(line) for path in recordings if path.suffix == ".jsonl"
+            for _, line in files.read_json_lines(path) if line.startswith('{"resourceLogs"')]
+    assert len(docs) >= 2
+    names = set()
+    for doc in docs:
+        fast = build.events_from_json(doc)
+        assert fast is not None and fast == _events_the_slow_way(doc)
+        assert [[type(v) for _, v in e.attributes] for e in fast] == [
+            [type(v) for _, v in e.attributes] for e in _events_the_slow_way(doc)]
+        names |= {e.name for e in fast}
+    assert {"ofu.job.start", "ofu.job.end"} <= names
+
+
+@pytest.mark.parametrize("value", [{"arrayValue": {"values": [{"intValue": "1"}]}}, {"kvlistValue": {}},
+                                   {"doubleValue": "NaN"}, {"stringValue": 5}, {"intValue": 1.5},
+                                   {"boolValue": "true"}, {}, {"stringValue": "a", "intValue": "1"}])
+def test_an_event_attribute_the_dict_walk_does_not_take_goes_to_the_protobuf_parser(value):
+    doc = {"resourceLogs": [{"resource": {"attributes": []}, "scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "1800000000000000000", "body": {"stringValue": "x"},
+         "attributes": [{"key": "event.name", "value": {"stringValue": "ofu.job.end"}},
+                        {"key": "k", "value": value}]}]}]}]}
+    assert build.events_from_json(doc) is None
+    try:
+        want = _events_the_slow_way(doc)
+    except ValueError:
+        with pytest.raises(build.ReportError, match="malformed OTLP logs"):
+            build._events("f", 1, doc)
+    else:
+        assert repr(build._events("f", 1, doc)) == repr(want)  # NaN is not equal to itself

@@ -142,11 +142,70 @@ def parse_line(source: InputFile, number: int, line: str, skip_malformed: bool =
 
 
 def _events(path: Path | str, number: int, doc: dict[str, Any]) -> list[Event]:
+    """A logs line's events: read from the dict where every attribute is a scalar (what the jobs processor
+    writes), else (and for anything malformed) through the protobuf JSON parser and its errors."""
+    events = events_from_json(doc)
+    if events is not None:
+        return events
     try:
         request = otlp.from_json_line(json.dumps(doc, separators=(",", ":")))
         return list(otlp.events_from_request(request))  # type: ignore[arg-type]
     except ValueError as exc:
         raise ReportError(f"{path}:{number}: malformed OTLP logs: {exc}") from None
+
+
+_SCALARS = {"stringValue": str, "boolValue": bool, "intValue": None, "doubleValue": None}
+
+
+def _scalar_attributes(key_values: Any) -> Attributes | None:
+    """An OTLP/JSON attribute list of scalar values as sorted Attributes, as ``attributes_of`` decodes it from
+    protobuf; None for anything else (a list or map value, a value of the wrong type, a key that repeats)."""
+    out: dict[str, Any] = {}
+    for kv in key_values or ():
+        key, value = kv.get("key"), kv.get("value")
+        if not isinstance(key, str) or key in out or not isinstance(value, dict) or len(value) != 1:
+            return None
+        ((kind, raw),) = value.items()
+        if kind not in _SCALARS or (_SCALARS[kind] is not None and type(raw) is not _SCALARS[kind]):
+            return None
+        if kind == "intValue":
+            if type(raw) not in (int, str):
+                return None
+            raw = int(raw)
+        elif kind == "doubleValue":
+            if type(raw) not in (int, float):
+                return None  # "NaN" and the like: the protobuf parser's business
+            raw = float(raw)
+        out[key] = raw
+    return tuple(sorted(out.items()))
+
+
+def events_from_json(doc: dict[str, Any]) -> list[Event] | None:
+    """:func:`otel_ofu.otlp.codec.events_from_request` of an OTLP/JSON logs request read from its dict, without the
+    protobuf JSON parser (pure Python, the most of a JSON recording's reading after the metrics); None where the
+    request is anything but plain (the caller parses it the slow way, which also names what is wrong)."""
+    out: list[Event] = []
+    try:
+        for rl in doc.get("resourceLogs") or ():
+            resource = _scalar_attributes((rl.get("resource") or {}).get("attributes"))
+            if resource is None:
+                return None
+            for sl in rl.get("scopeLogs") or ():
+                for record in sl.get("logRecords") or ():
+                    attributes = _scalar_attributes(record.get("attributes"))
+                    body = record.get("body") or {}
+                    severity = record.get("severityText", "")
+                    t = int(record.get("timeUnixNano", 0))
+                    if attributes is None or set(body) - {"stringValue"} or not isinstance(severity, str) or \
+                            not 0 <= t < 1 << 64:
+                        return None
+                    values = dict(attributes)
+                    name = str(values.pop("event.name", ""))
+                    out.append(Event(name, t, resource, tuple(sorted(values.items())), str(body.get("stringValue", "")),
+                                     severity or "INFO"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return out
 
 
 @dataclass
