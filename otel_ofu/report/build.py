@@ -534,28 +534,33 @@ def _recorded_findings(events: list[Event]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsConfig,
-                key: GpuKey | None = None) -> float | None:
-    """Per-GPU totals, with the jobs' window rule (duplicates and pod copies of a GPU count once); the start of
-    the window the point closes (None: not counted). ``key``: the point's GPU, when known."""
-    key = gpu_key(point.resource) if key is None else key
+def _gpu_window(gpus: dict[GpuKey, GpuReport], point: MetricPoint, config: JobsConfig) -> float | None:
+    """Per-GPU totals of a gpu.ofu point (:func:`gpu_window`)."""
+    return gpu_window(gpus, gpu_key(point.resource), point.resource, point.time_unix_nano,
+                      point.start_time_unix_nano, point.value, job_id_of(point), config)
+
+
+def gpu_window(gpus: dict[GpuKey, GpuReport], key: GpuKey, resource: Attributes, t_ns: int, start_ns: int,
+               value: float, job: str | None, config: JobsConfig) -> float | None:
+    """Per-GPU totals, with the jobs' window rule (duplicates and pod copies of a GPU count once): the window of
+    GPU ``key`` ending at ``t_ns`` (``start_ns``: where its first one began, 0 when not known); returns its start
+    (None: not counted)."""
     gpu = gpus.get(key)
     if gpu is None:
-        resource = dict(point.resource)
-        gpu = gpus[key] = GpuReport(key, str(resource.get(HW_MODEL, "")), str(resource.get(GPU_INDEX, "") or ""),
-                                    str(resource.get(HW_ID, "") or ""))
-    t = point.time_unix_nano / 1e9
+        values = dict(resource)
+        gpu = gpus[key] = GpuReport(key, str(values.get(HW_MODEL, "")), str(values.get(GPU_INDEX, "") or ""),
+                                    str(values.get(HW_ID, "") or ""))
+    t = t_ns / 1e9
     first = None
-    if gpu.last is None and 0 < point.start_time_unix_nano < point.time_unix_nano:
-        first = t - point.start_time_unix_nano / 1e9
+    if gpu.last is None and 0 < start_ns < t_ns:
+        first = t - start_ns / 1e9
     start = segment_start(t, gpu.last[0] if gpu.last else None, gpu.last[1] if gpu.last else first,
                           float(config.default_interval), float(config.max_gap))
-    if start is None or not math.isfinite(point.value):
+    if start is None or not math.isfinite(value):
         return None
     gpu.last = (t, t - start)
-    gpu.totals.add(t - start, point.value)
-    gpu.histogram.add(point.value, t - start)
-    job = job_id_of(point)
+    gpu.totals.add(t - start, value)
+    gpu.histogram.add(value, t - start)
     if job is not None and job not in config.ignore_jobs:
         gpu.jobs.add(job)
     return start
@@ -640,8 +645,7 @@ def _series_report(sources: list[InputFile], notes: list[str], store: PointStore
     label = _label(sources)
     gpus: dict[GpuKey, GpuReport] = {}
     job_series = series.read_series(store, events)
-    passed = series.gpu_pass(store, config, lambda point, key: _gpu_window(gpus, point, config, key),
-                             series.job_ends(events))
+    passed = series.gpu_pass(store, config, lambda *window: gpu_window(gpus, *window, config), series.job_ends(events))
     if not gpus:
         raise _no_gpus_error(label, sources, None)
     resolution = float(config.resolution)

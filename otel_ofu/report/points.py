@@ -173,8 +173,6 @@ class PointStore:
                     code = codes[name]
                     required = with_attribute.get(name)
                     for dp in data.get("dataPoints") or ():
-                        if required is not None and not _json_has(dp.get("attributes"), required):
-                            continue
                         value = float(dp["asDouble"]) if "asDouble" in dp else float(int(dp.get("asInt", 0)))
                         t, start = int(dp.get("timeUnixNano", 0)), int(dp.get("startTimeUnixNano", 0))
                         if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
@@ -184,6 +182,8 @@ class PointStore:
                             raise ValueError(f"{name} value {value} is not a number")
                         key_values = dp.get("attributes")
                         attributes = self._json_attributes(key_values) if key_values else no_attributes
+                        if required is not None and required not in self.attributes[attributes]:
+                            continue
                         times.append(t)
                         metric_col.append(code)
                         resource_col.append(resource)
@@ -373,15 +373,6 @@ class PointStore:
                     code = codes[name]
                     required = with_attribute.get(name)
                     for dp in data.data_points:
-                        if required is not None and not _proto_has(dp.attributes, required):
-                            continue
-                        value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
-                        t, start = dp.time_unix_nano, dp.start_time_unix_nano
-                        if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
-                            raise ValueError(f"time_unix_nano {t} / start_time_unix_nano {start} out of range "
-                                             "(0 means missing)")
-                        if not isfinite(value):
-                            raise ValueError(f"{name} value {value} is not a number")
                         key_values = dp.attributes
                         if key_values:
                             chunk = (key_values[0].SerializeToString() if len(key_values) == 1
@@ -391,6 +382,15 @@ class PointStore:
                                 attributes = point_sets[chunk] = self.intern(otlp.attributes_of(key_values))
                         else:
                             attributes = no_attributes
+                        value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+                        t, start = dp.time_unix_nano, dp.start_time_unix_nano
+                        if not 0 < t < _MAX_NS or not 0 <= start < _MAX_NS:
+                            raise ValueError(f"time_unix_nano {t} / start_time_unix_nano {start} out of range "
+                                             "(0 means missing)")
+                        if not isfinite(value):
+                            raise ValueError(f"{name} value {value} is not a number")
+                        if required is not None and required not in self.attributes[attributes]:
+                            continue
                         times.append(t)
                         metric_col.append(code)
                         resource_col.append(resource)
@@ -464,19 +464,6 @@ class PointStore:
                                          start_time_unix_nano=start))
         if batch:
             yield batch
-
-
-def _json_has(key_values: Any, required: tuple[str, str]) -> bool:
-    """Whether an OTLP/JSON attribute list holds the string attribute ``required`` (key, value)."""
-    key, value = required
-    return any(kv.get("key") == key and (kv.get("value") or {}).get("stringValue") == value
-               for kv in key_values or ())
-
-
-def _proto_has(key_values: Any, required: tuple[str, str]) -> bool:
-    """Whether protobuf KeyValues hold the string attribute ``required`` (key, value)."""
-    key, value = required
-    return any(kv.key == key and kv.value.string_value == value for kv in key_values)
 
 
 class _Declined(Exception):

@@ -35,6 +35,7 @@ from otel_ofu.core.model import (
     Event,
     GpuKey,
     MetricPoint,
+    job_id_of,
 )
 from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram
 from otel_ofu.jobs.book import ENERGY_METRIC, OFU_METRIC, SHARE_METRIC, JobBook
@@ -252,10 +253,11 @@ def _without(attributes: Attributes, key: str) -> Attributes:
     return tuple(kv for kv in attributes if kv[0] != key)
 
 
-def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[[MetricPoint, GpuKey], float | None],
+def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[..., float | None],
              ends: dict[str, list[int]] | None = None) -> GpuPass:
-    """One pass over the ``gpu.ofu`` points, GPU by GPU in time order: ``gpu_window`` takes each, with its
-    GPU (the report's per-GPU table), and returns the start of the window it closes (None: not counted). Each
+    """One pass over the ``gpu.ofu`` points, GPU by GPU in time order: ``gpu_window`` takes each (its GPU,
+    resource, time, first window's start, value and job id: the report's per-GPU table, build.gpu_window) and
+    returns the start of the window it closes (None: not counted). Each
     job incarnation (split at ``ends``, :func:`job_ends`) gets its GPUs, precisions and OFU distribution from
     those windows; the rows of GPU time of no job are marked for the fleet's account."""
     import bisect
@@ -279,10 +281,12 @@ def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[[Metric
     gpu_numbers: dict[GpuKey, int] = {}
     pair_gpu: list[int] = []
     no_job: list[bool] = []
+    job_ids: list[str | None] = []  # the point's ofu.job.id, as the per-GPU table lists it
     for value in distinct.tolist():
-        facts = gpu_facts(MetricPoint(OFU_METRIC, 0.0, 1, store.attributes[value >> 32],
-                                      store.attributes[value & 0xFFFFFFFF]))
+        point = MetricPoint(OFU_METRIC, 0.0, 1, store.attributes[value >> 32], store.attributes[value & 0xFFFFFFFF])
+        facts = gpu_facts(point)
         facts_of.append(facts)
+        job_ids.append(job_id_of(point))
         pair_gpu.append(gpu_numbers.setdefault(facts.gpu, len(gpu_numbers)))
         no_job.append(facts.job is None or (facts.shared and not config.include_shared)
                       or all(key_job_id(name) in ignored for name in facts.jobs))
@@ -320,12 +324,10 @@ def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[[Metric
                     first_start[head] = 2 * t0 - int(t_sorted[later])
                 break
     attributes = store.attributes
-    for position, (t_ns, res, att, pair, value) in enumerate(zip(
-            t_sorted.tolist(), resources[order].tolist(), attrs[order].tolist(), pair_sorted.tolist(),
-            values[order].tolist(), strict=True)):
+    for position, (t_ns, res, pair, value) in enumerate(zip(
+            t_sorted.tolist(), resources[order].tolist(), pair_sorted.tolist(), values[order].tolist(), strict=True)):
         facts = facts_of[pair]
-        start = gpu_window(MetricPoint(OFU_METRIC, value, t_ns, attributes[res], attributes[att],
-                                       start_time_unix_nano=first_start.get(position, 0)), facts.gpu)
+        start = gpu_window(facts.gpu, attributes[res], t_ns, first_start.get(position, 0), value, job_ids[pair])
         if start is None or no_job[pair]:
             continue
         share = shares.get((res, t_ns)) if shares else None
