@@ -49,6 +49,7 @@ from otel_ofu.report.build import (
     render_table,
     report_json,
 )
+from otel_ofu.report.series import loss_from_counters
 from tests import certs
 from tests.e2e_util import prometheus3_binary, prometheus_binary, victoriametrics_binary, wait_for
 from tools.ports import free_ports
@@ -225,8 +226,8 @@ def test_no_job_time_in_the_range_is_an_error_naming_the_counter():
 def test_the_loss_split_adds_up_exactly(gpu_s, lost, gained):
     """Whatever the increases, the parts (useful the rest) add up to the job's GPU time to the last unit."""
     hours = gpu_s / 3600.0
-    loss = rb._loss_totals(gpu_s, {p: share * hours / max(1, len(lost)) for p, share in lost.items()},
-                           {"clock": gained * hours}, {}, None)
+    loss = loss_from_counters(gpu_s, {p: share * hours / max(1, len(lost)) for p, share in lost.items()},
+                              {"clock": gained * hours}, {}, None)
     assert sum(loss.exact_parts.values()) - sum(loss.exact_gains.values()) == loss.exact_seconds
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from otel_ofu.cli.backend_check import NAMINGS, Backend, BackendError, Naming
 from otel_ofu.core.exact import exact
-from otel_ofu.core.loss import UNALLOCATED, UNKNOWN, USEFUL, LossTotals
+from otel_ofu.core.loss import UNALLOCATED, USEFUL, LossTotals
 from otel_ofu.core.model import COST_CURRENCY, GPU_MIG_INSTANCE, HOST_NAME, HW_ID, JOB_ID, LOSS_CAUSE, LOSS_PART
 from otel_ofu.jobs.aggregate import JobTotals, window_label
 from otel_ofu.jobs.book import JobBook
@@ -42,6 +42,7 @@ from otel_ofu.pipeline.redact import redact_url
 from otel_ofu.processors import jobs as _jobs_processor  # noqa: F401 - registers the job.* and fleet.* metrics
 from otel_ofu.report.build import BACKEND_FORMAT, JobReport, Report, ReportError, _finding_record
 from otel_ofu.report.inputs import InputFile
+from otel_ofu.report.series import loss_from_counters
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -219,24 +220,6 @@ def _values(result: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...],
     return out
 
 
-def _loss_totals(gpu_s: float, lost_h: dict[str, float], gained_h: dict[str, float], causes: dict[str, str],
-                 wasted_h: float | None) -> LossTotals:
-    """A job's account from its counters' increases: each part what it lost, ``useful`` the rest of its
-    GPU time (so the shares add up to 1 exactly); without loss parts its waste is all ``unknown``."""
-    lost = {part: h for part, h in lost_h.items() if h > 0}
-    if not lost and wasted_h:
-        lost = {UNKNOWN: wasted_h}
-    totals = LossTotals()
-    totals.exact_seconds = exact(gpu_s)
-    totals.exact_parts = {part: exact(h * 3600.0) for part, h in lost.items()}
-    totals.exact_gains = {part: exact(h * 3600.0) for part, h in gained_h.items() if h > 0}
-    totals.exact_parts[USEFUL] = (totals.exact_seconds - sum(totals.exact_parts.values())
-                                  + sum(totals.exact_gains.values()))
-    totals.exact_causes = {(part, cause): totals.exact_parts[part] for part, cause in causes.items()
-                           if part in totals.exact_parts}
-    return totals
-
-
 def _cost_accounts(results: dict[str, list[dict[str, Any]]], job: str, part: str, currency: str
                    ) -> tuple[str | None, dict[str, LossTotals], list[str]]:
     """Each job's cost account (jobs.cost: money x 3600 per part, as :class:`LossTotals` "seconds") from its
@@ -327,7 +310,7 @@ def report_from_results(results: dict[str, list[dict[str, Any]]], naming: Naming
         config = replace(config, cost=replace(config.cost, currency=currency))
     jobs = []
     for j, seconds in gpu_s.items():
-        loss = _loss_totals(seconds, lost.get(j, {}), gained.get(j, {}), causes.get(j, {}), wasted.get(j))
+        loss = loss_from_counters(seconds, lost.get(j, {}), gained.get(j, {}), causes.get(j, {}), wasted.get(j))
         if j in wasted and lost.get(j) and abs(sum(lost[j].values()) - wasted[j]) > 0.01 * max(wasted[j], 1e-9):
             notes.append(f"{j}: its loss parts add up to {sum(lost[j].values()):.3f} GPU h, its "
                          f"{naming.metric('job.wasted_gpu_hours')} increase is {wasted[j]:.3f}: the parts are shown")

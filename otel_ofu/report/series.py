@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_ofu.core import specs
 from otel_ofu.core.exact import exact
-from otel_ofu.core.loss import USEFUL, LossTotals
+from otel_ofu.core.loss import UNKNOWN, USEFUL, LossTotals
 from otel_ofu.core.model import (
     COST_CURRENCY,
     JOB_ID,
@@ -136,16 +136,22 @@ def _job_key(resource: Attributes) -> str:
 FINAL_POINTS_AFTER_END_NS = 1_000_000
 
 
+def _end_events(events: list[Event]) -> dict[str, list[Event]]:
+    """Each job's (JobBook key's) ``ofu.job.end`` events, in time order."""
+    out: dict[str, list[Event]] = {}
+    for event in events:
+        if event.name == EVENT_JOB_END:
+            out.setdefault(_job_key(event.resource), []).append(event)
+    for listed in out.values():
+        listed.sort(key=lambda e: e.time_unix_nano)
+    return out
+
+
 def job_ends(events: list[Event]) -> dict[str, list[int]]:
     """Each job's (JobBook key's) ends, ns in order, each moved to the last time its final points may have:
     what cuts its points into incarnations (a point at or before the n-th is of incarnation n)."""
-    out: dict[str, list[int]] = {}
-    for event in events:
-        if event.name == EVENT_JOB_END:
-            out.setdefault(_job_key(event.resource), []).append(event.time_unix_nano + FINAL_POINTS_AFTER_END_NS)
-    for cuts in out.values():
-        cuts.sort()
-    return out
+    return {key: [e.time_unix_nano + FINAL_POINTS_AFTER_END_NS for e in listed]
+            for key, listed in _end_events(events).items()}
 
 
 def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
@@ -163,15 +169,11 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
     values = numpy.frombuffer(store.values, dtype=numpy.float64)
     rows = numpy.flatnonzero(numpy.isin(metrics, numpy.array(sorted(codes.values()), dtype=numpy.int8)))
     # The ends of each job (by resource) in time order: they cut its points into incarnations.
-    ends: dict[str, list[Event]] = {}
+    ends = _end_events(events)
     starts: dict[str, list[int]] = {}
     for event in events:
-        if event.name == EVENT_JOB_END:
-            ends.setdefault(_job_key(event.resource), []).append(event)
-        elif event.name == EVENT_JOB_START:
+        if event.name == EVENT_JOB_START:
             starts.setdefault(_job_key(event.resource), []).append(event.time_unix_nano)
-    for listed in ends.values():
-        listed.sort(key=lambda e: e.time_unix_nano)
     # The last row of each (resource, metric, attributes, incarnation): sort rows by those, then time.
     order = rows[numpy.lexsort((times[rows], attrs[rows], metrics[rows], resources[rows]))]
     res_sorted = resources[order]
@@ -351,12 +353,17 @@ def gpu_pass(store: PointStore, config: JobsConfig, gpu_window: Callable[..., fl
     return out
 
 
-def _loss(seconds: float, lost_h: dict[str, float], gained_h: dict[str, float], causes: dict[str, str]
-          ) -> LossTotals:
-    """A job's account from its counters: each part what it lost, ``useful`` the rest of its GPU time."""
+def loss_from_counters(gpu_s: float, lost_h: dict[str, float], gained_h: dict[str, float], causes: dict[str, str],
+                       wasted_h: float | None = None) -> LossTotals:
+    """A job's account from its counters (their last values in a recording, their increases in a backend): each
+    part what it lost (a part at 0 kept, as the jobs processor writes it), ``useful`` the rest of its GPU time, so
+    the shares add up to 1 exactly; without loss parts its waste is all ``unknown``."""
+    lost = {part: h for part, h in lost_h.items() if h >= 0}
+    if not any(h > 0 for h in lost.values()) and wasted_h:
+        lost = {UNKNOWN: wasted_h}
     totals = LossTotals()
-    totals.exact_seconds = exact(seconds)
-    totals.exact_parts = {part: exact(h * 3600.0) for part, h in lost_h.items() if h >= 0}
+    totals.exact_seconds = exact(gpu_s)
+    totals.exact_parts = {part: exact(h * 3600.0) for part, h in lost.items()}
     totals.exact_gains = {part: exact(h * 3600.0) for part, h in gained_h.items() if h > 0}
     totals.exact_parts[USEFUL] = (totals.exact_seconds - sum(totals.exact_parts.values())
                                   + sum(totals.exact_gains.values()))
@@ -391,11 +398,9 @@ def summary_of(series: JobSeries, gpus: GpuPass, config: JobsConfig, resolution:
         return None
     end = dict(series.end.attributes) if series.end is not None else {}
     key = series.key
-    lost, gained = series.by_part("job.ofu.loss.gpu_hours"), series.by_part("job.ofu.gain.gpu_hours")
-    wasted = series.counter("job.wasted_gpu_hours")
-    if not any(v > 0 for v in lost.values()) and wasted:
-        lost = {"unknown": wasted}
-    loss = _loss(seconds, lost, gained, series.causes)
+    loss = loss_from_counters(seconds, series.by_part("job.ofu.loss.gpu_hours"),
+                              series.by_part("job.ofu.gain.gpu_hours"), series.causes,
+                              series.counter("job.wasted_gpu_hours"))
     totals = JobTotals()
     totals.exact_gpu_seconds = loss.exact_seconds
     totals.exact_wasted_gpu_seconds = sum(c for p, c in loss.exact_parts.items() if p != USEFUL)
