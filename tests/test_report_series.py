@@ -160,3 +160,29 @@ def test_counters_that_stop_short_of_their_end_event_are_noted(tmp_path):
                     if j.summary.job_id == timed_out.summary.job_id and j.summary.reason == "timeout")
     assert timed_out.summary.totals.gpu_seconds < replayed.summary.totals.gpu_seconds
     assert not any("short of" in note for note in build_report(str(path), jobs_config()).notes)
+
+
+def test_a_job_whose_counters_fall_is_recomputed(tmp_path, caplog):
+    """Two jobs instances' series of the same jobs in one recording: the first killed (no end events) after 10
+    minutes, the second taking over with counters from 0. Their last values are not the jobs' totals: the report
+    says so and replays the GPU points instead."""
+    doc = yaml.safe_load(DEMO.read_text())
+    fleet = build_fleet(build_config(SimReceiverConfig, doc["receivers"]["sim"]), START)
+    ofu = OfuProcessor(build_config(OfuProcessorConfig, doc["processors"]["ofu"]), Context("ofu"))
+    first, second = (JobsProcessor(jobs_config(), Context("jobs"), clock=lambda: START + fleet.t) for _ in range(2))
+    path = tmp_path / "two-instances.jsonl"
+    exporter = FileExporter(FileExporterConfig(path=str(path)), Context("file"))
+    exporter.start()
+    for index in range(6 * 20):
+        exporter.export((first if index < 60 else second).process(ofu.process(window_batch(fleet.step_window(),
+                                                                                             True))))
+    exporter.export(second.flush())
+    exporter.shutdown()
+    with caplog.at_level("WARNING", logger="otel_ofu.report"):
+        report = build_report(str(path), jobs_config())
+    assert report.jobs_source == "recomputed"
+    assert "job counters of" in caplog.text and "recomputing every job from the GPU points" in caplog.text
+    replayed = build_report(str(path), jobs_config(), recompute=True)
+    assert [(j.summary.job_id, j.summary.totals.gpu_seconds) for j in report.jobs] == [
+        (j.summary.job_id, j.summary.totals.gpu_seconds) for j in replayed.jobs]
+    assert all(j.summary.totals.gpu_seconds > 19 * 60 for j in report.jobs)  # the whole 20 minutes, not the last 10

@@ -44,6 +44,7 @@ from otel_ofu.core.model import (
     GPU_INDEX,
     HW_ID,
     HW_MODEL,
+    JOB_ID,
     Attributes,
     Event,
     GpuKey,
@@ -580,7 +581,9 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         read = read_inputs(list(paths), series.names(), options, series.point_filter(config))
         _check_not_empty(paths, *read)
         if series.has_job_series(read[2]):
-            return _series_report(*read, config, config_source)
+            report = _series_report(*read, config, config_source)
+            if report is not None:
+                return report
     log.info("replaying the recording's GPU points through the jobs logic (%s)",
              "as asked" if recompute or timelines else f"it holds no {series.PRESENCE} series")
     names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
@@ -639,12 +642,19 @@ def _job_findings(summary: JobSummary, recorded_findings: dict[str, list[dict[st
 
 
 def _series_report(sources: list[InputFile], notes: list[str], store: PointStore, events: list[Event],
-                   config: JobsConfig, config_source: str) -> Report:
+                   config: JobsConfig, config_source: str) -> Report | None:
     """The report from the jobs processor's series and events in the recording (:mod:`.series`); the GPU points
-    for the per-GPU table and the GPU time of no job."""
+    for the per-GPU table and the GPU time of no job. None where a job's counters fall (the caller replays)."""
     label = _label(sources)
     gpus: dict[GpuKey, GpuReport] = {}
     job_series = series.read_series(store, events)
+    fell = sorted({str(dict(j.resource).get(JOB_ID, "")) for j in job_series if j.fell})
+    if fell:
+        log.warning("the job counters of %d job(s) fall in the recording (%s%s): the series of several jobs "
+                    "instances read together (a job that moved in a jobs tier), or an instance restarted without its "
+                    "storage; recomputing every job from the GPU points instead", len(fell), ", ".join(fell[:3]),
+                    " ..." if len(fell) > 3 else "")
+        return None
     passed = series.gpu_pass(store, config, lambda *window: gpu_window(gpus, *window, config), series.job_ends(events))
     if not gpus:
         raise _no_gpus_error(label, sources, None)

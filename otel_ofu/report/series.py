@@ -98,6 +98,7 @@ class JobSeries:
     # Its counters stop short of its end event's totals: recorded by an otel-ofu whose jobs processor sent no
     # final values at a job's end (before issue 33), so its last, partial bin is missing.
     short: bool = False
+    fell: bool = False  # its job.gpu_seconds fell somewhere: its last values are not its totals (read_series)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -201,6 +202,15 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
         t = times[row] / 1e9
         span = spans.setdefault(key, [t, t])
         span[0] = min(span[0], t)
+    # A counter that falls within one incarnation: two jobs instances' series of one job read together (a job that
+    # moved in a jobs tier), or an instance restarted without its storage. Its last value is not the job's total.
+    fell: set[tuple[int, int]] = set()
+    seconds_code = codes.get(PRESENCE)
+    if seconds_code is not None:
+        at = numpy.flatnonzero(metrics[order] == seconds_code)
+        same = (res_sorted[at][1:] == res_sorted[at][:-1]) & (incarnation[at][1:] == incarnation[at][:-1])
+        for position in at[1:][same & (numpy.diff(values[order[at]]) < 0)].tolist():
+            fell.add((int(res_sorted[position]), int(incarnation[position])))
     gpus_code = codes.get("job.gpus")
     peaks: dict[tuple[int, int], float] = {}
     if gpus_code is not None:
@@ -220,6 +230,7 @@ def read_series(store: PointStore, events: list[Event]) -> list[JobSeries]:
             series.first, series.last = spans.get(key, [math.inf])[0], -math.inf
             series.peak_gpus = int(peaks.get(key, 0))
             series.incarnation = inc
+            series.fell = key in fell
             job_ends = ends.get(resource_keys[code], [])
             if inc < len(job_ends):
                 series.end = job_ends[inc]
