@@ -8,8 +8,11 @@ are gathered, then replayed in data-time order, so concatenated or interleaved r
 order. The points are held compactly (about 30 bytes per point of the metrics the report
 reads) while they are sorted.
 
-The table is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``, the
-reported-MFU metric) with the same :class:`otel_ofu.jobs.book.JobBook` the ``jobs``
+From a recording made behind the ``jobs`` processor, the table is that processor's own job
+series and end events (:mod:`.series`: a few numbers per job and minute, the GPU points only
+for the per-GPU table and the GPU time of no job). Otherwise, with ``--recompute`` or for the
+plots' timelines, it is recomputed from the per-GPU points (``gpu.ofu``, ``gpu.flops.achieved``,
+the reported-MFU metric) with the same :class:`otel_ofu.jobs.book.JobBook` the ``jobs``
 processor runs, so a recording made without that processor still gets a full report.
 Findings come from the recording's own ``ofu.finding.*`` events when the jobs processor
 ran (what operators were told at the time, with the thresholds in force then), and are
@@ -577,6 +580,7 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
         paths = [str(paths)]
     config = config or JobsConfig()
     options = options or ReadOptions()
+    why = "--recompute" if recompute else "the plots' timelines" if timelines else f"no {series.PRESENCE} series"
     if not recompute and not timelines and holds_job_series(list(paths)):
         read = read_inputs(list(paths), series.names(), options, series.point_filter(config))
         _check_not_empty(paths, *read)
@@ -584,8 +588,8 @@ def build_report(paths: str | Path | list[str], config: JobsConfig | None = None
             report = _series_report(*read, config, config_source)
             if report is not None:
                 return report
-    log.info("replaying the recording's GPU points through the jobs logic (%s)",
-             "as asked" if recompute or timelines else f"it holds no {series.PRESENCE} series")
+            why = "job counters that fall"
+    log.info("replaying the recording's GPU points through the jobs logic (%s)", why)
     names = {OFU_METRIC, FLOPS_METRIC, SHARE_METRIC, LOSS_METRIC, ENERGY_METRIC, LINK_METRIC,
              config.mfu_metric,
              *config.tflops_metrics, TRUTH_METRIC}
