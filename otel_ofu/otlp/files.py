@@ -379,50 +379,37 @@ def proto_signal(record: bytes) -> str:
             for item in _len_fields(record, *scope, 2):
                 if item[0] == item[1]:
                     continue
-                return "logs" if any(kind != 2 or number == 6 for number, kind in _fields(record, *item)) \
+                return "logs" if any(kind != 2 or number == 6 for number, kind, _, _ in _fields(record, *item)) \
                     else "metrics"
     return ""
 
 
-def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """(number, wire type) of each field of the message ``data[start:end]``."""
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(number, wire type, value start, value end) of each field of the message ``data[start:end]``; it stops
+    quietly after a group's tag (never in OTLP) or at damage, a cut value ending at ``end``."""
     i = start
     while i < end:
         key, i = _varint(data, i)
         kind = key & 7
-        yield key >> 3, kind
         if kind == 2:
             size, i = _varint(data, i)
-            i += size
+            after = i + size
         elif kind == 0:
-            _, i = _varint(data, i)
+            _, after = _varint(data, i)
         elif kind == 1:
-            i += 8
+            after = i + 8
         elif kind == 5:
-            i += 4
+            after = i + 4
         else:
+            yield key >> 3, kind, i, i  # told, as a field the reader cannot skip
             return
+        yield key >> 3, kind, i, min(after, end)
+        i = after
 
 
 def _len_fields(data: bytes, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
     """(start, end) of each length-delimited field ``number`` of the message ``data[start:end]``."""
-    i = start
-    while i < end:
-        key, i = _varint(data, i)
-        kind = key & 7
-        if kind == 2:
-            size, i = _varint(data, i)
-            if key >> 3 == number:
-                yield i, min(i + size, end)
-            i += size
-        elif kind == 0:
-            _, i = _varint(data, i)
-        elif kind == 1:
-            i += 8
-        elif kind == 5:
-            i += 4
-        else:
-            return  # groups (never in OTLP) or damage: nothing more to find
+    return ((first, last) for found, kind, first, last in _fields(data, start, end) if kind == 2 and found == number)
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
