@@ -134,16 +134,10 @@ def report_cpu(path: Path) -> tuple[float, float, int, float]:
 def dict_walk_read(path: Path) -> float:
     """CPU of reading the JSON file as the report did before its columns (issue 33): json.loads, then a
     MetricPoint per point from the dict walk (``metric_points``, kept as the tests' oracle), stored."""
-    from otel_ofu.report.build import metric_points
-    from otel_ofu.report.points import PointStore
+    from otel_ofu.report.build import dict_walk_store
 
     t0 = time.process_time()
-    store = PointStore(sorted(REPORT_NAMES))
-    for _, line in files.read_json_lines(path):
-        doc = json.loads(line)
-        if "resourceMetrics" in doc:
-            for point in metric_points(doc, REPORT_NAMES):
-                store.add(point)
+    dict_walk_store(path, REPORT_NAMES)
     return time.process_time() - t0
 
 

@@ -50,13 +50,7 @@ START = 1_800_000_000.0
 
 def oracle(path: Path) -> PointStore:
     """The points as the report read them before: json.loads, then a MetricPoint per point."""
-    store = PointStore(sorted(NAMES))
-    for _, line in files.read_json_lines(path):
-        doc = json.loads(line)
-        if "resourceMetrics" in doc:
-            for point in metric_points(doc, NAMES):
-                store.add(point)
-    return store
+    return build.dict_walk_store(path, NAMES)
 
 
 def replayed(store: PointStore) -> list[list[MetricPoint]]:

@@ -42,7 +42,7 @@ from otel_ofu.pipeline.redact import redact_url
 from otel_ofu.processors import jobs as _jobs_processor  # noqa: F401 - registers the job.* and fleet.* metrics
 from otel_ofu.report.build import BACKEND_FORMAT, JobReport, Report, ReportError, _finding_record
 from otel_ofu.report.inputs import InputFile
-from otel_ofu.report.series import loss_from_counters
+from otel_ofu.report.series import cost_from_counters, loss_from_counters
 
 log = logging.getLogger("otel_ofu.report")
 
@@ -234,16 +234,15 @@ def _cost_accounts(results: dict[str, list[dict[str, Any]]], job: str, part: str
     chosen = max(sorted(by_currency), key=lambda c: by_currency[c])
     notes = [f"job.cost in {c} ({v:.2f}) left out: the report shows one currency, {chosen}"
              for c, v in sorted(by_currency.items()) if c != chosen]
-    accounts: dict[str, LossTotals] = {}
+    spent_by_job: dict[str, dict[str, float]] = {}
+    gained_by_job: dict[str, dict[str, float]] = {}
     for (j, p, c), v in spent.items():
-        if c == chosen and v >= 0:  # a part that lost nothing is 0, as the jobs processor writes it
-            account = accounts.setdefault(j, LossTotals())
-            account.exact_parts[p] = account.exact_parts.get(p, 0) + exact(v * 3600.0)
+        if c == chosen and v >= 0:
+            spent_by_job.setdefault(j, {})[p] = v
     for (j, p, c), v in gained.items():
-        if c == chosen and v > 0 and j in accounts:
-            accounts[j].exact_gains[p] = accounts[j].exact_gains.get(p, 0) + exact(v * 3600.0)
-    for account in accounts.values():
-        account.exact_seconds = sum(account.exact_parts.values()) - sum(account.exact_gains.values())
+        if c == chosen:
+            gained_by_job.setdefault(j, {})[p] = v
+    accounts = {j: cost_from_counters(parts, gained_by_job.get(j, {})) for j, parts in spent_by_job.items()}
     return chosen or None, accounts, notes
 
 

@@ -124,6 +124,19 @@ def metric_points(doc: dict[str, Any], names: set[str]) -> Iterator[MetricPoint]
                                       metric.get("unit") or "1", monotonic, start)
 
 
+def dict_walk_store(path: Path | str, names: set[str]) -> PointStore:
+    """A JSON recording's points as the report read them before its columnar readers (issue 33): ``json.loads``,
+    then a :class:`MetricPoint` per point (:func:`metric_points`), stored. What those readers are tested against
+    (tests/test_report_speed.py) and timed against (benchmarks/report_scale.py)."""
+    store = PointStore(sorted(names))
+    for _, line in recorded.read_json_lines(path):
+        doc = json.loads(line)
+        if "resourceMetrics" in doc:
+            for point in metric_points(doc, names):
+                store.add(point)
+    return store
+
+
 def parse_line(source: InputFile, number: int, line: str, skip_malformed: bool = False) -> dict[str, Any] | None:
     """One OTLP JSON line as an object; None for a line to skip (blank, or skipped as malformed).
 

@@ -41,7 +41,7 @@ from otel_ofu.jobs.aggregate import JobTotals, WeightedHistogram
 from otel_ofu.jobs.book import ENERGY_METRIC, OFU_METRIC, SHARE_METRIC, JobBook
 from otel_ofu.jobs.config import JobsConfig
 from otel_ofu.jobs.cost import Pricer
-from otel_ofu.jobs.facts import RUN_SEPARATOR, gpu_facts, key_job_id
+from otel_ofu.jobs.facts import gpu_facts, job_key, key_job_id
 from otel_ofu.jobs.findings import EVENT_JOB_END, EVENT_JOB_START, JOB_END_REASON, WINDOW
 from otel_ofu.jobs.tracker import LIFE, JobSummary
 from otel_ofu.report.points import PointFilter, PointStore
@@ -128,9 +128,7 @@ class GpuPass:
 def _job_key(resource: Attributes) -> str:
     """The JobBook key of a job resource: its id, and its run when it has one."""
     values = dict(resource)
-    run = values.get(JOB_RUN)
-    job = str(values.get(JOB_ID, ""))
-    return f"{job}{RUN_SEPARATOR}{run}" if run else job
+    return job_key(str(values.get(JOB_ID, "")), str(values.get(JOB_RUN) or ""))
 
 
 # A job's final counters go at its end, or 1 ms after it (processors/jobs.py _final_ns): they are its.
@@ -383,23 +381,27 @@ def loss_from_counters(gpu_s: float, lost_h: dict[str, float], gained_h: dict[st
     return totals
 
 
-def _cost(series: JobSeries, currency: str) -> LossTotals | None:
-    """Its cost account from job.cost and job.cost.gained (money x 3600 per part, as LossTotals "seconds")."""
-    spent = {(dict(a).get(LOSS_PART, ""), dict(a).get(COST_CURRENCY, "")): v
-             for (n, a), v in series.counters.items() if n == "job.cost"}
-    if not spent:
-        return None
-    gained = {(dict(a).get(LOSS_PART, ""), dict(a).get(COST_CURRENCY, "")): v
-              for (n, a), v in series.counters.items() if n == "job.cost.gained"}
+def cost_from_counters(spent: dict[str, float], gained: dict[str, float]) -> LossTotals:
+    """A job's cost account from its ``job.cost`` and ``job.cost.gained`` counters by part, in one currency (their
+    last values in a recording, their increases in a backend): money x 3600 per part, as LossTotals "seconds"
+    (jobs.cost); a part that lost nothing is 0, as the jobs processor writes it."""
     account = LossTotals()
-    for (part, money_currency), value in spent.items():
-        if money_currency == currency and value >= 0:
-            account.exact_parts[part] = account.exact_parts.get(part, 0) + exact(value * 3600.0)
-    for (part, money_currency), value in gained.items():
-        if money_currency == currency and value > 0:
-            account.exact_gains[part] = account.exact_gains.get(part, 0) + exact(value * 3600.0)
+    account.exact_parts = {part: exact(value * 3600.0) for part, value in spent.items() if value >= 0}
+    account.exact_gains = {part: exact(value * 3600.0) for part, value in gained.items() if value > 0}
     account.exact_seconds = sum(account.exact_parts.values()) - sum(account.exact_gains.values())
     return account
+
+
+def _cost(series: JobSeries, currency: str) -> LossTotals | None:
+    """Its cost account in ``currency`` from its job.cost and job.cost.gained; None without job.cost in it."""
+    by_name: dict[str, dict[str, float]] = {"job.cost": {}, "job.cost.gained": {}}
+    for (name, point_attrs), value in series.counters.items():
+        values = dict(point_attrs)
+        if name in by_name and values.get(COST_CURRENCY, "") == currency:
+            by_name[name][str(values.get(LOSS_PART, ""))] = value
+    if not by_name["job.cost"]:
+        return None
+    return cost_from_counters(by_name["job.cost"], by_name["job.cost.gained"])
 
 
 def summary_of(series: JobSeries, gpus: GpuPass, config: JobsConfig, resolution: float) -> JobSummary | None:
