@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
@@ -29,22 +30,16 @@ T = TypeVar("T")
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class PageServer:
-    """Prometheus text pages over real HTTP, by path (404 for any other): a dcgm-exporter's or a
-    training job's /metrics. ``url`` is the base URL; use it as a context manager, or close().
-    A page given as a function is made anew for each request (counters that move scrape by scrape)."""
+class GetServer:
+    """A GET endpoint over real HTTP on 127.0.0.1, in a thread: ``respond(path, headers)`` gives the status,
+    content type and body of each request. ``url`` is the base URL; use it as a context manager, or close()."""
 
-    def __init__(self, pages: dict[str, bytes | Callable[[], bytes]]):
-        self.pages = pages = dict(pages)
-
+    def __init__(self, respond: Callable[[str, Message], tuple[int, str, bytes]]):
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                body = pages.get(self.path)
-                if callable(body):
-                    body = body()
-                self.send_response(200 if body is not None else 404)
-                body = b"not found\n" if body is None else body
-                self.send_header("Content-Type", PROMETHEUS_TEXT)
+                status, content_type, body = respond(self.path, self.headers)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -58,19 +53,35 @@ class PageServer:
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def set(self, path: str, body: bytes | Callable[[], bytes]) -> None:
-        """Serve ``body`` at ``path`` from the next request on (a page that changes between scrapes)."""
-        self.pages[path] = body
-
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> PageServer:
+    def __enter__(self) -> GetServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PageServer(GetServer):
+    """Prometheus text pages over real HTTP, by path (404 for any other): a dcgm-exporter's or a
+    training job's /metrics. ``url`` is the base URL; use it as a context manager, or close().
+    A page given as a function is made anew for each request (counters that move scrape by scrape)."""
+
+    def __init__(self, pages: dict[str, bytes | Callable[[], bytes]]):
+        self.pages = dict(pages)
+        super().__init__(self._page)
+
+    def _page(self, path: str, headers: Message) -> tuple[int, str, bytes]:
+        body = self.pages.get(path)
+        if callable(body):
+            body = body()
+        return (200, PROMETHEUS_TEXT, body) if body is not None else (404, PROMETHEUS_TEXT, b"not found\n")
+
+    def set(self, path: str, body: bytes | Callable[[], bytes]) -> None:
+        """Serve ``body`` at ``path`` from the next request on (a page that changes between scrapes)."""
+        self.pages[path] = body
 
 
 def unavailable(message: str) -> None:

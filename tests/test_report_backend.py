@@ -19,14 +19,12 @@ import csv
 import json
 import math
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -51,7 +49,7 @@ from otel_ofu.report.build import (
 )
 from otel_ofu.report.series import loss_from_counters
 from tests import certs
-from tests.e2e_util import prometheus3_binary, prometheus_binary, victoriametrics_binary, wait_for
+from tests.e2e_util import GetServer, prometheus3_binary, prometheus_binary, victoriametrics_binary, wait_for
 from tools.ports import free_ports
 
 CAPTURES = Path(__file__).parent / "data" / "backend"
@@ -410,36 +408,18 @@ def test_refused_credentials_say_so_and_good_ones_work(demo, capsys):
     assert json.loads(out)["jobs"] and AUTH[1] not in out
 
 
-class BearerProxy:
+class BearerProxy(GetServer):
     """A real HTTP reverse proxy that takes only ``Authorization: Bearer <token>``, as vmauth's ``bearer_token``
     user or an ingress in front of Prometheus does (vmauth is not built here)."""
 
     def __init__(self, upstream: str, token: str):
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if self.headers.get("Authorization") != f"Bearer {token}":
-                    self.send_response(401)
-                    self.end_headers()
-                    self.wfile.write(b"Unauthorized\n")
-                    return
-                with urllib.request.urlopen(f"{upstream}{self.path}", timeout=60) as response:
-                    body = response.read()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def forward(path: str, headers) -> tuple[int, str, bytes]:
+            if headers.get("Authorization") != f"Bearer {token}":
+                return 401, "text/plain", b"Unauthorized\n"
+            with urllib.request.urlopen(f"{upstream}{path}", timeout=60) as response:
+                return 200, "application/json", response.read()
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(forward)
 
 
 def test_a_bearer_token_file_is_sent(demo, tmp_path, capsys):

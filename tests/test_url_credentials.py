@@ -15,8 +15,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -28,7 +26,7 @@ from otel_ofu.pipeline.component import Context
 from otel_ofu.pipeline.config import ConfigError, FieldError, build_config
 from otel_ofu.pipeline.redact import redact_url, redact_urls
 from otel_ofu.pipeline.telemetry import Telemetry
-from tests.e2e_util import wait_for
+from tests.e2e_util import GetServer, wait_for
 from tests.otlp_backends import HttpBackend
 from tools.ports import free_ports
 
@@ -99,31 +97,20 @@ def test_top_and_doctor_name_a_url_with_credentials_masked(capsys):
     assert SECRET not in out
 
 
-class _QueryApi:
+class _QueryApi(GetServer):
     """A Prometheus query API behind basic auth (as a hosted Mimir or VictoriaMetrics): 401 without it."""
 
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
-        api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                api.authorizations.append(self.headers.get("Authorization"))
-                ok = self.headers.get("Authorization") == BASIC
-                body = json.dumps({"status": "success", "data": []} if ok else
-                                  {"status": "error", "errorType": "unauthorized", "error": "no"}).encode()
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def answer(path: str, headers) -> tuple[int, str, bytes]:
+            self.authorizations.append(headers.get("Authorization"))
+            ok = headers.get("Authorization") == BASIC
+            body = json.dumps({"status": "success", "data": []} if ok else
+                              {"status": "error", "errorType": "unauthorized", "error": "no"}).encode()
+            return 200 if ok else 401, "application/json", body
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(answer)
 
 
 def test_doctor_backend_sends_url_credentials_as_basic_auth_and_prints_them_masked(capsys):
@@ -132,8 +119,7 @@ def test_doctor_backend_sends_url_credentials_as_basic_auth_and_prints_them_mask
         assert cli.main(["doctor", "--backend", f"http://user:{SECRET}@127.0.0.1:{api.port}"]) == 1
         out = capsys.readouterr().out
     finally:
-        api.server.shutdown()
-        api.server.server_close()
+        api.close()
     assert api.authorizations and set(api.authorizations) == {BASIC}
     assert f"what http://user:xxxxx@127.0.0.1:{api.port} holds" in out
     assert f"[OK  ] backend: http://127.0.0.1:{api.port} answers: 0 metric names" in out and SECRET not in out
