@@ -8,6 +8,7 @@ import gzip
 import logging
 import struct
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -263,35 +264,52 @@ def test_a_rotated_set_is_in_time_order_for_the_exporter_and_the_report(tmp_path
 
 # --- the real Collector's files ----------------------------------------------------------------------
 
-def test_the_collectors_rotated_and_length_prefixed_files(tmp_path, capsys):
-    """The Collector's file exporter (v0.161): rotation gives timberjack names (``-size``),
-    ``compression: zstd`` gives length-prefixed records. Replay and the report read both."""
+def _collector_file_exporters(tmp_path: Path, exporters: Callable[[Path], dict[str, str]], signals: tuple[str, ...],
+                              send: Callable[[int], None]) -> Path:
+    """Run the real Collector with an OTLP/HTTP receiver and ``exporters(out)`` (name -> its settings) on the
+    ``signals`` pipelines, call ``send(port)``, stop it; returns ``out``, where the exporters wrote."""
     binary = collector_binary()
     (port,) = free_ports(1)
     out = tmp_path / "out"
     out.mkdir()
+    settings = exporters(out)
+    lines = "\n".join(f"  {name}: {value}" for name, value in settings.items())
+    names = ", ".join(settings)
+    pipelines = "\n".join(f"    {signal}: {{receivers: [otlp], exporters: [{names}]}}" for signal in signals)
     config = tmp_path / "collector.yaml"
     config.write_text(f"""
 receivers:
   otlp: {{protocols: {{http: {{endpoint: 127.0.0.1:{port}}}}}}}
 exporters:
-  file/records: {{path: {out / 'records.jsonl'}, compression: zstd}}
-  file/rotated: {{path: {out / 'rotated.jsonl'}, rotation: {{max_megabytes: 1}}}}
+{lines}
 service:
   telemetry: {{metrics: {{level: none}}}}
   pipelines:
-    metrics: {{receivers: [otlp], exporters: [file/records, file/rotated]}}
+{pipelines}
 """)
     collector = Process("otelcol", [binary, f"--config=file:{config}"], tmp_path / "otelcol.log")
-    sent = []
     try:
         wait_for("the Collector's OTLP/HTTP port", lambda: port_open(port) or None, timeout=60)
-        for w in range(120):  # about 20 kB a request: a few rotations at 1 MiB
-            points = gpu_points(gpus=16, windows=1, t0=T0 + w * 10 * S)
-            sent += points
-            assert _post(port, otlp.to_request(points).SerializeToString())
+        send(port)
     finally:
         assert collector.stop() == 0, collector.tail()
+    return out
+
+
+def test_the_collectors_rotated_and_length_prefixed_files(tmp_path, capsys):
+    """The Collector's file exporter (v0.161): rotation gives timberjack names (``-size``),
+    ``compression: zstd`` gives length-prefixed records. Replay and the report read both."""
+    sent = []
+
+    def send(port: int) -> None:
+        for w in range(120):  # about 20 kB a request: a few rotations at 1 MiB
+            points = gpu_points(gpus=16, windows=1, t0=T0 + w * 10 * S)
+            sent.extend(points)
+            assert _post(port, otlp.to_request(points).SerializeToString())
+
+    out = _collector_file_exporters(tmp_path, lambda out: {
+        "file/records": f"{{path: {out / 'records.jsonl'}, compression: zstd}}",
+        "file/rotated": f"{{path: {out / 'rotated.jsonl'}, rotation: {{max_megabytes: 1}}}}"}, ("metrics",), send)
     rotated = files.rotated_files(out / "rotated.jsonl")
     assert len(rotated) >= 3 and all(p.name.endswith("-size.jsonl") for p in rotated[:-1]), rotated
     records = out / "records.jsonl"
@@ -321,37 +339,21 @@ def test_the_collectors_protobuf_files_with_and_without_compression(tmp_path):
     marker). Recognized by their bytes whatever they are called (.binpb, no extension); replay
     reads the same points and events as were sent, and the report is the one of the JSON file the
     same Collector wrote beside them."""
-    binary = collector_binary()
-    (port,) = free_ports(1)
-    out = tmp_path / "out"
-    out.mkdir()
-    config = tmp_path / "collector.yaml"
-    config.write_text(f"""
-receivers:
-  otlp: {{protocols: {{http: {{endpoint: 127.0.0.1:{port}}}}}}}
-exporters:
-  file/proto: {{path: {out / 'metrics.binpb'}, format: proto}}
-  file/zstd: {{path: {out / 'metrics'}, format: proto, compression: zstd}}
-  file/json: {{path: {out / 'metrics.jsonl'}}}
-service:
-  telemetry: {{metrics: {{level: none}}}}
-  pipelines:
-    metrics: {{receivers: [otlp], exporters: [file/proto, file/zstd, file/json]}}
-    logs: {{receivers: [otlp], exporters: [file/proto, file/zstd, file/json]}}
-""")
-    collector = Process("otelcol", [binary, f"--config=file:{config}"], tmp_path / "otelcol.log")
     sent = []
     event = Event("ofu.job.end", T0 + 20 * 10 * S, attrs({"ofu.job.id": "job-0"}), (("ofu.job.end_reason", "idle"),),
                   "ended", "INFO")
-    try:
-        wait_for("the Collector's OTLP/HTTP port", lambda: port_open(port) or None, timeout=60)
+
+    def send(port: int) -> None:
         for w in range(20):
             points = gpu_points(gpus=4, windows=1, t0=T0 + w * 10 * S)
-            sent += points
+            sent.extend(points)
             assert _post(port, otlp.to_request(points).SerializeToString())
         assert _post(port, otlp.events_to_request([event]).SerializeToString(), "logs")
-    finally:
-        assert collector.stop() == 0, collector.tail()
+
+    out = _collector_file_exporters(tmp_path, lambda out: {
+        "file/proto": f"{{path: {out / 'metrics.binpb'}, format: proto}}",
+        "file/zstd": f"{{path: {out / 'metrics'}, format: proto, compression: zstd}}",
+        "file/json": f"{{path: {out / 'metrics.jsonl'}}}"}, ("metrics", "logs"), send)
     plain, zstd = out / "metrics.binpb", out / "metrics"
     assert files.detect_compression(plain.read_bytes()[:8]) == files.detect_compression(zstd.read_bytes()[:8]) \
         == "records"
